@@ -1,0 +1,40 @@
+"""The errors kit reports to users, each carrying the exit code the CLI returns.
+
+Exit codes are part of kit's contract: 0 success, 2 bad usage or config, 3 the machine cannot
+train this job, 4 the checkpoint store failed. A `KitError` is printed as one line, never as a
+traceback.
+"""
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_CANNOT_TRAIN = 3
+EXIT_STORE = 4
+
+
+class KitError(Exception):
+    """An error with a one-line message for the user and an exit code."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, exit_code: int | None = None):
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class UsageError(KitError):
+    """Bad flags, a bad config value, a missing or unreadable input file."""
+
+    exit_code = EXIT_USAGE
+
+
+class CannotTrain(KitError):
+    """The hardware or the plan cannot run this job."""
+
+    exit_code = EXIT_CANNOT_TRAIN
+
+
+class StoreError(KitError):
+    """The checkpoint store is unreachable, refuses us, or holds something unusable."""
+
+    exit_code = EXIT_STORE
