@@ -1,0 +1,46 @@
+"""Shared test setup: markers that skip without a GPU or without KIT_SLOW, and cleanup of any
+process group a test left behind (a leaked group makes the next test's init fail or hang)."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    run_slow = os.environ.get("KIT_SLOW") == "1" or "slow" in (config.getoption("-m") or "")
+    has_gpu = None
+    for item in items:
+        if "slow" in item.keywords and not run_slow:
+            item.add_marker(pytest.mark.skip(reason="slow test: set KIT_SLOW=1 or pass -m slow"))
+        if "gpu" in item.keywords:
+            if has_gpu is None:
+                has_gpu = _has_cuda()
+            if not has_gpu:
+                item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+
+
+@pytest.fixture(autouse=True)
+def _destroy_leftover_process_group():
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+@pytest.fixture
+def repo_root() -> Path:
+    return ROOT
