@@ -1,0 +1,313 @@
+"""The run config: typed dataclasses are the truth, YAML files and `key=value` overrides hold values.
+
+    cfg = load("configs/qwen3-8b-qlora-kaggle-t4x2.yaml", ["lora.r=8", "seq_len=1024"])
+
+Every field carries its help text in `metadata["help"]`, which `describe()` and the CLI reuse.
+Every error is a one-line `UsageError` (exit 2) naming the key and the value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from typing import Any
+
+from kit.errors import UsageError
+
+METHODS = ("lora", "qlora", "full")
+BACKENDS = ("auto", "transformers", "unsloth")
+FORMATS = ("auto", "messages", "alpaca", "prompt_completion", "text")
+OPTIMIZERS = ("auto", "adamw_torch", "adamw_8bit", "paged_adamw_8bit")
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
+CHECKPOINTING = ("auto", "on", "off")
+
+
+def _f(default, help_text, **kw):
+    """A dataclass field with its help text; mutable defaults go through default_factory."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help_text, **kw})
+    return field(default=default, metadata={"help": help_text, **kw})
+
+
+@dataclass
+class LoraConfig:
+    """LoRA adapter shape (used by method lora and qlora)."""
+
+    r: int = _f(16, "LoRA rank: trainable params per targeted linear = r x (in + out)")
+    alpha: float = _f(32, "LoRA scaling numerator; the update is scaled by alpha / r")
+    dropout: float = _f(0.0, "dropout on the LoRA input, in [0, 1)")
+    target_modules: Any = _f("all-linear", "'all-linear' or a list of module names, e.g. [q_proj, v_proj]")
+
+
+@dataclass
+class DataConfig:
+    """Where the training examples come from and how they are read."""
+
+    path: str = _f("data/ha_commands.jsonl", "a local .jsonl/.json/.csv/.parquet file or a Hub dataset id")
+    format: str = _f("auto", "auto|messages|alpaca|prompt_completion|text; auto detects from the columns")
+    columns: dict = _f({}, "rename map from your column names to the format's, e.g. {instruction: question}")
+    split: str = _f("train", "dataset split to read")
+    eval_fraction: float = _f(0.1, "share of examples held out for evaluation, in [0, 1)")
+    max_duplicate_fraction: float = _f(0.05, "refuse data with more exact duplicates than this share")
+    allow_duplicates: bool = _f(False, "train even when duplicates exceed max_duplicate_fraction")
+
+
+@dataclass
+class RunConfig:
+    """One fine-tuning run: model, method, data, schedule, checkpoints."""
+
+    model: str = _f("models/tiny-qwen3", "local model directory or Hub id, e.g. Qwen/Qwen3-8B")
+    revision: str | None = _f(None, "Hub revision (branch, tag or commit) of the model; null = main")
+    method: str = _f("lora", "lora (16-bit base + adapter) | qlora (4-bit nf4 base + adapter) | full")
+    backend: str = _f("auto", "auto|transformers|unsloth; auto picks unsloth on one NVIDIA GPU when installed")
+    lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": "LoRA adapter settings"})
+    data: DataConfig = field(default_factory=DataConfig, metadata={"help": "training data settings"})
+    seq_len: int = _f(512, "maximum tokens per example; longer examples are truncated")
+    per_device_batch: int | None = _f(None, "micro-batch per GPU; null = the planner picks what fits")
+    global_batch: int | None = _f(None, "examples per optimizer step over all GPUs; null = per_device x world")
+    epochs: float = _f(1.0, "passes over the training data (used when max_steps is null)")
+    max_steps: int | None = _f(None, "optimizer steps to run; null = derived from epochs")
+    learning_rate: float = _f(2e-4, "peak learning rate")
+    lr_scheduler: str = _f("cosine", "cosine|linear|constant|constant_with_warmup")
+    warmup_steps: int = _f(0, "linear warmup steps")
+    weight_decay: float = _f(0.0, "AdamW weight decay")
+    optimizer: str = _f("auto", "auto|adamw_torch|adamw_8bit|paged_adamw_8bit")
+    max_grad_norm: float = _f(1.0, "gradient clipping norm; 0 disables")
+    precision: str = _f("auto", "auto|bf16|fp16|fp32; auto = bf16 where native, fp16 on T4/V100, fp32 on CPU")
+    gradient_checkpointing: str = _f("auto", "auto|on|off; auto = on when needed to fit or model >= 1B params")
+    output_dir: str = _f("outputs/run", "local directory for checkpoints and the final adapter")
+    store: str | None = _f(None, "checkpoint store: hf://owner/name, a directory, or null for output_dir only")
+    save_steps: int = _f(50, "save a checkpoint every this many optimizer steps")
+    save_every_minutes: float = _f(30.0, "also save when this many minutes passed since the last save")
+    keep_checkpoints: int = _f(3, "checkpoints kept locally and in the store")
+    time_budget_minutes: float | None = _f(None, "stop cleanly before this many minutes; null = platform default")
+    seed: int = _f(42, "random seed")
+    logging_steps: int = _f(10, "log loss every this many steps")
+    eval_steps: int | None = _f(None, "evaluate every this many steps; null = at the end only")
+    resume: str = _f("auto", "auto (newest complete checkpoint, silent if none) | never | a checkpoint PATH")
+
+
+_SECTIONS = {"lora": LoraConfig, "data": DataConfig}
+# (type accepted, allows None). bool is an int subclass, so it is refused for int/float fields.
+_POSITIVE = {"seq_len", "per_device_batch", "global_batch", "epochs", "max_steps", "learning_rate",
+             "save_steps", "save_every_minutes", "keep_checkpoints", "time_budget_minutes",
+             "logging_steps", "eval_steps", "lora.r", "lora.alpha"}
+_NON_NEGATIVE = {"warmup_steps", "weight_decay", "max_grad_norm"}
+_CHOICES = {"method": METHODS, "backend": BACKENDS, "data.format": FORMATS, "optimizer": OPTIMIZERS,
+            "precision": PRECISIONS, "lr_scheduler": SCHEDULERS, "gradient_checkpointing": CHECKPOINTING}
+_FINGERPRINT = ("model", "revision", "method", "lora.r", "lora.target_modules", "data.path",
+                "data.format", "data.columns", "seq_len")
+
+
+def _fields(cls) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+# Names people bring from other tools (HF TrainingArguments, TRL, axolotl).
+_ALIASES = {"lr": "learning_rate", "batch_size": "per_device_batch", "max_seq_length": "seq_len",
+            "max_length": "seq_len", "model_name": "model", "num_train_epochs": "epochs",
+            "gradient_accumulation_steps": "global_batch", "bf16": "precision", "fp16": "precision"}
+
+
+def _unknown(key: str, known, where: str) -> UsageError:
+    leaf = key.split(".")[-1]
+    close = [_ALIASES[leaf]] if not where and leaf in _ALIASES else difflib.get_close_matches(leaf, list(known), n=1)
+    hint = f"; did you mean {where + close[0]!r}?" if close else f"; known keys: {', '.join(known)}"
+    return UsageError(f"unknown config key {key!r}{hint}")
+
+
+def _check_value(key: str, f: dataclasses.Field, value, source: str):
+    """Return `value` converted to the field's type, or raise UsageError naming key and value."""
+    where = f" in {source}" if source else ""
+    ann = str(f.type)
+    optional = "None" in ann
+    if value is None:
+        if optional:
+            return None
+        raise UsageError(f"config key {key!r}{where} must not be null")
+    if key == "gradient_checkpointing":
+        # PyYAML reads on/off/yes/no/true/false as booleans: accept them all.
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        value = str(value).lower()
+        value = {"true": "on", "false": "off", "yes": "on", "no": "off"}.get(value, value)
+    elif key == "lora.target_modules":
+        if isinstance(value, str):
+            return value
+        if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+            return list(value)
+        raise UsageError(f"config key {key!r}{where} must be 'all-linear' or a list of module names, got {value!r}")
+    elif ann.startswith("int"):
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            else:
+                raise UsageError(f"config key {key!r}{where} must be an integer, got {value!r}")
+    elif ann.startswith("float"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UsageError(f"config key {key!r}{where} must be a number, got {value!r}")
+        value = float(value)
+    elif ann.startswith("bool"):
+        if not isinstance(value, bool):
+            raise UsageError(f"config key {key!r}{where} must be true or false, got {value!r}")
+    elif ann.startswith("dict"):
+        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                  for k, v in value.items()):
+            raise UsageError(f"config key {key!r}{where} must be a mapping of column names, got {value!r}")
+    elif ann.startswith("str"):
+        if isinstance(value, (dict, list, bool)):
+            raise UsageError(f"config key {key!r}{where} must be a string, got {value!r}")
+        value = str(value)
+    if key in _CHOICES and value not in _CHOICES[key]:
+        raise UsageError(f"config key {key!r}{where} is {value!r}; expected one of {'|'.join(_CHOICES[key])}")
+    if key in _POSITIVE and value <= 0:
+        raise UsageError(f"config key {key!r}{where} must be > 0, got {value!r}")
+    if key in _NON_NEGATIVE and value < 0:
+        raise UsageError(f"config key {key!r}{where} must be >= 0, got {value!r}")
+    if key == "lora.dropout" and not 0 <= value < 1:
+        raise UsageError(f"config key {key!r}{where} must be in [0, 1), got {value!r}")
+    if key in ("data.eval_fraction", "data.max_duplicate_fraction") and not 0 <= value < 1:
+        raise UsageError(f"config key {key!r}{where} must be in [0, 1), got {value!r}")
+    return value
+
+
+def from_dict(d: dict | None, source: str = "") -> RunConfig:
+    """Build a RunConfig from a (possibly partial) nested dict; missing keys keep their defaults."""
+    cfg = RunConfig()
+    for key, value in (d or {}).items():
+        set_value(cfg, str(key), value, source)
+    return cfg
+
+
+def set_value(cfg: RunConfig, key: str, value, source: str = "") -> None:
+    """Set dotted `key` (e.g. `lora.r`) on cfg after checking it; a whole section may be a dict."""
+    top, _, rest = key.partition(".")
+    fields = _fields(RunConfig)
+    if top not in fields:
+        raise _unknown(key, fields, "")
+    if top in _SECTIONS:
+        section = getattr(cfg, top)
+        sub = _fields(_SECTIONS[top])
+        if not rest:
+            if not isinstance(value, dict):
+                where = f" in {source}" if source else ""
+                raise UsageError(f"config key {top!r}{where} must be a mapping, got {value!r}")
+            for k, v in value.items():
+                set_value(cfg, f"{top}.{k}", v, source)
+            return
+        if rest not in sub:
+            raise _unknown(key, sub, f"{top}.")
+        setattr(section, rest, _check_value(key, sub[rest], value, source))
+        return
+    if rest:
+        raise _unknown(key, fields, "")
+    setattr(cfg, top, _check_value(key, fields[top], value, source))
+
+
+def parse_overrides(overrides) -> list[tuple[str, Any]]:
+    """Parse `key=value` strings; values are YAML scalars (`8` → int, `null` → None, `[a, b]` → list)."""
+    import yaml
+
+    pairs = []
+    for item in overrides or ():
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"override {item!r} is not KEY=VALUE (e.g. lora.r=8)")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw  # an unparseable scalar is kept as the literal string
+        pairs.append((key.strip(), value))
+    return pairs
+
+
+def load(path: str | None = None, overrides=()) -> RunConfig:
+    """Read a YAML config (None → defaults) and apply `key=value` overrides on top."""
+    import yaml
+
+    data: dict = {}
+    if path is not None:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError as e:
+            raise UsageError(f"cannot read config {path}: {e.strerror or e}") from None
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            line = f" line {mark.line + 1}" if mark is not None else ""
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise UsageError(f"malformed YAML in {path}{line}: {problem}") from None
+        if not isinstance(data, dict):
+            raise UsageError(f"config {path} must be a mapping of keys to values, got {type(data).__name__}")
+    cfg = from_dict(data, source=path or "")
+    for key, value in parse_overrides(overrides):
+        set_value(cfg, key, value, source="command line")
+    return cfg
+
+
+def to_dict(cfg: RunConfig) -> dict:
+    """The config as plain nested dicts/lists (YAML and JSON safe)."""
+    return dataclasses.asdict(cfg)
+
+
+def dump_yaml(cfg: RunConfig) -> str:
+    """The config as YAML text, keys in declaration order."""
+    import yaml
+
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=False)
+
+
+def _get(cfg: RunConfig, dotted: str):
+    obj = cfg
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def fingerprint(cfg: RunConfig) -> dict:
+    """The fields that must match for a checkpoint to resume this run."""
+    out = {}
+    for key in _FINGERPRINT:
+        value = _get(cfg, key)
+        out[key] = list(value) if isinstance(value, list) else (dict(value) if isinstance(value, dict) else value)
+    return out
+
+
+def diff_fingerprints(a: dict, b: dict) -> list[str]:
+    """Human lines for each fingerprint field that differs, e.g. `lora.r: 16 (checkpoint) != 8 (config)`."""
+    lines = []
+    for key in sorted(set(a) | set(b), key=lambda k: (_FINGERPRINT + (k,)).index(k)):
+        if a.get(key) != b.get(key):
+            lines.append(f"{key}: {a.get(key)!r} (checkpoint) != {b.get(key)!r} (config)")
+    return lines
+
+
+def describe() -> list[tuple[str, str, Any]]:
+    """(dotted key, help, default) for every field — for CLI help and docs."""
+    rows = []
+    for f in dataclasses.fields(RunConfig):
+        if f.name in _SECTIONS:
+            for sf in dataclasses.fields(_SECTIONS[f.name]):
+                rows.append((f"{f.name}.{sf.name}", sf.metadata["help"], _get(RunConfig(), f"{f.name}.{sf.name}")))
+        else:
+            rows.append((f.name, f.metadata["help"], getattr(RunConfig(), f.name)))
+    return rows
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add `--config PATH` and positional `KEY=VALUE` overrides, the same way for every entry point."""
+    keys = ", ".join(k for k, _, _ in describe())
+    parser.add_argument("--config", metavar="PATH", default=None,
+                        help="run config YAML (default: built-in defaults)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help=f"override config values, dotted for nested keys (lora.r=8). Keys: {keys}")
+
+
+def from_args(args: argparse.Namespace) -> RunConfig:
+    """The RunConfig named by the arguments `add_config_arguments` added."""
+    return load(getattr(args, "config", None), getattr(args, "overrides", None) or ())
