@@ -1,0 +1,102 @@
+"""Trainer callbacks: when to save and stop, and what happens to a saved checkpoint.
+
+Every decision that changes what ranks do next (save now, stop now) is agreed with one tiny
+all-reduce per optimizer step: if rank 0 stopped while rank 1 went on, rank 1 would wait in the
+next gradient all-reduce forever.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from kit import dist, manifest
+
+
+class StopSignals:
+    """The first SIGTERM/SIGINT asks for a clean stop (save, push, exit 0); a second one kills."""
+
+    def __init__(self):
+        self.received: str | None = None
+        self._previous = {}
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread (a notebook's worker): keep the defaults
+                return
+
+    def _handle(self, signum, frame):
+        self.received = signal.Signals(signum).name
+        for sig, prev in self._previous.items():  # the next one acts at once
+            signal.signal(sig, prev)
+
+    def uninstall(self) -> None:
+        for sig, prev in self._previous.items():
+            signal.signal(sig, prev)
+        self._previous.clear()
+
+
+class Control(TrainerCallback):
+    """Save by wall time, always save the last step, and stop before the deadline or on a signal."""
+
+    def __init__(self, ctx, deadline, save_every_minutes: float, signals: StopSignals, save_cost_s):
+        self.ctx, self.deadline, self.signals = ctx, deadline, signals
+        self.save_every_s = save_every_minutes * 60
+        self.save_cost_s = save_cost_s  # callable: measured seconds a save + upload takes
+        self.last_save = time.monotonic()
+        self.last_step_end = None
+        self.step_s = 0.0
+        self.stop_reason: str | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.last_save = self.last_step_end = time.monotonic()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        now = time.monotonic()
+        took = now - self.last_step_end
+        self.step_s = took if self.step_s == 0 else max(took, 0.8 * self.step_s + 0.2 * took)
+        self.last_step_end = now
+        near = self.deadline.near(self.step_s + self.save_cost_s())
+        stop, save = dist.any_true(
+            [near or self.signals.received is not None, now - self.last_save >= self.save_every_s],
+            self.ctx.device)
+        if state.global_step >= state.max_steps:
+            control.should_save = True  # the final checkpoint always exists, so the store shows "complete"
+        if save:
+            control.should_save = True
+        if stop and state.global_step < state.max_steps:
+            control.should_save = True
+            control.should_training_stop = True
+            self.stop_reason = (f"signal {self.signals.received}" if self.signals.received
+                                else f"deadline ({self.deadline.source})")
+        return control
+
+    def on_save(self, args, state, control, **kwargs):
+        self.last_save = time.monotonic()
+
+
+class Checkpoints(TrainerCallback):
+    """Seal each checkpoint with a manifest, then hand it to the background uploader (rank 0)."""
+
+    def __init__(self, ctx, fingerprint: dict, sync=None, on_sealed=None):
+        self.ctx, self.fingerprint, self.sync, self.on_sealed = ctx, fingerprint, sync, on_sealed
+        self.last_seal_s = 0.0
+
+    def on_save(self, args, state, control, **kwargs):
+        # Every rank has written its rng_state_{rank}.pth once all are here; one barrier per save.
+        dist.barrier()
+        if not self.ctx.is_main:
+            return
+        started = time.monotonic()
+        path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        manifest.write_manifest(path, state.global_step, self.ctx.world_size, self.fingerprint)
+        self.last_seal_s = time.monotonic() - started
+        if self.sync is not None:
+            self.sync.submit(path, state.global_step)
+        if self.on_sealed is not None:
+            self.on_sealed(state.global_step, path)

@@ -1,0 +1,124 @@
+"""Everything distributed, in one place: who am I, which device, agree, and tear down.
+
+The same code runs under `torchrun` (RANK/LOCAL_RANK/WORLD_SIZE set), under plain `python`, and
+in a notebook cell: without a process group every helper acts as the only rank (torchtune's
+`get_world_size_and_rank` does the same).
+
+    ctx = dist.init()            # pins the device from LOCAL_RANK, starts nccl (GPU) or gloo (CPU)
+    ok = False
+    try:
+        ...train...
+        ok = True
+    finally:
+        dist.teardown(ok)        # barrier only if this rank got here cleanly, then destroy
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as tdist
+
+# Long enough for rank 0 to download a checkpoint or finish a final upload while the others wait
+# at a barrier; short enough that a lost peer ends the job instead of hanging a session.
+DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
+
+
+@dataclass(frozen=True)
+class Context:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    backend: str | None  # None when there is no process group
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return default if value in (None, "") else int(value)
+
+
+def init(timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> Context:
+    """Read RANK/LOCAL_RANK/WORLD_SIZE, pin this rank's device and start the process group."""
+    rank = _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    world_size = _env_int("WORLD_SIZE", 1)
+    if torch.cuda.is_available():
+        # Pin before anything touches CUDA, or every rank opens a context on GPU 0.
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    if world_size == 1:
+        return Context(rank, local_rank, 1, device, None)
+    if not tdist.is_initialized():
+        kwargs = {"device_id": device} if device.type == "cuda" else {}
+        tdist.init_process_group(backend=backend, timeout=timeout, **kwargs)
+    return Context(rank, local_rank, world_size, device, backend)
+
+
+def barrier() -> None:
+    if tdist.is_available() and tdist.is_initialized():
+        if tdist.get_backend() == "nccl":
+            tdist.barrier(device_ids=[torch.cuda.current_device()])
+        else:
+            tdist.barrier()
+
+
+def broadcast(obj, src: int = 0):
+    """Rank `src`'s `obj` on every rank (a picklable object). Also a barrier."""
+    if not (tdist.is_available() and tdist.is_initialized()):
+        return obj
+    box = [obj]
+    tdist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def gather(obj) -> list:
+    """Every rank's `obj`, in rank order, on every rank."""
+    if not (tdist.is_available() and tdist.is_initialized()):
+        return [obj]
+    out = [None] * tdist.get_world_size()
+    tdist.all_gather_object(out, obj)
+    return out
+
+
+def any_true(flags: list[bool], device: torch.device) -> list[bool]:
+    """Element-wise OR of `flags` over all ranks, so every rank takes the same decision.
+
+    One tiny all-reduce; call it once per step, never per parameter.
+    """
+    if not (tdist.is_available() and tdist.is_initialized()):
+        return list(flags)
+    t = torch.tensor([int(f) for f in flags], dtype=torch.int32, device=device)
+    tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
+    return [bool(v) for v in t.tolist()]
+
+
+def teardown(ok: bool) -> None:
+    """Leave the process group. Always call it, from a `finally`.
+
+    `ok`: this rank finished cleanly. Only then do we wait at a barrier for the others; a rank
+    that failed must not wait for peers that may be stuck in a collective with it. It exits
+    non-zero, and torchrun then stops the whole job instead of letting it hang.
+    """
+    if not (tdist.is_available() and tdist.is_initialized()):
+        return
+    try:
+        if ok:
+            barrier()
+    finally:
+        tdist.destroy_process_group()

@@ -1,0 +1,71 @@
+"""Write `train_ddp.py`: the template in kit/templates filled with a config and its plan.
+
+The output is deterministic (no dates, no machine-specific paths), so re-rendering the same
+config for the same machine gives the same bytes, and a diff shows only what changed.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from string import Template
+
+from kit import __version__, config
+from kit.errors import UsageError
+
+TEMPLATE = Path(__file__).parent / "templates" / "train_ddp.py.tmpl"
+PLAN_KEYS = ("precision", "strategy", "device", "nproc", "per_device_batch", "grad_accum", "global_batch",
+             "gradient_checkpointing", "backend", "optimizer")
+METHOD_WORDS = {"lora": "LoRA", "qlora": "QLoRA (4-bit nf4 base + LoRA)", "full": "full fine-tuning"}
+
+
+def _literal(value, indent: int = 0) -> str:
+    """A Python literal of `value`, one key per line for dicts that don't fit on one."""
+    flat = repr(value)
+    if not isinstance(value, dict) or not value or len(flat) + indent < 80:
+        return flat
+    pad = " " * (indent + 4)
+    items = "".join(f"{pad}{k!r}: {_literal(v, indent + 4)},\n" for k, v in value.items())
+    return "{\n" + items + " " * indent + "}"
+
+
+def _strategy_words(plan: dict) -> str:
+    n, device = plan.get("nproc", 1), plan.get("device", "cuda")
+    where = "CPU processes (gloo)" if device == "cpu" else f"GPUs ({plan.get('gpu_name', 'GPU')})"
+    if plan.get("strategy") == "ddp":
+        return f"DDP over {n} {where}, {plan.get('precision')}"
+    return f"{plan.get('strategy')} on {n} {where}, {plan.get('precision')}"
+
+
+def render(cfg: config.RunConfig, plan: dict, config_path: str, machine: str) -> str:
+    """The text of train_ddp.py for `cfg` planned as `plan` on `machine` (words)."""
+    kept = {k: plan[k] for k in PLAN_KEYS if k in plan}
+    backend = kept.get("backend")
+    unsloth_import = ("import unsloth  # noqa: F401  (first: Unsloth patches transformers and trl on import)\n"
+                      if backend == "unsloth" else "")
+    return Template(TEMPLATE.read_text()).substitute(
+        model=cfg.model,
+        method_words=METHOD_WORDS[cfg.method],
+        config_path=Path(config_path).as_posix(),
+        nproc=kept.get("nproc", 1),
+        strategy_words=_strategy_words(plan),
+        unsloth_import=unsloth_import,
+        kit_version=__version__,
+        settings=_literal(config.to_dict(cfg)),
+        plan=_literal(kept),
+        plan_machine=machine,
+    )
+
+
+def write(text: str, out: Path, force: bool) -> None:
+    """Write `text` to `out` atomically; an existing different file needs `force`."""
+    out = Path(out)
+    if out.exists() and not force and out.read_text() != text:
+        raise UsageError(f"{out} exists and differs; pass --force to overwrite it")
+    if out.parent and not out.parent.exists():
+        raise UsageError(f"folder {out.parent} does not exist")
+    fd, tmp = tempfile.mkstemp(dir=out.parent or ".", prefix=f".{out.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, out)

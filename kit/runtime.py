@@ -1,0 +1,125 @@
+"""What the generated script decides when it starts: its arguments, its settings, and the plan
+adapted to the device and world size it actually runs on.
+
+The plan written into `train_ddp.py` was made for the machine `kit render` looked at. The same
+script must also run unchanged on a CPU laptop and on a different GPU, so precision and
+gradient accumulation are settled again here; everything else the plan chose is kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import warnings
+from dataclasses import asdict, dataclass
+
+from kit import config
+from kit.errors import CannotTrain, UsageError
+
+# transformers 5.2x renamed gradient_checkpointing to activation_checkpointing; the old names
+# still work and are the only ones older 5.x releases (e.g. 5.17) know, so kit keeps them.
+warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.* is deprecated", category=FutureWarning)
+
+
+def parse_args(argv: list[str], config_path: str) -> argparse.Namespace:
+    from kit.cli import _Parser
+
+    parser = _Parser(prog="train_ddp.py", description=f"Train as configured in {config_path}.")
+    config.add_config_arguments(parser)
+    parser.set_defaults(config=None)
+    parser.add_argument("--smoke", action="store_true", help="one optimizer step, then check that training works")
+    parser.add_argument("--force", action="store_true",
+                        help="resume even if the checkpoint's config fingerprint differs from this config")
+    return parser.parse_args(argv)
+
+
+def settings(embedded: dict, args: argparse.Namespace) -> config.RunConfig:
+    """`--config FILE` replaces the embedded settings; `key=value` overrides apply on top."""
+    if args.config:
+        return config.load(args.config, args.overrides or ())
+    cfg = config.from_dict(embedded, source="train_ddp.py SETTINGS")
+    for key, value in config.parse_overrides(args.overrides or ()):
+        config.set_value(cfg, key, value, source="command line")
+    return cfg
+
+
+@dataclass
+class RuntimePlan:
+    precision: str               # bf16 | fp16 | fp32
+    per_device_batch: int
+    grad_accum: int
+    global_batch: int
+    gradient_checkpointing: bool
+    backend: str                 # transformers | unsloth
+    optimizer: str
+    notes: list
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _native_bf16(device) -> bool:
+    import torch
+
+    if device.type != "cuda":
+        return False
+    if torch.version.hip:
+        return True  # ROCm archs that run current torch (MI200+, RDNA3+) have bf16
+    major, _ = torch.cuda.get_device_capability(device)
+    return major >= 8
+
+
+def _precision(cfg, device, planned: str, notes: list) -> str:
+    if device.type == "cpu":
+        if cfg.precision in ("bf16", "fp16"):
+            raise CannotTrain(f"precision={cfg.precision} was asked for, but this rank runs on the CPU; use precision=fp32")
+        return "fp32"
+    native = _native_bf16(device)
+    if cfg.precision == "bf16" and not native:
+        import torch
+
+        name = torch.cuda.get_device_name(device)
+        raise CannotTrain(f"precision=bf16 was asked for, but {name} has no native bf16 (compute capability < 8.0); "
+                          "use precision=fp16 or auto")
+    if cfg.precision != "auto":
+        return cfg.precision
+    chosen = "bf16" if native else "fp16"
+    if planned not in (chosen, "fp32"):
+        notes.append(f"precision {chosen} on this GPU (the rendered plan said {planned})")
+    return chosen
+
+
+def batch_for_world(global_batch: int, per_device: int, world_size: int) -> int:
+    """Gradient accumulation that keeps `global_batch` = per_device × accumulation × world_size."""
+    if global_batch % (per_device * world_size):
+        raise UsageError(f"global batch {global_batch} is not a multiple of per-device batch {per_device} × "
+                         f"{world_size} processes; change global_batch or per_device_batch")
+    return global_batch // (per_device * world_size)
+
+
+def plan_for(ctx, cfg: config.RunConfig, planned: dict) -> RuntimePlan:
+    """The rendered plan, settled for this device and this world size."""
+    notes: list[str] = []
+    precision = _precision(cfg, ctx.device, planned.get("precision", "auto"), notes)
+    per_device = cfg.per_device_batch or planned["per_device_batch"]
+    global_batch = cfg.global_batch or planned.get("global_batch") or per_device * ctx.world_size
+    accum = batch_for_world(global_batch, per_device, ctx.world_size)
+    backend = planned.get("backend", "transformers")
+    if cfg.backend != "auto":
+        backend = cfg.backend
+    if backend == "unsloth" and (ctx.device.type != "cuda" or importlib.util.find_spec("unsloth") is None):
+        if cfg.backend == "unsloth":
+            raise CannotTrain("backend=unsloth was asked for, but Unsloth is not installed or there is no CUDA GPU")
+        notes.append("Unsloth is not available here: using the transformers backend")
+        backend = "transformers"
+    optimizer = planned.get("optimizer") or "adamw_torch"
+    if cfg.optimizer != "auto":
+        optimizer = cfg.optimizer
+    if optimizer.endswith("8bit") and ctx.device.type != "cuda":
+        notes.append(f"optimizer {optimizer} needs a GPU: using adamw_torch")
+        optimizer = "adamw_torch"
+    if cfg.gradient_checkpointing == "auto":
+        checkpointing = bool(planned.get("gradient_checkpointing", False))
+    else:
+        checkpointing = cfg.gradient_checkpointing == "on"
+    return RuntimePlan(precision, per_device, accum, global_batch, checkpointing, backend, optimizer, notes)
