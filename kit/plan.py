@@ -1,0 +1,324 @@
+"""The planner: a pure function of (machine facts, run config) → a plan with its reasons.
+
+    plan = make_plan(kit.hardware.synthesize("2xT4"), kit.config.load("configs/qwen3-8b-qlora-kaggle-t4x2.yaml"))
+    plan.strategy, plan.precision, plan.launch   # 'ddp', 'fp16', 'torchrun --standalone --nproc_per_node=2 train_ddp.py'
+
+Decides precision, strategy (single | ddp | fsdp | model_parallel), micro-batch, accumulation,
+gradient checkpointing, backend and optimizer, each with a plain sentence why. When nothing fits
+or the hardware cannot run the job it raises `CannotTrain`, whose `.plan` is the strategy-"none"
+plan (reasons include the cheapest change that would fit), so `kit plan --json` can still print it.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass, field
+
+from kit import memory, models, verdicts
+from kit.errors import CannotTrain, UsageError
+
+GIB = 2**30
+AUTO_BATCHES = (8, 4, 2, 1)
+CPU_MAX_PARAMS = 1e9
+CHECKPOINTING_FROM_PARAMS = 1e9
+
+
+@dataclass
+class Plan:
+    """How to run a config on a machine (see docs/CONTRACTS.md)."""
+
+    precision: str = "fp32"
+    strategy: str = "none"          # single | ddp | fsdp | model_parallel | none
+    device: str = "cuda"            # cuda | cpu
+    nproc: int = 1                  # processes torchrun starts
+    per_device_batch: int = 1
+    grad_accum: int = 1
+    global_batch: int = 1
+    gradient_checkpointing: bool = False
+    backend: str = "transformers"   # transformers | unsloth
+    optimizer: str = "adamw_torch"
+    quantization: str | None = None  # "nf4" for QLoRA / a bnb-4bit checkpoint
+    memory: dict = field(default_factory=lambda: {"per_gpu_bytes": 0, "budget_bytes": 0, "terms": {}})
+    reasons: list = field(default_factory=list)
+    launch: str = ""
+    model: str = ""
+    gpu: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def batch_for_world(cfg, per_device_batch: int, world_size: int) -> tuple[int, int, int]:
+    """(per_device, grad_accum, global) keeping cfg.global_batch across world sizes.
+
+    Without a global batch in the config, global = per_device × world. A micro-batch the planner
+    picked shrinks to divide the global batch; one the config fixed must divide it.
+
+    Raises:
+        UsageError: global_batch is not a multiple of per_device × world_size.
+    """
+    if cfg.global_batch is None:
+        return per_device_batch, 1, per_device_batch * world_size
+    g = cfg.global_batch
+    if g % world_size:
+        raise UsageError(f"global_batch {g} is not a multiple of the {world_size} GPU(s)/processes: pick a "
+                         f"multiple of {world_size}")
+    if cfg.per_device_batch is None:
+        per_device_batch = max(b for b in range(1, per_device_batch + 1) if (g // world_size) % b == 0)
+    if g % (per_device_batch * world_size):
+        raise UsageError(f"global_batch {g} is not a multiple of per_device_batch {per_device_batch} × "
+                         f"{world_size} GPU(s) = {per_device_batch * world_size}: pick a global_batch that is, "
+                         "or leave per_device_batch null")
+    return per_device_batch, g // (per_device_batch * world_size), g
+
+
+def make_plan(facts, cfg, nproc: int | None = None) -> Plan:
+    """Plan `cfg` on the machine `facts` describes (a Facts or its dict); `nproc` limits the GPUs used.
+
+    Raises:
+        CannotTrain: the hardware cannot run it or it does not fit (`.plan` holds the "none" plan).
+        UsageError: the model is unknown, the batch sizes do not divide, nproc exceeds the GPUs.
+    """
+    facts = _as_facts(facts)
+    model = models.model_facts(cfg.model, cfg.revision)
+    plan = Plan(model=cfg.model)
+    plan.reasons.append(f"{cfg.model}: {_count(model.params)} parameters, {model.layers} layers, vocab "
+                        f"{model.vocab} (from {model.source}).")
+    quantized = cfg.method == "qlora" or model.prequantized is not None
+    if model.prequantized and cfg.method == "full":
+        raise UsageError(f"{cfg.model} is a 4-bit checkpoint and cannot be fully fine-tuned: use method=lora, "
+                         "or the unquantized model")
+    if not facts.gpus:
+        return _cpu_plan(facts, cfg, model, plan, nproc)
+
+    v = verdicts.judge(facts)
+    if not v.ok:
+        _refuse(plan, v.summary if v.action in v.summary else f"{v.summary} {v.action}".strip())
+    usable = [g for g in facts.gpus if g["index"] in v.usable_gpus]
+    plan.reasons += [g["reason"] + "." for g in v.gpus if g["arch_supported"] is False]
+    if v.mixed:
+        names = ", ".join(sorted({g["name"] for g in usable}))
+        _refuse(plan, f"mixed GPU models ({names}): every rank would run at the pace and memory of the "
+                      "smallest; make only one model visible with CUDA_VISIBLE_DEVICES")
+    if nproc is not None and not 1 <= nproc <= len(usable):
+        raise UsageError(f"nproc {nproc}: this machine has {len(usable)} usable GPU(s)")
+    usable = usable[: nproc or len(usable)]
+    gpu, n = usable[0], len(usable)
+    plan.gpu = gpu["name"]
+    plan.precision = _precision(cfg, gpu, plan.reasons, plan)
+    if quantized:
+        plan.quantization = "nf4"
+        plan.reasons.append(f"{cfg.model} is a bnb-4bit checkpoint: its base stays 4-bit, so this is QLoRA."
+                            if model.prequantized and cfg.method != "qlora" else
+                            "QLoRA: linear weights in 4-bit nf4 (bitsandbytes); embeddings, norms and lm_head stay "
+                            "16-bit (kit does not call prepare_model_for_kbit_training: 5.7 GiB and 19 % slower "
+                            "for Qwen3-8B).")
+        if not (facts.packages or {}).get("bitsandbytes"):
+            plan.reasons.append("bitsandbytes is not installed there: `pip install bitsandbytes` before training.")
+    plan.optimizer = _optimizer(cfg, facts)
+    budget = min(g["memory_total_bytes"] for g in usable)
+    fit = _fit(model, cfg, plan.precision, quantized, plan.optimizer, n, budget)
+    plan.memory["budget_bytes"] = budget
+    if fit is None:
+        _refuse(plan, f"{cfg.model} ({cfg.method}, seq_len {cfg.seq_len}) does not fit on {n}× {gpu['name']}: "
+                      + _cheaper_change(model, cfg, plan.precision, plan.optimizer, n, budget, gpu["name"]))
+    strategy, world, pdb, gc, est = fit
+    plan.strategy, plan.device, plan.gradient_checkpointing = strategy, "cuda", gc
+    plan.nproc = world
+    plan.per_device_batch, plan.grad_accum, plan.global_batch = batch_for_world(cfg, pdb, world)
+    plan.memory.update(per_gpu_bytes=est.total_bytes, terms=est.terms, notes=est.notes)
+    plan.reasons += _strategy_reasons(strategy, n, gpu["name"], est, budget, model, cfg, gc, quantized, plan)
+    plan.backend = _backend(cfg, facts, gpu, strategy, plan.reasons)
+    plan.launch = _launch(strategy, world, usable, facts, gpu)
+    return plan
+
+
+def _count(params: int) -> str:
+    return f"{params / 1e9:.2f}B" if params >= 1e9 else f"{params / 1e6:.1f}M" if params >= 1e6 else f"{params:,}"
+
+
+def _as_facts(facts):
+    if isinstance(facts, dict):
+        from kit.probe import Facts
+
+        try:
+            return Facts.from_dict(facts)
+        except (ValueError, KeyError, TypeError) as e:
+            raise UsageError(f"facts are not in kit's probe format: {e}") from None
+    return facts
+
+
+def _refuse(plan: Plan, message: str):
+    plan.strategy = "none"
+    plan.reasons.append(message if message.endswith(".") else message + ".")
+    err = CannotTrain(message)
+    err.plan = plan
+    raise err
+
+
+def _cpu_plan(facts, cfg, model, plan: Plan, nproc) -> Plan:
+    plan.device, plan.gpu, plan.nproc = "cpu", "cpu", nproc or 1
+    plan.reasons.append("CPU-only: training will be CPU-slow; fine for the tiny default.")
+    if model.params > CPU_MAX_PARAMS:
+        _refuse(plan, f"{cfg.model} has {model.params / 1e9:.1f}B parameters: too big to train on a CPU; "
+                      "use a GPU machine (Kaggle T4×2, Colab T4) or a model under 1B")
+    if cfg.method == "qlora" or model.prequantized:
+        _refuse(plan, "4-bit QLoRA needs a GPU (bitsandbytes): use method=lora on the CPU")
+    if cfg.precision == "fp16":
+        _refuse(plan, "precision fp16 needs a GPU: use precision=fp32 (or auto) on the CPU")
+    plan.precision = "bf16" if cfg.precision == "bf16" else "fp32"
+    plan.optimizer = "adamw_torch" if cfg.optimizer in ("auto", "adamw_8bit", "paged_adamw_8bit") else cfg.optimizer
+    budget = facts.ram_bytes or 8 * GIB
+    batches = [cfg.per_device_batch] if cfg.per_device_batch else AUTO_BATCHES
+    gc = cfg.gradient_checkpointing == "on"
+    est = None
+    for b in batches:
+        est = memory.estimate(model, cfg, plan.precision, b, gc, False, optimizer=plan.optimizer, device="cpu")
+        if est.total_bytes * plan.nproc <= budget:
+            break
+    plan.strategy = "ddp" if plan.nproc > 1 else "single"
+    plan.gradient_checkpointing = gc
+    plan.per_device_batch, plan.grad_accum, plan.global_batch = batch_for_world(cfg, b, plan.nproc)
+    plan.memory.update(per_gpu_bytes=est.total_bytes, budget_bytes=budget, terms=est.terms, notes=est.notes)
+    plan.reasons.append(f"precision {plan.precision} on the CPU; " +
+                        (f"{plan.nproc} processes over gloo." if plan.nproc > 1 else "one process."))
+    plan.launch = (f"torchrun --standalone --nproc_per_node={plan.nproc} train_ddp.py" if plan.nproc > 1
+                   else "python train_ddp.py")
+    return plan
+
+
+def _precision(cfg, gpu, reasons, plan) -> str:
+    vendor, cap, name = gpu["vendor"], gpu["capability"], gpu["name"]
+    native = verdicts.bf16_native(vendor, cap)
+    arch = verdicts.arch_name(vendor, cap)
+    if cfg.precision == "bf16" and not native:
+        _refuse(plan, f"precision bf16 asked for, but {name} ({arch}) has no native bf16: use precision=fp16 "
+                      "or precision=auto")
+    if cfg.precision != "auto":
+        if cfg.precision == "fp16" and vendor == "amd":
+            reasons.append("precision fp16 as configured; on ROCm fp16 has given NaNs (MI300X): bf16 is safer.")
+        else:
+            reasons.append(f"precision {cfg.precision} as configured.")
+        return cfg.precision
+    if not native:
+        reasons.append(f"{name} ({arch}) has no native bf16: fp16 with loss scaling "
+                       "(torch.cuda.is_bf16_supported() says True here only through emulation).")
+        return "fp16"
+    if vendor == "amd":
+        reasons.append(f"{name} ({arch}) has native bf16; on ROCm bf16 is preferred: fp16 gave NaNs on MI300X.")
+    else:
+        reasons.append(f"{name} ({arch}) has native bf16: bf16, no loss scaling needed.")
+    return "bf16"
+
+
+def _optimizer(cfg, facts) -> str:
+    if cfg.optimizer != "auto":
+        return cfg.optimizer
+    # LoRA's optimizer state is tiny; 8-bit Adam pays off only for full fine-tuning.
+    has_bnb = bool((facts.packages or {}).get("bitsandbytes"))
+    return "adamw_8bit" if cfg.method == "full" and has_bnb else "adamw_torch"
+
+
+def _fit(model, cfg, precision, quantized, optimizer, n, budget):
+    """First (strategy, world, per_device_batch, checkpointing, estimate) that fits, or None."""
+    strategies = [("single", 1, "none")] if n == 1 else \
+        [("ddp", n, "none"), ("fsdp", n, "fsdp"), ("model_parallel", 1, "layers")]
+    if cfg.gradient_checkpointing != "auto":
+        gcs = [cfg.gradient_checkpointing == "on"]
+    else:
+        gcs = [False, True] if model.params < CHECKPOINTING_FROM_PARAMS else [True]
+    for strategy, world, sharding in strategies:
+        batches = [cfg.per_device_batch] if cfg.per_device_batch else list(AUTO_BATCHES)
+        if cfg.global_batch is not None:
+            batch_for_world(cfg, batches[0], world)  # raises UsageError when it cannot divide
+            batches = [b for b in batches if cfg.global_batch % (b * world) == 0]
+        for b in batches:
+            for gc in gcs:
+                est = memory.estimate(model, cfg, precision, b, gc, quantized, world_size=n,
+                                      sharding=sharding, optimizer=optimizer)
+                if est.total_bytes <= budget:
+                    return strategy, world, b, gc, est
+    return None
+
+
+def _cheaper_change(model, cfg, precision, optimizer, n, budget, gpu_name) -> str:
+    """The first change, cheapest first, that would make the job fit, as a sentence."""
+    options = []
+    if cfg.gradient_checkpointing == "off":
+        options.append(("gradient_checkpointing=on", {"gradient_checkpointing": "on"}))
+    if cfg.per_device_batch and cfg.per_device_batch > 1:
+        options.append(("per_device_batch=1 (keep the global batch with accumulation)", {"per_device_batch": 1}))
+    if cfg.method == "full":
+        options.append(("method=lora", {"method": "lora"}))
+    if cfg.method != "qlora" and not model.prequantized:
+        options.append(("method=qlora", {"method": "qlora"}))
+    seq = cfg.seq_len // 2
+    while seq >= 128:
+        options.append((f"seq_len={seq}", {"seq_len": seq, "method": "qlora" if cfg.method != "full" else "full"}))
+        seq //= 2
+    for label, change in options:
+        trial = copy.deepcopy(cfg)
+        for k, val in change.items():
+            setattr(trial, k, val)
+        try:
+            fit = _fit(model, trial, precision, trial.method == "qlora" or bool(model.prequantized), optimizer, n, budget)
+        except UsageError:
+            continue
+        if fit:
+            if label.startswith("seq_len") and cfg.method != trial.method:
+                label = f"method=qlora and {label}"
+            return (f"cheapest change that fits: {label} (estimated {fit[4].total_bytes / GIB:.1f} GiB per GPU "
+                    f"of {budget / GIB:.1f} GiB, strategy {fit[0]})")
+    return (f"nothing kit can change fits {n}× {gpu_name} ({budget / GIB:.1f} GiB each): pick a GPU with more "
+            "memory, more GPUs, or a smaller model")
+
+
+def _strategy_reasons(strategy, n, gpu_name, est, budget, model, cfg, gc, quantized, plan) -> list[str]:
+    need = f"estimated {est.total_bytes / GIB:.1f} GiB per GPU of {budget / GIB:.1f} GiB"
+    out = {"single": f"single device: one {gpu_name}; {need}.",
+           "ddp": f"DDP over {n}× {gpu_name}: one replica fits each GPU ({need}); each rank trains on its "
+                  f"own share of the batches, so {n} GPUs give about {n}× the throughput.",
+           "fsdp": f"FSDP over {n}× {gpu_name}: a full replica does not fit one GPU, sharded {n} ways it does "
+                   f"({need}).",
+           "model_parallel": f"model parallel (device_map) over {n}× {gpu_name}: it fits only with the layers "
+                             f"spread over the GPUs ({need}); one process, the GPUs take turns, so it is no "
+                             "speed-up; launched with python, never torchrun."}[strategy]
+    reasons = [out]
+    if strategy == "fsdp" and quantized:
+        reasons.append("QLoRA under FSDP needs bnb_4bit_quant_storage set to the compute dtype so the 4-bit "
+                       "weights can be flat-sharded.")
+    why_gc = ("set in the config" if cfg.gradient_checkpointing != "auto" else
+              f"the model has {model.params / 1e9:.1f}B ≥ 1B parameters" if model.params >= CHECKPOINTING_FROM_PARAMS
+              else "needed to fit" if gc else f"the model is small ({_count(model.params)} parameters)")
+    reasons.append(f"gradient checkpointing {'on' if gc else 'off'}: {why_gc}.")
+    b = "as configured" if cfg.per_device_batch else "the largest power of two ≤ 8 that fits"
+    reasons.append(f"micro-batch {plan.per_device_batch} per device ({b}), {plan.grad_accum} accumulation step(s), global batch {plan.global_batch}.")
+    return reasons
+
+
+def _backend(cfg, facts, gpu, strategy, reasons) -> str:
+    has_unsloth = bool((facts.packages or {}).get("unsloth"))
+    if cfg.backend == "transformers":
+        return "transformers"
+    if cfg.backend == "unsloth":
+        if strategy != "single":
+            reasons.append("backend unsloth as configured, on several GPUs: Unsloth's multi-GPU support is "
+                           "limited; use backend=transformers if it fails.")
+        return "unsloth"
+    if has_unsloth and gpu["vendor"] == "nvidia" and strategy == "single":
+        reasons.append("backend unsloth: installed and one NVIDIA GPU (measured 1.5× the tokens/s and a third "
+                       "of the memory of the plain stack for Qwen3-8B QLoRA; the estimate above is the plain stack's).")
+        return "unsloth"
+    if has_unsloth and strategy != "single":
+        reasons.append("backend transformers: Unsloth is installed but its multi-GPU support is limited.")
+    return "transformers"
+
+
+def _launch(strategy, world, usable, facts, gpu) -> str:
+    command = (f"torchrun --standalone --nproc_per_node={world} train_ddp.py"
+               if strategy in ("ddp", "fsdp") and world > 1 else "python train_ddp.py")
+    used = usable if strategy != "single" else [gpu]
+    if len(used) < len(facts.gpus):  # hide the rest, or Trainer would wrap the model in DataParallel
+        var = "HIP_VISIBLE_DEVICES" if gpu["vendor"] == "amd" else "CUDA_VISIBLE_DEVICES"
+        command = f"{var}={','.join(str(g['index']) for g in used)} {command}"
+    return command
