@@ -109,14 +109,18 @@ def _fields(cls) -> dict[str, dataclasses.Field]:
 # Names people bring from other tools (HF TrainingArguments, TRL, axolotl).
 _ALIASES = {"lr": "learning_rate", "batch_size": "per_device_batch", "max_seq_length": "seq_len",
             "max_length": "seq_len", "model_name": "model", "num_train_epochs": "epochs",
-            "gradient_accumulation_steps": "global_batch", "bf16": "precision", "fp16": "precision"}
+            "gradient_accumulation_steps": "global_batch", "bf16": "precision", "fp16": "precision",
+            "rank": "r", "lora_r": "r", "lora_alpha": "alpha", "lora_dropout": "dropout", "targets": "target_modules",
+            "dataset": "path", "data_path": "path"}
 
 
-def _unknown(key: str, known, where: str) -> UsageError:
+def _unknown(key: str, known, prefix: str, source: str) -> UsageError:
     leaf = key.split(".")[-1]
-    close = [_ALIASES[leaf]] if not where and leaf in _ALIASES else difflib.get_close_matches(leaf, list(known), n=1)
-    hint = f"; did you mean {where + close[0]!r}?" if close else f"; known keys: {', '.join(known)}"
-    return UsageError(f"unknown config key {key!r}{hint}")
+    alias = _ALIASES.get(leaf)
+    close = [alias] if alias in known else difflib.get_close_matches(leaf, list(known), n=1)
+    hint = f"; did you mean {prefix + close[0]!r}?" if close else f"; known keys: {', '.join(known)}"
+    where = f" in {source}" if source else ""
+    return UsageError(f"unknown config key {key!r}{where}{hint}")
 
 
 def _check_value(key: str, f: dataclasses.Field, value, source: str):
@@ -147,6 +151,11 @@ def _check_value(key: str, f: dataclasses.Field, value, source: str):
             else:
                 raise UsageError(f"config key {key!r}{where} must be an integer, got {value!r}")
     elif ann.startswith("float"):
+        if isinstance(value, str):  # PyYAML reads 2e-4 (no dot) as a string: YAML 1.1 wants 2.0e-4
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise UsageError(f"config key {key!r}{where} must be a number, got {value!r}")
         value = float(value)
@@ -187,7 +196,7 @@ def set_value(cfg: RunConfig, key: str, value, source: str = "") -> None:
     top, _, rest = key.partition(".")
     fields = _fields(RunConfig)
     if top not in fields:
-        raise _unknown(key, fields, "")
+        raise _unknown(key, fields, "", source)
     if top in _SECTIONS:
         section = getattr(cfg, top)
         sub = _fields(_SECTIONS[top])
@@ -199,11 +208,11 @@ def set_value(cfg: RunConfig, key: str, value, source: str = "") -> None:
                 set_value(cfg, f"{top}.{k}", v, source)
             return
         if rest not in sub:
-            raise _unknown(key, sub, f"{top}.")
+            raise _unknown(key, sub, f"{top}.", source)
         setattr(section, rest, _check_value(key, sub[rest], value, source))
         return
     if rest:
-        raise _unknown(key, fields, "")
+        raise _unknown(key, fields, "", source)
     setattr(cfg, top, _check_value(key, fields[top], value, source))
 
 

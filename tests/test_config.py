@@ -1,0 +1,116 @@
+"""kit.config: defaults, YAML + overrides, every error branch one line with the key and value."""
+
+import argparse
+
+import pytest
+
+from kit import config
+from kit.errors import UsageError
+
+
+def write(tmp_path, text, name="c.yaml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def test_defaults_match_the_brief():
+    cfg = config.load(None)
+    assert cfg.model == "models/tiny-qwen3" and cfg.method == "lora" and cfg.backend == "auto"
+    assert (cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.target_modules) == (16, 32, 0.0, "all-linear")
+    assert cfg.data.path == "data/ha_commands.jsonl" and cfg.data.columns == {} and cfg.data.eval_fraction == 0.1
+    assert cfg.per_device_batch is None and cfg.global_batch is None and cfg.max_steps is None
+    assert (cfg.seq_len, cfg.learning_rate, cfg.save_steps, cfg.resume) == (512, 2e-4, 50, "auto")
+    assert config.RunConfig().data.columns is not config.RunConfig().data.columns  # no shared mutable default
+
+
+def test_yaml_then_overrides(tmp_path):
+    path = write(tmp_path, "model: Qwen/Qwen3-8B\nlora:\n  r: 8\ndata:\n  columns: {q: prompt}\n")
+    cfg = config.load(path, ["lora.r=4", "seq_len=1024", "max_steps=null", "lora.target_modules=[q_proj, v_proj]"])
+    assert cfg.model == "Qwen/Qwen3-8B" and cfg.lora.r == 4 and cfg.seq_len == 1024
+    assert cfg.lora.target_modules == ["q_proj", "v_proj"] and cfg.data.columns == {"q": "prompt"}
+    assert cfg.lora.alpha == 32  # untouched nested keys keep their defaults
+
+
+@pytest.mark.parametrize("raw,want", [("on", "on"), ("off", "off"), ("true", "on"), ("false", "off"),
+                                      ("auto", "auto"), ('"off"', "off")])
+def test_gradient_checkpointing_accepts_yaml_booleans(tmp_path, raw, want):
+    assert config.load(write(tmp_path, f"gradient_checkpointing: {raw}\n")).gradient_checkpointing == want
+    assert config.load(None, [f"gradient_checkpointing={raw}"]).gradient_checkpointing == want
+
+
+@pytest.mark.parametrize("override,words", [
+    ("lerning_rate=1e-4", ["'lerning_rate'", "did you mean 'learning_rate'"]),
+    ("lr=1e-4", ["did you mean 'learning_rate'"]),
+    ("lora.rank=8", ["'lora.rank'", "did you mean 'lora.r'"]),
+    ("seq_len=abc", ["'seq_len'", "integer", "'abc'"]),
+    ("seq_len=0", ["'seq_len'", "> 0", "0"]),
+    ("per_device_batch=-2", ["'per_device_batch'", "-2"]),
+    ("data.eval_fraction=1.0", ["'data.eval_fraction'", "[0, 1)", "1.0"]),
+    ("method=dora", ["'method'", "'dora'", "lora|qlora|full"]),
+    ("precision=fp8", ["'precision'", "'fp8'"]),
+    ("gradient_checkpointing=maybe", ["'gradient_checkpointing'", "'maybe'"]),
+    ("learning_rate=true", ["'learning_rate'", "True"]),
+    ("data.allow_duplicates=3", ["'data.allow_duplicates'", "true or false"]),
+    ("lora.target_modules=[1, 2]", ["'lora.target_modules'"]),
+    ("data.columns=[a]", ["'data.columns'"]),
+    ("lora=3", ["'lora'", "mapping"]),
+    ("model=null", ["'model'", "null"]),
+    ("noequals", ["KEY=VALUE"]),
+])
+def test_bad_overrides_are_one_line_usage_errors(override, words):
+    with pytest.raises(UsageError) as e:
+        config.load(None, [override])
+    msg = str(e.value)
+    assert "\n" not in msg and e.value.exit_code == 2
+    for w in words:
+        assert w in msg
+
+
+def test_malformed_yaml_names_the_line(tmp_path):
+    path = write(tmp_path, "model: x\nlora:\n  r: 8\n   alpha: [1\n")
+    with pytest.raises(UsageError, match=r"line \d+"):
+        config.load(path)
+
+
+def test_unknown_nested_key_in_file_names_file_and_suggestion(tmp_path):
+    path = write(tmp_path, "data:\n  pth: x.jsonl\n")
+    with pytest.raises(UsageError, match=r"'data.pth' in .*c.yaml; did you mean 'data.path'"):
+        config.load(path)
+
+
+def test_non_mapping_and_missing_files(tmp_path):
+    with pytest.raises(UsageError, match="must be a mapping"):
+        config.load(write(tmp_path, "- a\n- b\n"))
+    with pytest.raises(UsageError, match="cannot read config"):
+        config.load(str(tmp_path / "missing.yaml"))
+    assert config.load(write(tmp_path, "# only a comment\n")) == config.RunConfig()
+
+
+def test_round_trip_through_yaml(tmp_path):
+    cfg = config.load(None, ["lora.target_modules=[q_proj]", "store=hf://me/ckpt", "gradient_checkpointing=on"])
+    again = config.load(write(tmp_path, config.dump_yaml(cfg)))
+    assert again == cfg and config.from_dict(config.to_dict(cfg)) == cfg
+
+
+def test_fingerprint_and_diff():
+    a = config.fingerprint(config.load(None))
+    b = config.fingerprint(config.load(None, ["lora.r=8", "learning_rate=1e-3"]))
+    assert set(a) == {"model", "revision", "method", "lora.r", "lora.target_modules", "data.path",
+                      "data.format", "data.columns", "seq_len"}
+    assert config.diff_fingerprints(a, a) == []
+    assert config.diff_fingerprints(a, b) == ["lora.r: 16 (checkpoint) != 8 (config)"]  # lr may change
+
+
+def test_cli_arguments_helper():
+    parser = argparse.ArgumentParser()
+    config.add_config_arguments(parser)
+    args = parser.parse_args(["--config", "configs/default.yaml", "lora.r=8", "seq_len=64"])
+    assert args.config == "configs/default.yaml" and args.overrides == ["lora.r=8", "seq_len=64"]
+    cfg = config.from_args(parser.parse_args(["lora.r=8"]))
+    assert cfg.lora.r == 8
+
+
+def test_every_field_is_documented():
+    rows = config.describe()
+    assert len(rows) >= 35 and all(help_text for _, help_text, _ in rows)
