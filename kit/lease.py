@@ -1,0 +1,186 @@
+"""One writer per store: a lease with a heartbeat, so two sessions never train into one store.
+
+Hub: ``kit/lease.json`` is committed with ``parent_commit`` = the head we read it at; of two
+racers only one commit lands, the other gets 412, re-reads and sees the winner. Directory: an
+``O_CREAT|O_EXCL`` lock file ``kit/lease.lock`` holding the same record. A lease whose heartbeat
+is older than ``ttl_s`` is stale and taken over with a warning (the holder's session was cut).
+Timestamps are wall-clock UTC, so machines with badly skewed clocks can misjudge staleness.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from pathlib import Path
+
+from kit.errors import StoreError
+from kit.store.base import StaleHead, Store, TransientStoreError
+from kit.store.directory import DirStore
+
+log = logging.getLogger("kit.lease")
+LEASE_NAME = "lease.json"
+LOCK_NAME = "lease.lock"
+_CAS_ATTEMPTS = 5
+
+
+def default_holder() -> str:
+    return f"{socket.gethostname()} pid {os.getpid()}"
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(t))
+
+
+class Lease:
+    """``Lease(store, holder).acquire()`` … ``heartbeat()`` every few minutes … ``release()``."""
+
+    def __init__(self, store: Store, holder: str | None = None, ttl_s: float = 600):
+        self.store, self.ttl_s = store, ttl_s
+        self.holder = holder or default_holder()
+        self.id = uuid.uuid4().hex
+        self.since: float | None = None
+        self.held = False
+
+    def _record(self) -> dict:
+        now = time.time()
+        return {"holder": self.holder, "id": self.id, "since": self.since or now, "heartbeat": now,
+                "ttl_s": self.ttl_s}
+
+    def _judge(self, other: dict | None) -> bool:
+        """True when ``other`` does not block us (absent, ours, released or stale); raises when it does."""
+        if not other or other.get("released") or other.get("id") == self.id:
+            return True
+        age = time.time() - float(other.get("heartbeat", 0))
+        if age > self.ttl_s:
+            log.warning("%s: taking over the stale lease of %s (heartbeat %.0f s ago, ttl %.0f s)",
+                        self.store.describe(), other.get("holder"), age, self.ttl_s)
+            return True
+        raise StoreError(
+            f"store {self.store.describe()} is leased by {other.get('holder')} since "
+            f"{_iso(float(other.get('since', 0)))} (heartbeat {age:.0f} s ago); wait or take over after "
+            f"{self.ttl_s / 60:.0f} min without a heartbeat (in {self.ttl_s - age:.0f} s)")
+
+    def acquire(self) -> "Lease":
+        """Take the lease, or raise StoreError naming who holds it."""
+        self.since = time.time()
+        if isinstance(self.store, DirStore):
+            self._dir_acquire()
+        else:
+            self._hub_write(check=self._judge)
+        self.held = True
+        log.info("%s: lease acquired by %s", self.store.describe(), self.holder)
+        return self
+
+    def heartbeat(self) -> None:
+        """Refresh the lease; raises StoreError if someone else took it over meanwhile."""
+        if not self.held:
+            raise StoreError("heartbeat() before acquire()")
+        if isinstance(self.store, DirStore):
+            current = self._dir_read()
+            self._check_ours(current)
+            self._dir_replace(self._record())
+        else:
+            self._hub_write(check=self._check_ours)
+
+    def release(self) -> None:
+        """Give the lease up (only if it is still ours)."""
+        if not self.held:
+            return
+        self.held = False
+        if isinstance(self.store, DirStore):
+            if (self._dir_read() or {}).get("id") == self.id:
+                self._lock_path().unlink(missing_ok=True)
+        else:
+            self._hub_write(check=lambda cur: (cur or {}).get("id") == self.id, released=True)
+        log.info("%s: lease released by %s", self.store.describe(), self.holder)
+
+    def __enter__(self) -> "Lease":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def _check_ours(self, current: dict | None) -> bool:
+        if (current or {}).get("id") != self.id:
+            self.held = False
+            holder = (current or {}).get("holder", "nobody")
+            raise StoreError(f"lease on {self.store.describe()} was lost to {holder}: another session "
+                             "took over; stop writing to this store")
+        return True
+
+    # ---- Hub: compare-and-swap on parent_commit ---------------------------------------------
+    def _hub_write(self, check, released: bool = False) -> None:
+        self.store.ensure_repo()  # so there is a head to compare against
+        for attempt in range(_CAS_ATTEMPTS):
+            text, head = self.store.read_text_at_head(LEASE_NAME)
+            current = _parse(text)
+            if not check(current):
+                return
+            record = self._record() | ({"released": True} if released else {})
+            try:
+                self.store.write_text(LEASE_NAME, json.dumps(record), parent=head)
+                return
+            except StaleHead:
+                log.info("%s changed while writing the lease; re-reading (attempt %d)",
+                         self.store.describe(), attempt + 1)
+        raise TransientStoreError(f"{self.store.describe()} kept changing; could not write the lease")
+
+    # ---- directory: O_EXCL lock file ----------------------------------------------------------
+    def _lock_path(self) -> Path:
+        return self.store.root / "kit" / LOCK_NAME
+
+    def _dir_read(self) -> dict | None:
+        try:
+            return _parse(self._lock_path().read_text())
+        except FileNotFoundError:
+            return None
+
+    def _dir_acquire(self) -> None:
+        path = self._lock_path()
+        self.store._writable_dir(path.parent)
+        for _ in range(_CAS_ATTEMPTS):
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                raw = path.read_bytes() if path.exists() else b""
+                self._judge(_parse(raw))  # raises when a live holder has it
+                # Stale (or ours): move it aside atomically, and only if it is still what we judged.
+                aside = path.with_name(f"{LOCK_NAME}.stale-{self.id}")
+                try:
+                    os.rename(path, aside)
+                except FileNotFoundError:
+                    continue
+                if aside.read_bytes() != raw:  # someone replaced it in between: put theirs back
+                    try:
+                        os.link(aside, path)
+                    except FileExistsError:
+                        pass
+                aside.unlink(missing_ok=True)
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(self._record(), f)
+                f.flush()
+                os.fsync(f.fileno())
+            return
+        raise StoreError(f"could not take the lease in {self.store.describe()}: the lock file keeps changing")
+
+    def _dir_replace(self, record: dict) -> None:
+        path = self._lock_path()
+        tmp = path.with_name(f".{LOCK_NAME}.{self.id}.tmp")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, path)
+
+
+def _parse(text: str | bytes | None) -> dict | None:
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        log.warning("lease record is not valid JSON; treating the store as unleased")
+        return None
+    return data if isinstance(data, dict) else None

@@ -1,0 +1,131 @@
+"""The kit manifest: what a complete checkpoint holds, so a store can tell whole from partial.
+
+``kit_manifest.json`` sits inside ``checkpoint-N/`` and lists every other file with its size and
+sha256, plus the step, world size, the config fingerprint that must match to resume, and the
+versions of the packages that wrote it. A checkpoint is complete exactly when it verifies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from importlib import metadata
+from pathlib import Path
+
+MANIFEST_NAME = "kit_manifest.json"
+SCHEMA = 1
+PACKAGES = ("kit", "torch", "transformers", "peft", "trl")
+_CHUNK = 1 << 20
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def list_files(ckpt_dir: Path) -> list[str]:
+    """Every file under ``ckpt_dir`` as a posix relative path, the manifest itself excluded."""
+    ckpt_dir = Path(ckpt_dir)
+    return sorted(
+        p.relative_to(ckpt_dir).as_posix()
+        for p in ckpt_dir.rglob("*")
+        if p.is_file() and p.name != MANIFEST_NAME
+    )
+
+
+def build_manifest(ckpt_dir: Path, step: int, world_size: int, fingerprint: dict,
+                   extra: dict | None = None) -> dict:
+    """Describe ``ckpt_dir``: every file with size and sha256, plus step, world size and versions."""
+    ckpt_dir = Path(ckpt_dir)
+    files = {
+        rel: {"size": (ckpt_dir / rel).stat().st_size, "sha256": sha256_file(ckpt_dir / rel)}
+        for rel in list_files(ckpt_dir)
+    }
+    return {
+        "schema": SCHEMA,
+        "step": int(step),
+        "world_size": int(world_size),
+        "fingerprint": dict(fingerprint),
+        "versions": _versions(),
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "files": files,
+        "extra": dict(extra or {}),
+    }
+
+
+def write_manifest(ckpt_dir: Path, step: int, world_size: int, fingerprint: dict,
+                   extra: dict | None = None) -> dict:
+    """Build the manifest and write it atomically (temp file + ``os.replace``) into ``ckpt_dir``."""
+    ckpt_dir = Path(ckpt_dir)
+    manifest = build_manifest(ckpt_dir, step, world_size, fingerprint, extra)
+    tmp = ckpt_dir / f".{MANIFEST_NAME}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, ckpt_dir / MANIFEST_NAME)
+    return manifest
+
+
+def parse_manifest(text: str | bytes) -> dict | None:
+    """The manifest in ``text``, or None when it is not a kit manifest."""
+    try:
+        data = json.loads(text)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("files"), dict) or "step" not in data:
+        return None
+    return data
+
+
+def read_manifest(ckpt_dir: Path) -> dict | None:
+    """The manifest of ``ckpt_dir``, or None when missing or unreadable."""
+    try:
+        return parse_manifest((Path(ckpt_dir) / MANIFEST_NAME).read_bytes())
+    except FileNotFoundError:
+        return None
+
+
+def verify(ckpt_dir: Path) -> tuple[bool, str]:
+    """Check every file the manifest lists against the bytes on disk.
+
+    Returns:
+        ``(True, "ok: N files, B bytes")`` or ``(False, reason)`` naming the first bad file.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    if not (ckpt_dir / MANIFEST_NAME).exists():
+        return False, f"no {MANIFEST_NAME}"
+    manifest = read_manifest(ckpt_dir)
+    if manifest is None:
+        return False, f"{MANIFEST_NAME} is not valid JSON or lacks files/step"
+    return verify_files(ckpt_dir, manifest)
+
+
+def verify_files(ckpt_dir: Path, manifest: dict) -> tuple[bool, str]:
+    total = 0
+    for rel, want in sorted(manifest["files"].items()):
+        path = Path(ckpt_dir) / rel
+        if not path.is_file():
+            return False, f"{rel} is missing"
+        size = path.stat().st_size
+        if size != want["size"]:
+            return False, f"{rel} has {size} bytes, manifest says {want['size']}"
+        if sha256_file(path) != want["sha256"]:
+            return False, f"{rel} sha256 differs from the manifest"
+        total += size
+    return True, f"ok: {len(manifest['files'])} files, {total} bytes"

@@ -1,0 +1,34 @@
+"""Checkpoint stores: where checkpoints outlive the notebook session.
+
+``open_store("hf://owner/name")`` gives a :class:`HubStore` (a private Hub repo),
+``open_store("/path")`` a :class:`DirStore`, ``open_store(None)`` None (no store configured).
+The Hub backend imports ``huggingface_hub`` only when asked for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kit.store.base import Candidate, StaleHead, Store, TransientStoreError
+from kit.store.directory import DirStore
+
+__all__ = ["open_store", "Store", "DirStore", "Candidate", "StaleHead", "TransientStoreError"]
+
+
+def open_store(spec: str | None, *, token: str | None = None, endpoint: str | None = None) -> Store | None:
+    """Open the store named by ``spec``.
+
+    Example:
+        >>> open_store("hf://me/qwen3-ha-ckpts")        # HubStore, token from kit.auth
+        >>> open_store("/kaggle/working/ckpts")          # DirStore
+    Raises:
+        UsageError: ``hf://`` with an invalid repo id.
+    """
+    if spec is None or not str(spec).strip():
+        return None
+    spec = str(spec).strip()
+    if spec.startswith("hf://"):
+        from kit.store.hub import HubStore
+
+        return HubStore(spec, token=token, endpoint=endpoint)
+    return DirStore(Path(spec))

@@ -1,0 +1,261 @@
+"""What every checkpoint store does, written once over a few backend primitives.
+
+A store holds ``checkpoints/checkpoint-N/`` folders (HF Trainer's checkpoint plus
+``kit_manifest.json``) and small job records under ``kit/``. A vanilla HF Trainer
+``last-checkpoint/`` folder (``hub_strategy="checkpoint"``) is a candidate too. Backends supply a
+snapshot of the file listing, byte reads and downloads; this class decides what is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kit.errors import StoreError, UsageError
+from kit.manifest import MANIFEST_NAME, parse_manifest, read_manifest, verify_files
+
+log = logging.getLogger("kit.store")
+
+CKPT_DIR = "checkpoints"
+VANILLA_DIR = "last-checkpoint"
+RECORDS_DIR = "kit"
+_CKPT_RE = re.compile(r"^checkpoints/checkpoint-(\d+)/(.+)$")
+_WEIGHTS_RE = re.compile(r"^(adapter_model|model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)$")
+
+
+class TransientStoreError(StoreError):
+    """A failure worth retrying: timeout, dropped connection, 429 or 5xx."""
+
+
+class StaleHead(StoreError):
+    """The store changed between our read and our write (Hub: 412 on ``parent_commit``)."""
+
+
+@dataclass
+class Snapshot:
+    """One consistent view of the store: file sizes by path, and what that view is pinned to."""
+
+    version: str | None  # Hub: commit sha; directory: None
+    files: dict[str, int]
+    sha256: dict[str, str] = field(default_factory=dict)  # where the backend knows it for free
+
+
+@dataclass
+class Candidate:
+    step: int
+    prefix: str  # "checkpoints/checkpoint-N" or "last-checkpoint"
+    kind: str  # "kit" | "vanilla"
+    files: dict[str, int]  # path relative to prefix -> size
+
+
+class Store(ABC):
+    """A place that holds checkpoints. Use :func:`kit.store.open_store` to get one."""
+
+    # ---- backend primitives -------------------------------------------------------------------
+    @abstractmethod
+    def _snapshot(self) -> Snapshot: ...
+
+    @abstractmethod
+    def _read_bytes(self, path: str, snap: Snapshot) -> bytes | None: ...
+
+    @abstractmethod
+    def _download(self, paths: list[str], snap: Snapshot, dest_root: Path) -> None:
+        """Write each store ``path`` to ``dest_root / path``."""
+
+    @abstractmethod
+    def publish(self, local_ckpt_dir: Path, step: int, keep: int) -> None: ...
+
+    @abstractmethod
+    def read_text(self, name: str) -> str | None: ...
+
+    @abstractmethod
+    def write_text(self, name: str, text: str) -> None: ...
+
+    @abstractmethod
+    def describe(self) -> str: ...
+
+    def _deep_check(self, cand: Candidate, manifest: dict, snap: Snapshot) -> tuple[bool, str]:
+        """Backends that can hash cheaply (a local directory) check the bytes here."""
+        return True, ""
+
+    # ---- shared logic ---------------------------------------------------------------------------
+    def candidates(self, snap: Snapshot | None = None) -> list[Candidate]:
+        """Kit checkpoints and a vanilla ``last-checkpoint/``, newest first (kit wins a tie)."""
+        snap = snap or self._snapshot()
+        by_step: dict[int, dict[str, int]] = {}
+        vanilla: dict[str, int] = {}
+        for path, size in snap.files.items():
+            m = _CKPT_RE.match(path)
+            if m:
+                by_step.setdefault(int(m.group(1)), {})[m.group(2)] = size
+            elif path.startswith(VANILLA_DIR + "/"):
+                vanilla[path[len(VANILLA_DIR) + 1:]] = size
+        out = [Candidate(s, f"{CKPT_DIR}/checkpoint-{s}", "kit", f) for s, f in by_step.items()]
+        if vanilla:
+            step = self._vanilla_step(vanilla, snap)
+            if step is not None:
+                out.append(Candidate(step, VANILLA_DIR, "vanilla", vanilla))
+        return sorted(out, key=lambda c: (c.step, c.kind == "kit"), reverse=True)
+
+    def _vanilla_step(self, files: dict[str, int], snap: Snapshot) -> int | None:
+        if "trainer_state.json" not in files:
+            return None
+        raw = self._read_bytes(f"{VANILLA_DIR}/trainer_state.json", snap)
+        try:
+            return int(json.loads(raw or b"")["global_step"])
+        except (ValueError, KeyError, TypeError):
+            log.warning("%s: %s/trainer_state.json has no readable global_step; ignoring it",
+                        self.describe(), VANILLA_DIR)
+            return None
+
+    def list_steps(self) -> list[int]:
+        """Steps of the kit checkpoints present (complete or not), ascending."""
+        return sorted(c.step for c in self.candidates() if c.kind == "kit")
+
+    def check(self, cand: Candidate, snap: Snapshot) -> tuple[bool, str]:
+        """Is ``cand`` complete in the store? ``(ok, reason)``, without downloading weights."""
+        if cand.kind == "vanilla":
+            return _check_vanilla(cand.files)
+        raw = self._read_bytes(f"{cand.prefix}/{MANIFEST_NAME}", snap)
+        if raw is None:
+            return False, f"no {MANIFEST_NAME} (partial upload?)"
+        manifest = parse_manifest(raw)
+        if manifest is None:
+            return False, f"{MANIFEST_NAME} is not a valid kit manifest"
+        if int(manifest["step"]) != cand.step:
+            return False, f"manifest says step {manifest['step']}"
+        for rel, want in sorted(manifest["files"].items()):
+            if rel not in cand.files:
+                return False, f"{rel} is missing"
+            if cand.files[rel] != want["size"]:
+                return False, f"{rel} has {cand.files[rel]} bytes, manifest says {want['size']}"
+            known = snap.sha256.get(f"{cand.prefix}/{rel}")
+            if known and known != want["sha256"]:
+                return False, f"{rel} sha256 differs from the manifest"
+        return self._deep_check(cand, manifest, snap)
+
+    def latest_valid(self) -> int | None:
+        """The newest step whose checkpoint is complete; incomplete ones are skipped with a warning."""
+        cand = self._latest_candidate()
+        return cand.step if cand else None
+
+    def _latest_candidate(self, below: int | None = None) -> Candidate | None:
+        snap = self._snapshot()
+        for cand in self.candidates(snap):
+            if below is not None and cand.step >= below:
+                continue
+            ok, reason = self.check(cand, snap)
+            if ok:
+                return cand
+            log.warning("%s: skipping %s (step %d): %s", self.describe(), cand.prefix, cand.step, reason)
+        return None
+
+    def fetch(self, step: int, dest_dir: Path) -> Path:
+        """Download checkpoint ``step`` to ``dest_dir``, verified; on failure ``dest_dir`` is untouched.
+
+        Raises:
+            StoreError: the step is absent, the download failed, or the bytes do not match.
+        """
+        dest_dir = Path(dest_dir)
+        snap = self._snapshot()
+        cand = next((c for c in self.candidates(snap) if c.step == step), None)
+        if cand is None:
+            raise StoreError(f"{self.describe()} has no checkpoint for step {step}")
+        dest_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest_dir.name}.fetch-", dir=dest_dir.parent))
+        try:
+            self._download([f"{cand.prefix}/{rel}" for rel in cand.files], snap, tmp)
+            got = tmp / cand.prefix
+            if cand.kind == "kit":
+                manifest = read_manifest(got)
+                ok, reason = (False, f"no valid {MANIFEST_NAME}") if manifest is None else verify_files(got, manifest)
+            else:
+                ok, reason = _check_vanilla({p.relative_to(got).as_posix(): p.stat().st_size
+                                             for p in got.rglob("*") if p.is_file()})
+            if not ok:
+                raise StoreError(f"{cand.prefix} from {self.describe()} is corrupt: {reason}; "
+                                 f"{dest_dir} was left as it was")
+            _swap_into(got, dest_dir)
+            return dest_dir
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def fetch_latest(self, dest_dir: Path) -> int | None:
+        """Fetch the newest complete checkpoint, falling back to older ones when one fails to verify.
+
+        Returns the step fetched, or None when the store holds no usable checkpoint.
+        """
+        below = None
+        while (cand := self._latest_candidate(below)) is not None:
+            try:
+                self.fetch(cand.step, dest_dir)
+                return cand.step
+            except TransientStoreError:
+                raise
+            except StoreError as err:
+                log.warning("%s: step %d failed to download or verify (%s); trying an older one",
+                            self.describe(), cand.step, err)
+                below = cand.step
+        return None
+
+
+def _check_vanilla(files: dict[str, int]) -> tuple[bool, str]:
+    missing = [n for n in ("trainer_state.json", "optimizer.pt") if n not in files]
+    if not any(_WEIGHTS_RE.match(n) for n in files):
+        missing.append("adapter/model weights")
+    if missing:
+        return False, "vanilla Trainer checkpoint lacks " + ", ".join(missing)
+    return True, "vanilla Trainer checkpoint (no kit manifest; checked by file presence)"
+
+
+def _swap_into(src: Path, dest: Path) -> None:
+    """Rename ``src`` to ``dest``; an existing ``dest`` is moved aside first and removed after."""
+    old = None
+    if dest.exists():
+        old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(dest, old)
+    os.rename(src, dest)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def record_path(name: str) -> str:
+    """``sessions.jsonl`` or ``kit/sessions.jsonl`` → ``kit/sessions.jsonl``; rejects escapes."""
+    name = name.removeprefix(RECORDS_DIR + "/")
+    if not name or name.startswith("/") or ".." in name.split("/"):
+        raise UsageError(f"job record name {name!r} must be a relative path under {RECORDS_DIR}/")
+    return f"{RECORDS_DIR}/{name}"
+
+
+def local_files(local_ckpt_dir: Path, step: int) -> tuple[dict, list[str]]:
+    """The manifest of a local checkpoint about to be published, and the files to send."""
+    local_ckpt_dir = Path(local_ckpt_dir)
+    if not local_ckpt_dir.is_dir():
+        raise StoreError(f"checkpoint folder {local_ckpt_dir} does not exist")
+    manifest = read_manifest(local_ckpt_dir)
+    if manifest is None:
+        raise StoreError(f"{local_ckpt_dir} has no valid {MANIFEST_NAME}: call kit.manifest.write_manifest "
+                         "before publishing")
+    if int(manifest["step"]) != step:
+        raise StoreError(f"{local_ckpt_dir}/{MANIFEST_NAME} says step {manifest['step']}, not {step}")
+    for rel, want in manifest["files"].items():
+        path = local_ckpt_dir / rel
+        if not path.is_file() or path.stat().st_size != want["size"]:
+            raise StoreError(f"{local_ckpt_dir}: {rel} is missing or changed since the manifest was written")
+    return manifest, sorted(manifest["files"]) + [MANIFEST_NAME]
+
+
+def steps_to_delete(existing: list[int], step: int, keep: int) -> list[int]:
+    """Kit checkpoints beyond the newest ``keep`` once ``step`` is in."""
+    if keep < 1:
+        raise UsageError(f"keep_checkpoints must be at least 1, got {keep}")
+    ordered = sorted(set(existing) | {step}, reverse=True)
+    return [s for s in ordered[keep:] if s != step]

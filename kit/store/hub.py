@@ -1,0 +1,222 @@
+"""A checkpoint store in a private Hugging Face Hub repo (``hf://owner/name``).
+
+Each publish is ONE commit: it adds ``checkpoints/checkpoint-N/*`` (manifest included) and
+deletes the checkpoints beyond the newest ``keep`` together, with ``parent_commit`` set to the
+head we listed, so a concurrent writer makes it fail (412) instead of deleting the wrong thing.
+Reads are pinned to one commit sha, so a listing and the downloads that follow always agree.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx2
+from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, constants
+from huggingface_hub.errors import HfHubHTTPError
+from huggingface_hub.utils import _http as hf_http
+
+from kit.auth import find_token, redact
+from kit.errors import StoreError, UsageError
+from kit.store.base import (CKPT_DIR, Snapshot, StaleHead, Store, TransientStoreError, local_files, record_path,
+                            steps_to_delete)
+
+log = logging.getLogger("kit.store")
+
+REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+NO_TOKEN = "no Hugging Face token: set HF_TOKEN or add a Kaggle/Colab secret named HF_TOKEN"
+DEFAULT_TIMEOUT_S = 60.0
+_CAS_ATTEMPTS = 4
+
+
+def parse_repo_id(spec: str) -> str:
+    repo_id = spec.removeprefix("hf://").strip("/")
+    if not REPO_ID_RE.match(repo_id) or ".." in repo_id or "--" in repo_id:
+        raise UsageError(f"invalid Hugging Face repo id {repo_id!r} in store {spec!r}: "
+                         "expected hf://owner/name (letters, digits, '-', '_', '.')")
+    return repo_id
+
+
+def use_timeouts(timeout_s: float) -> None:
+    """Give huggingface_hub's shared HTTP client a timeout (it has none: a stalled socket hangs forever).
+
+    The timeout is per socket operation (connect, one read, one write), so a slow upload that
+    keeps moving is not cut. A client factory the user installed is left alone.
+    """
+    current = hf_http._GLOBAL_CLIENT_FACTORY
+    if current is not hf_http.default_client_factory and getattr(current, "kit_timeout", None) is None:
+        return
+    if getattr(current, "kit_timeout", None) == timeout_s:
+        return
+
+    def factory() -> httpx2.Client:
+        return httpx2.Client(event_hooks={"request": [hf_http.hf_request_event_hook]},
+                             follow_redirects=True, timeout=httpx2.Timeout(timeout_s))
+
+    factory.kit_timeout = timeout_s  # type: ignore[attr-defined]
+    hf_http.set_client_factory(factory)
+
+
+class HubStore(Store):
+    """Checkpoints in a private Hub repo. The token is used, never shown."""
+
+    def __init__(self, repo_id: str, *, token: str | None = None, endpoint: str | None = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S):
+        self.repo_id = parse_repo_id(repo_id)
+        self.endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+        self._token = token if token is not None else find_token()
+        self.api = HfApi(endpoint=self.endpoint, token=self._token or False)
+        self._repo_ready = False
+        use_timeouts(timeout_s)
+
+    def __repr__(self) -> str:
+        return f"HubStore({self.describe()!r})"
+
+    def describe(self) -> str:
+        return f"hf://{self.repo_id}"
+
+    # ---- error mapping ------------------------------------------------------------------------
+    @contextmanager
+    def _errors(self, action: str):
+        try:
+            yield
+        except HfHubHTTPError as err:
+            mapped = self._http_error(err, action)
+            mapped.status = err.response.status_code if err.response is not None else None
+            raise mapped from None
+        except httpx2.TransportError as err:
+            raise TransientStoreError(f"{action} on {self.describe()} failed: {type(err).__name__} "
+                                      f"({redact(str(err), self._token)[:200]})") from None
+
+    def _http_error(self, err: HfHubHTTPError, action: str) -> StoreError:
+        code = err.response.status_code if err.response is not None else None
+        where = self.describe()
+        if code == 401:
+            if not self._token:
+                return StoreError(f"{where} is private or missing and no token was given (401): {NO_TOKEN}")
+            return StoreError(f"token rejected for {self.repo_id} (401): check HF_TOKEN is a valid token")
+        if code == 403:
+            return StoreError(f"token has no write access to {self.repo_id} (403): "
+                              "use a token with write permission")
+        if code == 404:
+            return StoreError(f"{action} on {where} failed: not found (404)")
+        if code == 412:
+            return StaleHead(f"{where} changed while we wrote to it (412)")
+        if code in (408, 429) or (code is not None and code >= 500):
+            return TransientStoreError(f"{action} on {where} failed: HTTP {code}")
+        return StoreError(f"{action} on {where} failed: HTTP {code}: {redact(str(err), self._token)[:200]}")
+
+    def _need_token(self) -> None:
+        if not self._token:
+            raise StoreError(NO_TOKEN)
+
+    def ensure_repo(self) -> None:
+        """Create the private repo when it does not exist yet (no-op when it does)."""
+        if self._repo_ready:
+            return
+        self._need_token()
+        # Look before creating: on a 403 for an existing repo, huggingface_hub 2.4's create_repo
+        # builds a RepoUrl without our endpoint and fails on any non-huggingface.co host.
+        if self.head() is None:
+            with self._errors("creating the repo"):
+                self.api.create_repo(self.repo_id, private=True, exist_ok=True)
+        self._repo_ready = True
+
+    # ---- reading ------------------------------------------------------------------------------
+    def head(self) -> str | None:
+        """The sha of ``main``, or None when the repo does not exist."""
+        try:
+            with self._errors("reading the repo"):
+                return self.api.repo_info(self.repo_id, revision="main").sha
+        except StoreError as err:
+            if getattr(err, "status", None) == 404:
+                return None
+            raise
+
+    def _snapshot(self) -> Snapshot:
+        sha = self.head()
+        if sha is None:
+            return Snapshot(None, {})
+        files, sha256 = {}, {}
+        with self._errors("listing the repo"):
+            for entry in self.api.list_repo_tree(self.repo_id, recursive=True, revision=sha):
+                if hasattr(entry, "size"):
+                    files[entry.path] = entry.size
+                    if getattr(entry, "lfs", None) is not None:
+                        sha256[entry.path] = entry.lfs.sha256
+        return Snapshot(sha, files, sha256)
+
+    def _read_bytes(self, path: str, snap: Snapshot) -> bytes | None:
+        if snap.version is None or path not in snap.files:
+            return None
+        with tempfile.TemporaryDirectory(prefix="kit-hub-read-") as tmp:
+            self._download([path], snap, Path(tmp))
+            return (Path(tmp) / path).read_bytes()
+
+    def _download(self, paths: list[str], snap: Snapshot, dest_root: Path) -> None:
+        for path in paths:
+            with self._errors(f"downloading {path}"):
+                try:
+                    self.api.hf_hub_download(self.repo_id, path, revision=snap.version, local_dir=dest_root)
+                except OSError as err:  # the client's size consistency check, a full disk
+                    raise StoreError(f"downloading {path} from {self.describe()} failed: {err}") from None
+
+    def read_text(self, name: str) -> str | None:
+        raw = self._read_bytes(record_path(name), self._snapshot())
+        return None if raw is None else raw.decode()
+
+    def read_text_at_head(self, name: str) -> tuple[str | None, str | None]:
+        """``(text or None, head sha)`` from one snapshot: the read half of a compare-and-swap."""
+        snap = self._snapshot()
+        raw = self._read_bytes(record_path(name), snap)
+        return (None if raw is None else raw.decode()), snap.version
+
+    # ---- writing ------------------------------------------------------------------------------
+    def write_text(self, name: str, text: str, *, parent: str | None = None) -> str:
+        """Commit one small record; with ``parent`` the commit fails with :class:`StaleHead` if main moved."""
+        self.ensure_repo()
+        path = record_path(name)
+        with self._errors(f"writing {path}"):
+            info = self.api.create_commit(self.repo_id, [CommitOperationAdd(path, text.encode())],
+                                          commit_message=f"kit: update {path}", parent_commit=parent)
+        return info.oid
+
+    def publish(self, local_ckpt_dir: Path, step: int, keep: int) -> None:
+        """Upload ``local_ckpt_dir`` as ``checkpoints/checkpoint-{step}`` and prune, in ONE commit."""
+        manifest, names = local_files(local_ckpt_dir, step)
+        self._need_token()
+        steps_to_delete([], step, keep)  # validates keep before any network traffic
+        self.ensure_repo()
+        for attempt in range(_CAS_ATTEMPTS):
+            snap = self._snapshot()
+            existing = [c.step for c in self.candidates(snap) if c.kind == "kit"]
+            doomed = steps_to_delete(existing, step, keep)
+            ops = self._additions(Path(local_ckpt_dir), step, manifest, names)
+            ops += [CommitOperationDelete(f"{CKPT_DIR}/checkpoint-{s}/", is_folder=True) for s in doomed]
+            message = f"kit: checkpoint {step}" + (f", drop {', '.join(map(str, doomed))}" if doomed else "")
+            try:
+                with self._errors(f"publishing step {step}"):
+                    self.api.create_commit(self.repo_id, ops, commit_message=message, parent_commit=snap.version)
+                return
+            except StaleHead:
+                log.info("%s moved while publishing step %d; re-reading (attempt %d)",
+                         self.describe(), step, attempt + 1)
+        raise TransientStoreError(f"{self.describe()} kept changing under us; step {step} not published yet")
+
+    def _additions(self, local: Path, step: int, manifest: dict, names: list[str]) -> list:
+        ops = []
+        for rel in names:
+            try:
+                op = CommitOperationAdd(f"{CKPT_DIR}/checkpoint-{step}/{rel}", str(local / rel))
+            except (OSError, ValueError) as err:
+                raise StoreError(f"cannot read {local / rel}: {err}") from None
+            want = manifest["files"].get(rel)
+            if want is not None and op.upload_info.sha256.hex() != want["sha256"]:
+                raise StoreError(f"{local}/{rel} changed since its manifest was written; not publishing "
+                                 "a checkpoint that would not verify")
+            ops.append(op)
+        return ops

@@ -1,0 +1,302 @@
+"""The checkpoint store suite, run over both backends: a directory in tmp_path, and a Hub repo on
+tests/hubserver.py reached by the real huggingface_hub client over real HTTP."""
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from kit.errors import StoreError, UsageError
+from kit.manifest import MANIFEST_NAME, write_manifest
+from kit.store import DirStore, TransientStoreError, open_store
+from kit.store.hub import NO_TOKEN, HubStore
+from tests.hubserver import READ_TOKEN, WRITE_TOKEN, hub  # noqa: F401  (fixture)
+
+REPO = "me/ckpts"
+
+
+def make_ckpt(root: Path, step: int, size: int = 4096, manifest: bool = True, vanilla_name: str | None = None) -> Path:
+    """A small HF Trainer-shaped checkpoint with random weights, plus its kit manifest."""
+    d = Path(root) / (vanilla_name or f"checkpoint-{step}")
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "adapter_model.safetensors").write_bytes(os.urandom(size))
+    (d / "optimizer.pt").write_bytes(os.urandom(size * 2))
+    (d / "scheduler.pt").write_bytes(b"sched")
+    (d / "rng_state_0.pth").write_bytes(os.urandom(64))
+    (d / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    if manifest:
+        write_manifest(d, step, world_size=1, fingerprint={"model": "tiny"})
+    return d
+
+
+def tree_bytes(d: Path) -> dict:
+    return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(Path(d).rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(params=["dir", "hub"])
+def backend(request, tmp_path):
+    """(store, kind, server-or-None)."""
+    if request.param == "dir":
+        return DirStore(tmp_path / "store"), "dir", None
+    server = request.getfixturevalue("hub")
+    return HubStore(REPO, token=WRITE_TOKEN, endpoint=server.url), "hub", server
+
+
+def test_publish_list_latest_fetch_round_trip(backend, tmp_path):
+    store, _, _ = backend
+    src = {s: make_ckpt(tmp_path / "local", s) for s in (1, 2, 3)}
+    assert store.list_steps() == [] and store.latest_valid() is None
+    for s in (1, 2, 3):
+        store.publish(src[s], s, keep=2)
+    assert store.list_steps() == [2, 3]
+    assert store.latest_valid() == 3
+    dest = tmp_path / "restore" / "checkpoint-3"
+    assert store.fetch(3, dest) == dest
+    assert tree_bytes(dest) == tree_bytes(src[3])
+    assert not [p for p in dest.parent.iterdir() if p.name.startswith(".")], "temp fetch folder left behind"
+
+
+def test_fetch_replaces_an_existing_dest(backend, tmp_path):
+    store, _, _ = backend
+    store.publish(make_ckpt(tmp_path / "l", 5), 5, keep=3)
+    dest = tmp_path / "out"
+    dest.mkdir()
+    (dest / "stale.txt").write_text("old")
+    store.fetch(5, dest)
+    assert not (dest / "stale.txt").exists() and (dest / MANIFEST_NAME).exists()
+
+
+def test_fetch_of_absent_step_raises(backend, tmp_path):
+    store, _, _ = backend
+    with pytest.raises(StoreError, match="no checkpoint for step 9"):
+        store.fetch(9, tmp_path / "x")
+
+
+def test_keep_deletes_in_the_same_commit(hub, tmp_path):
+    store = HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url)
+    for s in (10, 20, 30):
+        store.publish(make_ckpt(tmp_path, s), s, keep=2)
+    log = hub.commit_log(REPO)
+    ckpt_commits = [c for c in log if c.title.startswith("kit: checkpoint")]
+    assert len(ckpt_commits) == 3, "one commit per publish"
+    last = ckpt_commits[-1]
+    assert last.deleted == ["checkpoints/checkpoint-10/"]
+    assert any(p.startswith("checkpoints/checkpoint-30/") for p in last.added)
+    assert f"checkpoints/checkpoint-30/{MANIFEST_NAME}" in last.added
+    assert hub.repos[REPO].private, "the repo kit creates is private"
+
+
+def test_corrupt_dir_checkpoint_is_skipped_and_fetch_refuses(tmp_path, caplog):
+    store = DirStore(tmp_path / "store")
+    for s in (1, 2):
+        store.publish(make_ckpt(tmp_path / "l", s), s, keep=5)
+    f = tmp_path / "store/checkpoints/checkpoint-2/optimizer.pt"
+    data = bytearray(f.read_bytes())
+    data[100] ^= 0xFF
+    f.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, "kit.store"):
+        assert store.latest_valid() == 1
+    assert "step 2" in caplog.text and "optimizer.pt sha256" in caplog.text
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "keep.txt").write_text("untouched")
+    with pytest.raises(StoreError, match="corrupt: optimizer.pt"):
+        store.fetch(2, dest)
+    assert tree_bytes(dest) == {"keep.txt": b"untouched"}
+    assert store.fetch_latest(tmp_path / "dest2") == 1
+
+
+def test_truncated_hub_file_is_skipped(hub, tmp_path, caplog):
+    store = HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url)
+    for s in (1, 2):
+        store.publish(make_ckpt(tmp_path, s), s, keep=5)
+    hub.corrupt_stored(REPO, "checkpoints/checkpoint-2/adapter_model.safetensors", mode="truncate")
+    with caplog.at_level(logging.WARNING, "kit.store"):
+        assert store.latest_valid() == 1
+    assert "step 2" in caplog.text and "adapter_model.safetensors has 2048 bytes" in caplog.text
+
+
+def test_flipped_hub_byte_fails_fetch_and_falls_back(hub, tmp_path, caplog):
+    store = HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url)
+    for s in (1, 2):
+        store.publish(make_ckpt(tmp_path, s), s, keep=5)
+    hub.corrupt_stored(REPO, "checkpoints/checkpoint-2/optimizer.pt", mode="flip")
+    dest = tmp_path / "dest"
+    with pytest.raises(StoreError, match="sha256 differs"):
+        store.fetch(2, dest)
+    assert not dest.exists()
+    with caplog.at_level(logging.WARNING, "kit.store"):
+        assert store.fetch_latest(dest) == 1
+    assert "step 2 failed to download or verify" in caplog.text
+    assert json.loads((dest / "trainer_state.json").read_text())["global_step"] == 1
+
+
+@pytest.mark.parametrize("kind", ["flip_download", "drop_download"])
+def test_bad_download_raises_and_leaves_dest(hub, tmp_path, kind):
+    store = HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url)
+    store.publish(make_ckpt(tmp_path, 4, size=300_000), 4, keep=5)
+    hub.inject(kind, times=50, method="GET", path="optimizer.pt")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "mine").write_text("x")
+    with pytest.raises(StoreError):
+        store.fetch(4, dest)
+    assert tree_bytes(dest) == {"mine": b"x"}
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".dest")] == []
+
+
+def test_one_dropped_download_is_resumed_by_the_client(hub, tmp_path):
+    store = HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url)
+    src = make_ckpt(tmp_path, 4, size=300_000)
+    store.publish(src, 4, keep=5)
+    hub.inject("drop_download", times=1, method="GET", path="optimizer.pt")
+    store.fetch(4, tmp_path / "dest")
+    assert tree_bytes(tmp_path / "dest") == tree_bytes(src)
+
+
+def test_partial_dir_checkpoints_are_ignored(tmp_path, caplog):
+    store = DirStore(tmp_path / "store")
+    store.publish(make_ckpt(tmp_path / "l", 3), 3, keep=5)
+    tmpdir = tmp_path / "store/checkpoints/.tmp-checkpoint-9-deadbeef"
+    tmpdir.mkdir()
+    (tmpdir / "optimizer.pt").write_bytes(b"half")
+    make_ckpt(tmp_path / "store/checkpoints", 6, manifest=False)  # copied by hand, no manifest
+    assert store.list_steps() == [3, 6]
+    with caplog.at_level(logging.WARNING, "kit.store"):
+        assert store.latest_valid() == 3
+    assert "step 6" in caplog.text and "no kit_manifest.json" in caplog.text
+
+
+def test_failed_publish_changes_nothing(backend, tmp_path):
+    store, kind, server = backend
+    store.publish(make_ckpt(tmp_path / "a", 1), 1, keep=1)
+    before = store.list_steps()
+    bad = make_ckpt(tmp_path / "b", 2)
+    (bad / "optimizer.pt").write_bytes(os.urandom(8192))  # same size, other bytes than the manifest says
+    with pytest.raises(StoreError, match="changed since its manifest"):
+        store.publish(bad, 2, keep=1)
+    assert store.list_steps() == before and store.latest_valid() == 1
+
+
+def test_publish_needs_a_matching_manifest(backend, tmp_path):
+    store, _, _ = backend
+    with pytest.raises(StoreError, match="call kit.manifest.write_manifest"):
+        store.publish(make_ckpt(tmp_path, 1, manifest=False), 1, keep=1)
+    with pytest.raises(StoreError, match="says step 2, not 3"):
+        store.publish(make_ckpt(tmp_path, 2), 3, keep=1)
+    with pytest.raises(StoreError, match="does not exist"):
+        store.publish(tmp_path / "nope", 1, keep=1)
+    short = make_ckpt(tmp_path, 4)
+    (short / "scheduler.pt").unlink()
+    with pytest.raises(StoreError, match="scheduler.pt is missing"):
+        store.publish(short, 4, keep=1)
+    with pytest.raises(UsageError, match="at least 1"):
+        store.publish(make_ckpt(tmp_path, 5), 5, keep=0)
+
+
+def test_records_round_trip(backend):
+    store, _, _ = backend
+    assert store.read_text("job.json") is None
+    store.write_text("kit/job.json", '{"a": 1}')
+    store.write_text("sessions.jsonl", "line1\n")
+    assert store.read_text("job.json") == '{"a": 1}'
+    assert store.read_text("kit/sessions.jsonl") == "line1\n"
+    with pytest.raises(UsageError):
+        store.write_text("../escape", "x")
+
+
+@pytest.mark.parametrize("layout", ["hub", "dir"])
+def test_vanilla_last_checkpoint_is_a_candidate(layout, tmp_path, request, caplog):
+    if layout == "hub":
+        server = request.getfixturevalue("hub")
+        store = HubStore(REPO, token=WRITE_TOKEN, endpoint=server.url)
+        van = make_ckpt(tmp_path, 7, manifest=False, vanilla_name="last-checkpoint")
+        server.put_files(REPO, {f"last-checkpoint/{k}": v for k, v in tree_bytes(van).items()})
+    else:
+        store = DirStore(tmp_path / "store")
+        make_ckpt(tmp_path / "store", 7, manifest=False, vanilla_name="last-checkpoint")
+    assert store.latest_valid() == 7 and store.list_steps() == []
+    dest = tmp_path / "got"
+    store.fetch(7, dest)
+    assert json.loads((dest / "trainer_state.json").read_text())["global_step"] == 7
+    store.publish(make_ckpt(tmp_path / "k", 5), 5, keep=2)
+    assert store.latest_valid() == 7, "vanilla step 7 is newer than kit's 5"
+    store.publish(make_ckpt(tmp_path / "k", 8), 8, keep=2)
+    assert store.latest_valid() == 8
+
+
+def test_vanilla_without_optimizer_is_skipped(tmp_path, caplog):
+    store = DirStore(tmp_path / "store")
+    van = make_ckpt(tmp_path / "store", 7, manifest=False, vanilla_name="last-checkpoint")
+    (van / "optimizer.pt").unlink()
+    with caplog.at_level(logging.WARNING, "kit.store"):
+        assert store.latest_valid() is None
+    assert "lacks optimizer.pt" in caplog.text
+    (van / "trainer_state.json").write_text("{}")
+    with caplog.at_level(logging.WARNING, "kit.store"):
+        assert store.latest_valid() is None
+    assert "no readable global_step" in caplog.text
+
+
+def test_read_only_token_gets_403_and_nothing_is_deleted(hub, tmp_path):
+    HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url).publish(make_ckpt(tmp_path, 1), 1, keep=1)
+    before = hub.files(REPO)
+    ro = HubStore(REPO, token=READ_TOKEN, endpoint=hub.url)
+    assert ro.latest_valid() == 1, "a read token can still read"
+    with pytest.raises(StoreError) as err:
+        ro.publish(make_ckpt(tmp_path, 2), 2, keep=1)
+    assert str(err.value).startswith(f"token has no write access to {REPO} (403)")
+    assert err.value.exit_code == 4
+    assert hub.files(REPO) == before
+
+
+def test_missing_and_invalid_tokens(hub, tmp_path):
+    HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url).publish(make_ckpt(tmp_path, 1), 1, keep=1)
+    anon = HubStore(REPO, endpoint=hub.url)
+    with pytest.raises(StoreError, match=NO_TOKEN):
+        anon.publish(make_ckpt(tmp_path, 2), 2, keep=1)
+    with pytest.raises(StoreError, match="no token was given \\(401\\)"):
+        anon.latest_valid()  # the repo is private
+    with pytest.raises(StoreError, match="token rejected .* \\(401\\)"):
+        HubStore(REPO, token="hf_fakeNOTvalid", endpoint=hub.url).latest_valid()
+
+
+def test_missing_repo_reads_as_empty(hub):
+    store = HubStore("me/nothing-here", token=WRITE_TOKEN, endpoint=hub.url)
+    assert store.list_steps() == [] and store.latest_valid() is None and store.read_text("job.json") is None
+
+
+@pytest.mark.parametrize("fault", [dict(kind="status", status=500), dict(kind="status", status=429),
+                                   dict(kind="drop_upload"), dict(kind="hang", seconds=3)])
+def test_transient_publish_failures_are_marked_retryable(hub, tmp_path, fault):
+    store = HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url, timeout_s=1.0)
+    store.publish(make_ckpt(tmp_path, 1), 1, keep=1)
+    hub.inject(method="POST", path="/commit/", **fault)
+    with pytest.raises(TransientStoreError):
+        store.publish(make_ckpt(tmp_path, 2, size=200_000), 2, keep=1)
+    assert store.latest_valid() == 1 and store.list_steps() == [1], "a cut upload never becomes latest"
+
+
+def test_open_store_specs(tmp_path, hub):
+    assert open_store(None) is None and open_store("") is None and open_store("  ") is None
+    assert isinstance(open_store(str(tmp_path)), DirStore)
+    s = open_store("hf://me/ckpts", token=WRITE_TOKEN)
+    assert isinstance(s, HubStore) and s.endpoint == hub.url, "endpoint defaults to HF_ENDPOINT"
+    assert s.describe() == "hf://me/ckpts" and WRITE_TOKEN not in repr(s)
+    for bad in ("hf://noslash", "hf://a/b/c", "hf://a/../b", "hf://-a/b", "hf://a b/c"):
+        with pytest.raises(UsageError) as err:
+            open_store(bad)
+        assert err.value.exit_code == 2
+
+
+def test_unwritable_store_dir(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    store = DirStore(blocker / "store")
+    with pytest.raises(StoreError, match="not writable") as err:
+        store.publish(make_ckpt(tmp_path, 1), 1, keep=1)
+    assert err.value.exit_code == 4
+    with pytest.raises(StoreError, match="not writable"):
+        store.write_text("job.json", "{}")
