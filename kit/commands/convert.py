@@ -1,0 +1,46 @@
+"""`kit convert NOTEBOOK.ipynb -o train_ddp.py`: the command around `kit.convert`."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from kit.errors import UsageError
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("notebook", help="the training notebook (.ipynb) to convert")
+    parser.add_argument("-o", "--output", default="train_ddp.py", help="script to write (default: train_ddp.py)")
+    parser.add_argument("--force", action="store_true", help="overwrite the output file if it exists")
+    parser.add_argument("--precision", choices=("auto", "fp16", "bf16", "fp32"), default="auto",
+                        help="training precision to set; auto keeps the notebook's (default: auto)")
+
+
+def run(args) -> int:
+    """Convert, write the script atomically, print the change list; 0 on success."""
+    out = Path(args.output)
+    # Checked before converting, so a refused run never touches an existing file.
+    if out.is_dir():
+        raise UsageError(f"-o {out}: is a directory: give a file name such as {out / 'train_ddp.py'}")
+    if out.exists() and not args.force:
+        raise UsageError(f"-o {out}: exists: pass --force to overwrite it, or choose another -o")
+    if not out.parent.is_dir():
+        raise UsageError(f"-o {out}: folder {out.parent} does not exist: create it first")
+    try:
+        from kit.convert import convert_notebook, format_changes
+    except ImportError as e:
+        raise UsageError(f"kit convert needs libcst and nbformat ({e}): pip install libcst nbformat") from None
+
+    conversion = convert_notebook(args.notebook, args.precision, script_name=out.name)
+    # Temp file + rename in the same folder: a crash never leaves half a script behind.
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(conversion.source)
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    print(format_changes(conversion, Path(args.notebook).name, str(out)))
+    return 0
