@@ -30,7 +30,7 @@ def to_text(facts, verdicts=None, next_steps: list[str] | None = None) -> str:
     if verdicts is not None:
         lines += ["", f"{'verdict':<10} {verdicts.summary}"]
         lines += [f"{'warning':<10} {w}" for w in verdicts.warnings]
-        if not verdicts.ok:
+        if not verdicts.ok and verdicts.action not in verdicts.summary:
             lines.append(f"{'do this':<10} {verdicts.action}")
     lines += [f"{'next':<10} {s}" for s in next_steps or []]
     return "\n".join(lines).rstrip() + "\n"
@@ -50,7 +50,7 @@ def to_html(facts, verdicts=None, next_steps: list[str] | None = None) -> str:
         color = "green" if verdicts.ok else "#b00"
         parts.append(f"<p style='color:{color}'><b>{e(verdicts.summary)}</b></p>")
         parts += [f"<p>⚠ {e(w)}</p>" for w in verdicts.warnings]
-        if not verdicts.ok:
+        if not verdicts.ok and verdicts.action not in verdicts.summary:
             parts.append(f"<p><b>Do this:</b> {e(verdicts.action)}</p>")
     parts += [f"<p><b>Next:</b> <code>{e(s)}</code></p>" for s in next_steps or []]
     return "<div class='kit-report'>" + "".join(parts) + "</div>"
@@ -73,7 +73,8 @@ def show(facts, verdicts=None, next_steps: list[str] | None = None, as_json: boo
         display(HTML(to_html(facts, verdicts, next_steps)))
         # Also as text, so papermill's output notebooks and logs read without rendering HTML.
         if verdicts is not None:
-            print(verdicts.summary if verdicts.ok else f"{verdicts.summary}\nDo this: {verdicts.action}")
+            repeat = verdicts.ok or verdicts.action in verdicts.summary
+            print(verdicts.summary if repeat else f"{verdicts.summary}\nDo this: {verdicts.action}")
         for step in next_steps or []:
             print(f"Next: {step}")
     else:
