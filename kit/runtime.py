@@ -100,6 +100,8 @@ def batch_for_world(global_batch: int, per_device: int, world_size: int) -> int:
 def plan_for(ctx, cfg: config.RunConfig, planned: dict) -> RuntimePlan:
     """The rendered plan, settled for this device and this world size."""
     notes: list[str] = []
+    if cfg.method == "qlora" and ctx.device.type != "cuda":
+        raise CannotTrain("method=qlora needs a CUDA GPU (bitsandbytes 4-bit); on the CPU use method=lora")
     precision = _precision(cfg, ctx.device, planned.get("precision", "auto"), notes)
     per_device = cfg.per_device_batch or planned["per_device_batch"]
     global_batch = cfg.global_batch or planned.get("global_batch") or per_device * ctx.world_size
