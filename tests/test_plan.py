@@ -1,0 +1,265 @@
+"""kit.plan: a pure function of (facts, config), tested with the facts of real machines; `kit plan`'s
+exit codes and error lines through a real subprocess."""
+
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kit import config, hardware
+from kit.errors import CannotTrain, UsageError
+from kit.plan import batch_for_world, make_plan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GIB = 2**30
+CU128 = ["sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def machine(gpu_name, capability, total, count=1, vendor="nvidia", arch=CU128, platform="kaggle",
+            torch_version="2.10.0+cu128", packages=None):
+    """Facts as `kit probe --json` prints them on that machine."""
+    return {
+        "schema": 1, "platform": platform, "platform_detected_by": "test", "python": "3.11.13",
+        "torch": {"installed": True, "version": torch_version, "cuda": None if vendor == "amd" else "12.8",
+                  "hip": "7.0" if vendor == "amd" else None, "arch_list": arch},
+        "driver": "560.35.03", "gpu_count": count, "gpu_source": "nvml",
+        "gpus": [{"index": i, "name": gpu_name, "vendor": vendor, "capability": capability,
+                  "memory_total_bytes": total, "memory_free_bytes": total - 300 * 2**20} for i in range(count)],
+        "cpu_count": 4, "ram_bytes": 32 * GIB, "disk_free_bytes": 60 * GIB,
+        "packages": packages or {"transformers": "5.17.0", "peft": "0.18.0", "bitsandbytes": "0.49.0",
+                                 "unsloth": None, "trl": "1.15.0"},
+        "hf_token_available": False, "unknown": {},
+    }
+
+
+KAGGLE_P100 = machine("Tesla P100-PCIE-16GB", "6.0", 17_071_734_784)
+KAGGLE_T4X2 = machine("Tesla T4", "7.5", 15_637_086_208, count=2)
+COLAB_T4 = machine("Tesla T4", "7.5", 15_637_086_208, platform="colab")
+A100 = machine("NVIDIA A100-SXM4-80GB", "8.0", 85_899_345_920, platform="local")
+H200 = machine("NVIDIA H200", "9.0", 150_754_820_096, platform="local", torch_version="2.11.0+cu130",
+               arch=["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"])
+MI300X = machine("AMD Instinct MI300X", "gfx942", 206_141_652_992, vendor="amd", platform="local",
+                 arch=["gfx90a", "gfx942", "gfx1100"], torch_version="2.10.0+rocm7.0")
+CPU_ONLY = {**machine("x", "7.5", 0, count=0, platform="local"), "gpu_source": None, "driver": None}
+
+
+def cfg(*overrides):
+    return config.load(None, list(overrides))
+
+
+QWEN8_QLORA = ("model=Qwen/Qwen3-8B", "method=qlora")
+
+
+def test_p100_is_refused_with_the_kaggle_fix():
+    with pytest.raises(CannotTrain, match=r"P100.*sm_60.*sm_70…sm_120.*T4×2") as e:
+        make_plan(KAGGLE_P100, cfg(*QWEN8_QLORA))
+    assert e.value.plan.strategy == "none"
+
+
+def test_t4x2_qwen3_8b_qlora_is_ddp_fp16_on_both_gpus():
+    p = make_plan(KAGGLE_T4X2, cfg(*QWEN8_QLORA, "seq_len=1024"))
+    assert (p.strategy, p.precision, p.nproc, p.device, p.quantization) == ("ddp", "fp16", 2, "cuda", "nf4")
+    assert p.gradient_checkpointing and p.per_device_batch >= 1
+    assert p.memory["per_gpu_bytes"] <= p.memory["budget_bytes"] == 15_637_086_208
+    assert sum(p.memory["terms"].values()) == p.memory["per_gpu_bytes"]
+    assert p.launch == "torchrun --standalone --nproc_per_node=2 train_ddp.py"
+    assert any("no native bf16" in r for r in p.reasons) and any("DDP" in r for r in p.reasons)
+    assert p.to_dict()["memory"]["terms"]["weights_4bit"] > 0
+
+
+def test_one_t4_bf16_lora_8b_suggests_qlora():
+    with pytest.raises(CannotTrain, match=r"does not fit on 1× Tesla T4: cheapest change that fits: method=qlora") as e:
+        make_plan(COLAB_T4, cfg("model=Qwen/Qwen3-8B", "method=lora"))
+    assert e.value.plan.strategy == "none" and e.value.exit_code == 3
+
+
+def test_two_t4_bf16_lora_8b_fits_only_sharded():
+    p = make_plan(KAGGLE_T4X2, cfg("model=Qwen/Qwen3-8B", "method=lora"))
+    assert p.strategy == "fsdp" and p.nproc == 2 and p.launch.startswith("torchrun")
+    assert p.memory["terms"]["weights"] < 9 * GIB
+
+
+def test_model_parallel_is_the_last_resort_and_never_torchrun(monkeypatch):
+    # Where FSDP's gathered layers tip it over but a layer split fits: one process, python launch.
+    from kit import memory, plan as planner
+
+    real = memory.estimate
+
+    def no_room_for_fsdp(*a, **kw):
+        e = real(*a, **kw)
+        if kw.get("sharding") == "fsdp":
+            e.total_bytes = 10**12
+        return e
+
+    monkeypatch.setattr(planner.memory, "estimate", no_room_for_fsdp)
+    p = make_plan(KAGGLE_T4X2, cfg("model=Qwen/Qwen3-32B", "method=qlora", "seq_len=256"))
+    assert (p.strategy, p.nproc, p.launch) == ("model_parallel", 1, "python train_ddp.py")
+    assert any("no speed-up" in r and "never torchrun" in r for r in p.reasons)
+
+
+def test_qlora_that_needs_sharding_says_what_fsdp_needs():
+    p = make_plan(KAGGLE_T4X2, cfg("model=Qwen/Qwen3-32B", "method=qlora", "seq_len=256"))
+    assert p.strategy == "fsdp" and any("bnb_4bit_quant_storage" in r for r in p.reasons)
+
+
+def test_a100_h200_and_mi300x_train_in_bf16():
+    for facts in (A100, H200, MI300X):
+        p = make_plan(facts, cfg("model=Qwen/Qwen3-8B", "method=lora"))
+        assert (p.precision, p.strategy, p.launch) == ("bf16", "single", "python train_ddp.py")
+    assert any("ROCm" in r and "NaN" in r for r in make_plan(MI300X, cfg()).reasons)
+
+
+def test_cpu_only_tiny_default_plans_and_big_models_are_refused():
+    p = make_plan(CPU_ONLY, cfg())
+    assert (p.device, p.precision, p.strategy, p.launch) == ("cpu", "fp32", "single", "python train_ddp.py")
+    assert "CPU-only: training will be CPU-slow; fine for the tiny default." in p.reasons
+    p2 = make_plan(CPU_ONLY, cfg(), nproc=2)
+    assert p2.strategy == "ddp" and p2.launch == "torchrun --standalone --nproc_per_node=2 train_ddp.py"
+    with pytest.raises(CannotTrain, match="too big to train on a CPU"):
+        make_plan(CPU_ONLY, cfg("model=Qwen/Qwen3-1.7B"))
+    with pytest.raises(CannotTrain, match="needs a GPU"):
+        make_plan(CPU_ONLY, cfg("method=qlora"))
+
+
+@pytest.mark.parametrize("gpus,per_device,accum", [("1xT4", 4, 4), ("2xT4", 4, 2), ("4xT4", 4, 1)])
+def test_global_batch_is_kept_across_world_sizes(gpus, per_device, accum):
+    p = make_plan(hardware.synthesize(gpus), cfg(*QWEN8_QLORA, "global_batch=16"))
+    assert (p.per_device_batch, p.grad_accum, p.global_batch) == (per_device, accum, 16)
+    assert p.per_device_batch * p.grad_accum * p.nproc == 16
+
+
+def test_batch_for_world_at_runtime():
+    c = cfg("global_batch=16")
+    assert batch_for_world(c, 4, 1) == (4, 4, 16)
+    assert batch_for_world(c, 8, 4) == (4, 1, 16)  # a planner-picked micro-batch shrinks to divide
+    assert batch_for_world(cfg(), 4, 2) == (4, 1, 8)
+    with pytest.raises(UsageError, match="global_batch 16 is not a multiple of per_device_batch 8 × 4"):
+        batch_for_world(cfg("global_batch=16", "per_device_batch=8"), 8, 4)
+    with pytest.raises(UsageError, match="global_batch 6 is not a multiple of the 4"):
+        batch_for_world(cfg("global_batch=6"), 1, 4)
+
+
+def test_indivisible_global_batch_is_a_usage_error():
+    with pytest.raises(UsageError, match="global_batch 3"):
+        make_plan(KAGGLE_T4X2, cfg("global_batch=3"))
+
+
+def test_explicit_bf16_on_t4_is_refused_naming_the_gpu():
+    with pytest.raises(CannotTrain, match=r"bf16.*Tesla T4 \(sm_75\)"):
+        make_plan(COLAB_T4, cfg("precision=bf16"))
+
+
+def test_mixed_gpus_are_refused():
+    with pytest.raises(CannotTrain, match="mixed GPU models"):
+        make_plan(hardware.synthesize("T4+L4"), cfg())
+
+
+def test_gradient_checkpointing_auto():
+    assert make_plan(COLAB_T4, cfg()).gradient_checkpointing is False  # tiny
+    assert make_plan(A100, cfg("model=Qwen/Qwen3-1.7B")).gradient_checkpointing is True  # ≥ 1B
+    assert make_plan(A100, cfg("model=Qwen/Qwen3-1.7B", "gradient_checkpointing=off")).gradient_checkpointing is False
+    # 0.6B at 4k tokens on a T4 only fits when it recomputes
+    assert make_plan(COLAB_T4, cfg("model=Qwen/Qwen3-0.6B", "seq_len=4096")).gradient_checkpointing is True
+
+
+def test_batch_is_the_configs_or_the_largest_power_of_two_that_fits():
+    assert make_plan(H200, cfg("model=Qwen/Qwen3-8B")).per_device_batch == 8
+    assert make_plan(H200, cfg("model=Qwen/Qwen3-8B", "per_device_batch=3")).per_device_batch == 3
+    assert make_plan(COLAB_T4, cfg(*QWEN8_QLORA, "seq_len=2048")).per_device_batch in (1, 2)
+
+
+def test_backend_unsloth_only_on_one_nvidia_gpu():
+    with_unsloth = copy.deepcopy(KAGGLE_T4X2)
+    with_unsloth["packages"]["unsloth"] = "2026.1.1"
+    two = make_plan(with_unsloth, cfg(*QWEN8_QLORA))
+    one = make_plan(with_unsloth, cfg(*QWEN8_QLORA), nproc=1)
+    assert two.backend == "transformers" and any("multi-GPU support is limited" in r for r in two.reasons)
+    assert one.backend == "unsloth" and one.launch == "CUDA_VISIBLE_DEVICES=0 python train_ddp.py"
+    assert make_plan(with_unsloth, cfg(*QWEN8_QLORA, "backend=transformers"), nproc=1).backend == "transformers"
+
+
+def test_prequantized_checkpoint_is_qlora_and_not_full():
+    p = make_plan(COLAB_T4, cfg("model=unsloth/Qwen3-8B-unsloth-bnb-4bit", "method=lora"))
+    assert p.quantization == "nf4" and any("bnb-4bit checkpoint" in r for r in p.reasons)
+    with pytest.raises(UsageError, match="4-bit checkpoint"):
+        make_plan(COLAB_T4, cfg("model=unsloth/Qwen3-8B-bnb-4bit", "method=full"))
+
+
+def test_nproc_beyond_usable_gpus_is_a_usage_error():
+    with pytest.raises(UsageError, match="2 usable GPU"):
+        make_plan(KAGGLE_T4X2, cfg(), nproc=3)
+
+
+def test_bad_facts_dict_is_a_usage_error():
+    with pytest.raises(UsageError, match="probe format"):
+        make_plan({"schema": 1}, cfg())
+
+
+# ---- `kit plan` as users run it ---------------------------------------------------------------
+
+def kit_plan(*args, tmp_path=None):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "kit", "plan", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_cli_plan_text_and_json():
+    out = kit_plan("--config", "configs/qwen3-8b-qlora-kaggle-t4x2.yaml", "--gpus", "2xT4")
+    assert out.returncode == 0, out.stderr
+    assert "strategy                ddp" in out.stdout and "weights_4bit" in out.stdout
+    assert "next: torchrun --standalone --nproc_per_node=2 train_ddp.py" in out.stdout
+    out = kit_plan("--gpus", "2xT4", "model=Qwen/Qwen3-8B", "method=qlora", "--json")
+    d = json.loads(out.stdout)
+    for key in ("precision", "strategy", "nproc", "per_device_batch", "grad_accum", "global_batch",
+                "gradient_checkpointing", "memory", "reasons", "launch"):
+        assert key in d
+    assert set(d["memory"]) >= {"per_gpu_bytes", "budget_bytes", "terms"}
+
+
+def test_cli_plan_with_facts_file(tmp_path):
+    f = tmp_path / "facts.json"
+    f.write_text(json.dumps(KAGGLE_T4X2))
+    out = kit_plan("--facts", str(f), "--json")
+    assert out.returncode == 0 and json.loads(out.stdout)["nproc"] == 2
+    f.write_text(json.dumps(CPU_ONLY))  # facts with no GPU: the tiny default still plans, on the CPU
+    assert json.loads(kit_plan("--facts", str(f), "--json").stdout)["device"] == "cpu"
+    out = kit_plan("--facts", str(f), "model=Qwen/Qwen3-8B")
+    assert out.returncode == 3 and out.stderr.startswith("error: Qwen/Qwen3-8B has 8.2B parameters")
+
+
+def test_cli_does_not_fit_prints_plan_and_exits_3():
+    out = kit_plan("--gpus", "T4", "model=Qwen/Qwen3-8B", "method=lora", "--json")
+    assert out.returncode == 3 and json.loads(out.stdout)["strategy"] == "none"
+    assert out.stderr.count("\n") == 1 and "method=qlora" in out.stderr
+    out = kit_plan("--gpus", "2xP100")
+    assert out.returncode == 3 and "sm_60" in out.stderr
+
+
+@pytest.mark.parametrize("setup,args,needle", [
+    ("model: x\nlora:\n  r: 8\n   alpha: [1\n", [], r"malformed YAML in .* line \d"),
+    ("lerning_rate: 0.1\n", [], "did you mean 'learning_rate'"),
+    ("seq_len: long\n", [], "'seq_len' in .* must be an integer, got 'long'"),
+    ("per_device_batch: -4\n", [], "'per_device_batch' in .* must be > 0, got -4"),
+    ("model: someone/Unknown-13B\n", [], "'someone/Unknown-13B' is not in kit's table"),
+    (None, ["--facts", "/no/such/facts.json"], "cannot read facts"),
+    (None, ["--gpus", "3xGTX1080"], "unknown GPU"),
+    (None, ["--gpus", "2xT4", "global_batch=5"], "global_batch 5"),
+    (None, ["--gpus", "2xT4", "lora.rank=8"], "did you mean 'lora.r'"),
+])
+def test_cli_config_errors_exit_2_on_one_line(tmp_path, setup, args, needle):
+    if setup is not None:
+        c = tmp_path / "c.yaml"
+        c.write_text(setup)
+        args = ["--config", str(c), "--gpus", "T4", *args]
+    out = kit_plan(*args)
+    assert out.returncode == 2, out.stderr
+    assert out.stdout == "" and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+    assert __import__("re").search(needle, out.stderr), out.stderr
