@@ -1,0 +1,282 @@
+"""`kit probe`: the real probe of this machine, and every source failing in the ways real machines fail.
+
+Each probe runs in a subprocess, as `python -m kit probe --json`, with a fresh torch-build cache,
+so what is tested is what a user runs. Where a failure is simulated (a broken NVML, a missing
+torch), the test says what is simulated and why.
+"""
+
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kit import platforms
+from kit.errors import UsageError
+from kit.probe import cache_dir, load_facts
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def warm_cache(tmp_path_factory):
+    """A torch-build cache filled once, for the tests about something other than torch's build."""
+    cache = tmp_path_factory.mktemp("cache")
+    probe(cache)
+    return cache / "cache"
+
+
+def probe(tmp_path, *args, python=sys.executable, env=None, check=True, cache=None):
+    """Run `kit probe --json` in a subprocess and return (facts dict, completed process).
+
+    The torch-build cache is fresh (under tmp_path) unless `cache` names one.
+    """
+    full_env = {**os.environ, "KIT_CACHE_DIR": str(cache or tmp_path / "cache"), **(env or {})}
+    done = subprocess.run([python, "-m", "kit", "probe", "--json", *args], cwd=ROOT, env=full_env,
+                          capture_output=True, text=True, timeout=180)
+    if check:
+        assert done.returncode == 0, done.stderr
+    return (json.loads(done.stdout) if done.returncode == 0 else None), done
+
+
+def write_module(folder: Path, name: str, source: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.py").write_text(textwrap.dedent(source))
+    return folder
+
+
+def write_tool(folder: Path, name: str, stdout: str) -> Path:
+    """An executable that prints `stdout`, standing in for a vendor tool (nvidia-smi, rocm-smi...)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.out").write_text(stdout)
+    tool = folder / name
+    tool.write_text(f"#!/bin/sh\ncat '{folder / (name + '.out')}'\n")
+    tool.chmod(0o755)
+    return folder
+
+
+# A pynvml that imports but whose nvmlInit fails, as with a driver/library version mismatch.
+BROKEN_NVML = """
+class NVMLError(Exception):
+    pass
+
+def nvmlInit():
+    raise NVMLError("Driver/library version mismatch (simulated)")
+
+def nvmlShutdown():
+    pass
+"""
+
+# A pynvml answering for two T4s, for the NVML path on a machine that has no NVIDIA driver.
+TWO_T4_NVML = """
+from types import SimpleNamespace
+
+class NVMLError(Exception):
+    pass
+
+def nvmlInit(): pass
+def nvmlShutdown(): pass
+def nvmlSystemGetDriverVersion(): return b"560.35.03"
+def nvmlDeviceGetCount(): return 2
+def nvmlDeviceGetHandleByIndex(i): return i
+def nvmlDeviceGetName(h): return "Tesla T4"
+def nvmlDeviceGetCudaComputeCapability(h): return (7, 5)
+def nvmlDeviceGetMemoryInfo(h): return SimpleNamespace(total=15360 * 2**20, free=15095 * 2**20, used=0)
+def nvmlDeviceGetUUID(h): return f"GPU-000{h}-aaaa"
+"""
+
+NO_NVML = 'raise ImportError("simulated: nvidia-ml-py not installed")\n'
+
+
+def test_real_probe_of_this_machine(tmp_path):
+    facts, _ = probe(tmp_path, env={"HF_TOKEN": "hf_secretvalue123"})
+    assert facts["schema"] == 1 and facts["platform"] in platforms.PLATFORMS and facts["platform_detected_by"]
+    assert facts["python"] == platform.python_version()
+    assert facts["torch"]["installed"] is True
+    assert facts["torch"]["version"] == importlib.metadata.version("torch")
+    assert isinstance(facts["torch"]["arch_list"], list)
+    assert facts["gpu_count"] == len(facts["gpus"])
+    assert facts["cpu_count"] >= 1 and facts["ram_bytes"] > 2**30 and facts["disk_free_bytes"] > 0
+    assert facts["packages"]["transformers"] == importlib.metadata.version("transformers")
+    assert set(facts["packages"]) == {"transformers", "trl", "peft", "bitsandbytes", "unsloth", "accelerate",
+                                      "datasets", "huggingface_hub"}
+    assert facts["hf_token_available"] is True
+    assert "hf_secretvalue123" not in json.dumps(facts)  # presence only, never the value
+    if not facts["gpus"]:  # this CPU machine: the reason is recorded, not a crash
+        assert "no GPU found" in facts["unknown"]["gpus"]
+    load_facts_roundtrip = tmp_path / "facts.json"
+    load_facts_roundtrip.write_text(json.dumps(facts))
+    assert load_facts(str(load_facts_roundtrip)).to_dict() == facts
+
+
+def test_probe_neither_imports_torch_nor_starts_cuda(tmp_path):
+    code = "import sys, kit.probe; kit.probe.gather(); print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "KIT_CACHE_DIR": str(tmp_path)}, timeout=180)
+    assert done.stdout.strip() == "False", done.stderr
+
+
+def test_torch_build_is_cached_on_disk(tmp_path):
+    first, _ = probe(tmp_path)
+    cache = tmp_path / "cache" / "torch_build.json"
+    entries = json.loads(cache.read_text())
+    (key,) = entries
+    assert key.startswith(str(Path(importlib.util.find_spec("torch").origin).parent))
+    assert entries[key]["arch_list"] == first["torch"]["arch_list"]
+    # Plant a sentinel: a second probe that reports it read the cache instead of starting torch.
+    entries[key]["arch_list"] = ["sm_99"]
+    cache.write_text(json.dumps(entries))
+    second, _ = probe(tmp_path)
+    assert second["torch"]["arch_list"] == ["sm_99"]
+
+
+def test_no_nvml_and_no_tools_on_path_is_recorded_not_a_crash(tmp_path, warm_cache):
+    # Simulated: nvidia-ml-py missing (a module that raises ImportError shadows it) and PATH
+    # holding no GPU tool at all, as on a machine with no GPU driver.
+    fake = write_module(tmp_path / "site", "pynvml", NO_NVML)
+    facts, _ = probe(tmp_path, cache=warm_cache, env={"PYTHONPATH": str(fake), "PATH": str(tmp_path / "empty")})
+    assert facts["gpus"] == [] and facts["gpu_count"] == 0 and facts["gpu_source"] is None
+    reason = facts["unknown"]["gpus"]
+    assert "nvidia-ml-py is not importable (simulated" in reason
+    assert "nvidia-smi: not on PATH" in reason and "rocm-smi: not on PATH" in reason
+
+
+def test_broken_nvml_falls_back_to_nvidia_smi(tmp_path, warm_cache):
+    # Simulated: NVML that fails in nvmlInit (a driver/library mismatch) beside a working
+    # nvidia-smi (a script printing what nvidia-smi prints for two T4s on Kaggle).
+    fake = write_module(tmp_path / "site", "pynvml", BROKEN_NVML)
+    smi = write_tool(tmp_path / "bin", "nvidia-smi",
+                     "0, Tesla T4, 7.5, 15360, 15095, 560.35.03, GPU-0000\n"
+                     "1, Tesla T4, 7.5, 15360, 15095, 560.35.03, GPU-0001\n")
+    facts, _ = probe(tmp_path, cache=warm_cache, env={"PYTHONPATH": str(fake), "PATH": f"{smi}:/usr/bin:/bin"})
+    assert facts["gpu_source"] == "nvidia-smi" and facts["driver"] == "560.35.03"
+    assert [(g["index"], g["name"], g["capability"]) for g in facts["gpus"]] == [(0, "Tesla T4", "7.5"), (1, "Tesla T4", "7.5")]
+    assert facts["gpus"][0]["memory_total_bytes"] == 15360 * 2**20
+    assert "uuid" not in facts["gpus"][0]  # used for CUDA_VISIBLE_DEVICES matching only
+    assert "Driver/library version mismatch (simulated)" in facts["unknown"]["nvml"]
+
+
+def test_nvml_path_and_cuda_visible_devices(tmp_path, warm_cache):
+    # Simulated: an NVML that answers for two T4s (this machine has no NVIDIA driver).
+    fake = write_module(tmp_path / "site", "pynvml", TWO_T4_NVML)
+    facts, _ = probe(tmp_path, cache=warm_cache, env={"PYTHONPATH": str(fake)})
+    assert facts["gpu_source"] == "nvml" and facts["gpu_count"] == 2 and facts["driver"] == "560.35.03"
+    assert facts["gpus"][1] == {"index": 1, "name": "Tesla T4", "vendor": "nvidia", "capability": "7.5",
+                                "memory_total_bytes": 15360 * 2**20, "memory_free_bytes": 15095 * 2**20}
+    one, _ = probe(tmp_path, cache=warm_cache, env={"PYTHONPATH": str(fake), "CUDA_VISIBLE_DEVICES": "GPU-0001"})
+    assert one["gpu_count"] == 1 and one["gpus"][0]["index"] == 0  # renumbered as torch sees it
+    none, _ = probe(tmp_path, cache=warm_cache, env={"PYTHONPATH": str(fake), "CUDA_VISIBLE_DEVICES": ""})
+    assert none["gpu_count"] == 0
+
+
+def test_amd_tools(tmp_path, warm_cache):
+    # Simulated: amd-smi and rocm-smi output (JSON as ROCm 6.x prints it) on a machine without AMD GPUs.
+    fake = write_module(tmp_path / "site", "pynvml", NO_NVML)
+    amd = [{"gpu": 0, "asic": {"market_name": "AMD Instinct MI300X", "target_graphics_version": "gfx942"},
+            "vram": {"type": "HBM", "size": {"value": 196592, "unit": "MB"}}, "driver": {"version": "6.10.5"}}]
+    tools = write_tool(tmp_path / "amd", "amd-smi", json.dumps(amd))
+    facts, _ = probe(tmp_path, cache=warm_cache, env={"PYTHONPATH": str(fake), "PATH": f"{tools}:/usr/bin:/bin"})
+    assert facts["gpu_source"] == "amd-smi" and facts["driver"] == "6.10.5"
+    assert facts["gpus"][0]["capability"] == "gfx942" and facts["gpus"][0]["memory_total_bytes"] == 196592 * 2**20
+    rocm = {"card0": {"Card Series": "AMD Radeon 8060S", "GFX Version": "gfx1151",
+                      "VRAM Total Memory (B)": str(64 * 2**30), "VRAM Total Used Memory (B)": str(2**30)}}
+    tools = write_tool(tmp_path / "rocm", "rocm-smi", json.dumps(rocm))
+    facts, _ = probe(tmp_path, cache=warm_cache, env={"PYTHONPATH": str(fake), "PATH": f"{tools}:/usr/bin:/bin"})
+    assert facts["gpu_source"] == "rocm-smi"
+    assert facts["gpus"][0] == {"index": 0, "name": "AMD Radeon 8060S", "vendor": "amd", "capability": "gfx1151",
+                                "memory_total_bytes": 64 * 2**30, "memory_free_bytes": 63 * 2**30}
+
+
+def test_failing_nvidia_smi_reason_is_recorded(tmp_path, warm_cache):
+    fake = write_module(tmp_path / "site", "pynvml", NO_NVML)
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate' >&2\nexit 9\n")
+    (bin_ / "nvidia-smi").chmod(0o755)
+    facts, _ = probe(tmp_path, cache=warm_cache, env={"PYTHONPATH": str(fake), "PATH": f"{bin_}:/usr/bin:/bin"})
+    assert "nvidia-smi: exit code 9: NVIDIA-SMI has failed" in facts["unknown"]["gpus"]
+
+
+@pytest.fixture(scope="module")
+def python_without_torch(tmp_path_factory):
+    """A real Python with no torch: a fresh venv (no pip, no system site-packages) of this interpreter."""
+    venv = tmp_path_factory.mktemp("notorch") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    if subprocess.run([python, "-c", "import torch"], capture_output=True).returncode == 0:
+        pytest.skip("the base interpreter has torch installed globally")
+    return python
+
+
+def test_torch_not_installed(tmp_path, python_without_torch):
+    facts, _ = probe(tmp_path, python=python_without_torch)
+    assert facts["torch"] == {"installed": False, "version": None, "cuda": None, "hip": None, "arch_list": None}
+    assert facts["unknown"]["torch"].startswith("no module named torch")
+    assert facts["packages"]["transformers"] is None
+    done = subprocess.run([python_without_torch, "-m", "kit", "bootstrap"], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "KIT_CACHE_DIR": str(tmp_path)}, timeout=120)
+    assert done.returncode == 3
+    assert "torch is not installed here" in done.stdout and "Traceback" not in done.stderr
+
+
+def test_broken_torch_import_is_recorded(tmp_path):
+    # Simulated: a torch package whose import fails (a half-installed wheel shadowing the real one).
+    broken = tmp_path / "site" / "torch"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text('raise ImportError("libtorch_cuda.so: cannot open shared object file (simulated)")\n')
+    facts, _ = probe(tmp_path, env={"PYTHONPATH": str(tmp_path / "site")})
+    assert facts["torch"]["installed"] is False
+    assert "cannot open shared object file (simulated)" in facts["unknown"]["torch"]
+    assert "torch.version" in facts["unknown"]  # no version.py to read either
+
+
+def test_cache_dir_follows_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("KIT_CACHE_DIR", str(tmp_path / "k"))
+    assert cache_dir() == str(tmp_path / "k")
+    monkeypatch.delenv("KIT_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
+    assert cache_dir() == str(tmp_path / "x" / "kit")
+
+
+@pytest.mark.parametrize("env,exists,expected", [
+    ({"KAGGLE_KERNEL_RUN_TYPE": "Interactive"}, False, ("kaggle", "KAGGLE_KERNEL_RUN_TYPE set")),
+    ({}, True, ("kaggle", "/kaggle/working exists")),
+    ({"COLAB_RELEASE_TAG": "release-colab_20251201"}, False, ("colab", "COLAB_RELEASE_TAG set")),
+    ({"SM_CURRENT_HOST": "algo-1"}, False, ("other", "SM_CURRENT_HOST set (SageMaker)")),
+    ({}, False, ("local", "no hosted-notebook marker found")),
+    ({"KIT_PLATFORM": "colab", "KAGGLE_KERNEL_RUN_TYPE": "x"}, False, ("colab", "KIT_PLATFORM=colab")),
+])
+def test_platform_detection(env, exists, expected):
+    assert platforms.detect(env, path_exists=lambda p: exists) == expected
+
+
+def test_platform_defaults():
+    assert platforms.defaults("kaggle").session_hours == 12
+    assert platforms.defaults("colab").session_hours == 12
+    assert platforms.defaults("local").session_hours is None
+    assert platforms.defaults("nonsense") == platforms.defaults("other")
+
+
+@pytest.mark.parametrize("content,message", [
+    (None, "does not exist"),
+    ("{not json", "is not valid JSON"),
+    ("[1, 2]", "holds a JSON list"),
+    ('{"platform": "kaggle", "python": "3.11", "gpus": [], "gpu_count": 0}', "lacks torch"),
+    ('{"platform": "kaggle", "python": "3.11", "gpu_count": 1, "torch": {"version": "2.10", "cuda": "12.8", "hip": null,'
+     ' "arch_list": []}, "gpus": [{"index": 0, "name": "T4"}]}', "lacks gpus[0].capability, gpus[0].memory_total_bytes"),
+    ('{"schema": 9}', "has schema 9"),
+    ('{"platform": "x", "python": "3", "gpu_count": 1, "torch": {"version": "2", "cuda": null, "hip": null,'
+     ' "arch_list": []}, "gpus": [{"index": 0, "name": "T4", "capability": "sm75", "memory_total_bytes": 1}]}',
+     "gpus[0].capability 'sm75'"),
+])
+def test_bad_facts_files(tmp_path, content, message):
+    path = tmp_path / "facts.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(UsageError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")):
+        load_facts(str(path))
