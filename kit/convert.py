@@ -21,7 +21,8 @@ What it cannot convert safely it either refuses or flags:
 - Flagged as `# kit: REVIEW (cell N): …` above the statement and in the change list, because the
   script runs but a person should look: hard-coded `bf16=True` under `--precision auto`,
   `torch.cuda.is_bf16_supported()`, `display()`, `.generate()` on every rank, a `"cuda:0"`
-  literal, a `notebook_login()` nested in a block, no TrainingArguments-like call.
+  literal, a `notebook_login()` nested in a block, Colab's `drive.mount()`/`userdata.get()`,
+  no TrainingArguments-like call.
 
 Cell numbers are 1-based positions among all of the notebook's cells, markdown included.
 """
@@ -41,10 +42,11 @@ from kit.errors import KitError, UsageError
 PRECISION_CHOICES = ("auto", "fp16", "bf16", "fp32")
 # Cell magics whose body is still Python; the body of any other (%%bash, %%writefile…) is not.
 PYTHON_BODY_MAGICS = {"capture", "time", "timeit", "prun", "memit", "debug"}
+TRIPLE = '"' * 3  # would end the script's docstring early
 IPYTHON_NAMES = {"get_ipython", "Out", "In", "_oh", "_ih", "_dh", "_", "__", "___", "_i", "_ii", "_iii"}
 
 DOCSTRING = '''\
-"""Rank-aware training script made by `kit convert` from {notebook}.
+{raw}"""Rank-aware training script made by `kit convert` from {notebook}.
 
 One process per GPU on this machine (2 for Kaggle's T4 x2; use your GPU count):
 
@@ -54,8 +56,7 @@ or one process, on one GPU or the CPU:
 
     python {script}
 
-kit dropped the notebook's `!pip` and `%` lines: install those packages before launching.
-Lines marked `# kit:` were changed by kit; `# kit: REVIEW` marks what a person should check.
+{dropped}Lines marked `# kit:` were changed by kit; `# kit: REVIEW` marks what a person should check.
 Made again with: kit convert {notebook} -o {script} --force --precision {precision}
 """
 '''
@@ -122,12 +123,13 @@ def read_code_cells(path: str | Path) -> list[tuple[int, str]]:
     return [(i, c.source) for i, c in enumerate(nb.cells, 1) if c.cell_type == "code"]
 
 
-def strip_magics(source: str, cell: int, changes: list[Change]) -> str | None:
+def strip_magics(source: str, cell: int, changes: list[Change], dropped: list[str] | None = None) -> str | None:
     """Drop `!`/`%` lines, or the whole cell under a non-Python cell magic (None).
 
     A dropped line becomes an empty line (or `pass` inside a block), so line numbers in parse
-    errors still match the notebook.
+    errors still match the notebook. Dropped shell lines are appended to `dropped`.
     """
+    dropped = [] if dropped is None else dropped
     lines = source.splitlines()
     first = next((line.strip() for line in lines if line.strip()), "")
     magic = first[2:].split(maxsplit=1)[0] if first.startswith("%%") and first[2:].strip() else None
@@ -135,18 +137,19 @@ def strip_magics(source: str, cell: int, changes: list[Change]) -> str | None:
         changes.append(Change(cell, f"dropped the whole cell: `{first[:60]}` runs its body as something "
                                     "other than Python"))
         return None
-    kept, dropped, continued = [], [], False
+    kept, here, continued = [], [], False
     for line in lines:
         stripped = line.lstrip()
         if continued or stripped.startswith(("!", "%")):
-            dropped.append(stripped)
+            here.append(stripped)
             indent = line[: len(line) - len(stripped)]
             kept.append(f"{indent}pass" if indent and not continued else "")
             continued = stripped.endswith("\\")  # `!pip install a \` goes on on the next line
         else:
             kept.append(line)
-    if dropped:
-        shown = ", ".join(f"`{d[:50]}`" for d in dropped)
+    if here:
+        dropped.extend(here)
+        shown = ", ".join(f"`{d[:50]}`" for d in here)
         changes.append(Change(cell, f"dropped {shown}: shell commands and IPython magics are not Python; "
                                     "run them before torchrun"))
     return "\n".join(kept) + "\n"
@@ -224,9 +227,9 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
     if precision not in PRECISION_CHOICES:
         raise UsageError(f"--precision {precision!r}: choose one of {', '.join(PRECISION_CHOICES)}")
     changes: list[Change] = []
-    parsed = []
+    parsed, dropped = [], []
     for cell, source in read_code_cells(path):
-        code = strip_magics(source, cell, changes)
+        code = strip_magics(source, cell, changes, dropped)
         if code is not None:
             parsed.append((cell, *parse_cell(code, cell)))
     check_convertible([(cell, tree) for cell, tree, _ in parsed])
@@ -264,7 +267,8 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
     try_stmt = try_stmt.with_changes(body=try_stmt.body.with_changes(body=[s for _, s in items[start:]] + [done]))
     flag = cst.parse_statement("training_ok = False\n").with_changes(leading_lines=(cst.EmptyLine(),))
     body = cst.Module(body=[*(s for _, s in items[:start]), flag, try_stmt]).visit(_BlankLines()).code
-    head = DOCSTRING.format(notebook=Path(path).name, script=script_name, precision=precision)
+    head = DOCSTRING.format(notebook=Path(path).name, script=script_name, precision=precision,
+                            dropped=_dropped_note(dropped), raw="r" if any("\\" in d for d in dropped) else "")
     if future:
         head += "\n" + "".join(cst.Module(body=[]).code_for_node(s).lstrip("\n") for s in future)
     source = f"{head}\n{RANK_BLOCK}{body}"
@@ -274,6 +278,15 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
         raise KitError(f"kit convert produced invalid Python (line {e.lineno}: {e.msg}); please report it") from None
     changes.sort(key=lambda c: c.cell)  # stable: keeps each cell's changes in the order they were made
     return Conversion(source, changes)
+
+
+def _dropped_note(dropped: list[str]) -> str:
+    """The docstring's list of the shell/magic lines kit dropped, so the user can run them first."""
+    shell = [d.replace(TRIPLE, "'" * 3) for d in dropped if not d.startswith("%%")]
+    if not shell:
+        return ""
+    shown = "".join(f"    {d}\n" for d in shell[:12]) + ("    ...\n" if len(shell) > 12 else "")
+    return f"kit dropped these shell and magic lines; run what you need before launching:\n\n{shown}\n"
 
 
 class _BlankLines(cst.CSTTransformer):

@@ -168,6 +168,11 @@ class CellRewriter(cst.CSTTransformer):
         elif short in ("notebook_login", "login") and not _kwarg(updated, "token") and not updated.args:
             self.notes.append((True, f"{name}() prompts for a token and hangs under torchrun: set HF_TOKEN "
                                      "in the environment and remove it"))
+        elif name.endswith("drive.mount") or name.endswith("userdata.get"):
+            # Colab serves these through the notebook kernel; a torchrun child process has none.
+            self.notes.append((True, f"{name}() works only inside the Colab kernel: mount Drive or read "
+                                     "the secret in the notebook, pass it as an environment variable, "
+                                     "and remove this line"))
         elif short == "display":
             self.notes.append((True, "display() shows rich output only in a notebook; a script prints text"))
         elif short == "generate" and self._def_depth == 0:
