@@ -1,0 +1,115 @@
+"""`kit bootstrap`: verdicts, exit codes, output forms and bad input, through the real CLI."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kit.cli import main
+from kit.commands import bootstrap
+
+ROOT = Path(__file__).resolve().parent.parent
+MACHINES = ROOT / "tests" / "fixtures" / "machines"
+
+
+def kit(*args, tmp_path):
+    """`python -m kit ARGS` in a subprocess, as a user runs it."""
+    env = {**os.environ, "KIT_CACHE_DIR": str(tmp_path / "cache")}
+    return subprocess.run([sys.executable, "-m", "kit", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=180)
+
+
+def machine(name: str) -> str:
+    return str(MACHINES / f"{name}.json")
+
+
+def test_t4x2_exits_0_and_suggests_torchrun(capsys):
+    assert main(["bootstrap", "--facts", machine("kaggle_t4x2")]) == 0
+    out = capsys.readouterr().out
+    assert "2× Tesla T4 (sm_75) can train" in out
+    assert "next       torchrun --standalone --nproc_per_node=2 train_ddp.py" in out
+
+
+def test_json_holds_facts_verdicts_and_next(capsys):
+    assert main(["bootstrap", "--json", "--facts", machine("h200")]) == 0
+    d = json.loads(capsys.readouterr().out)  # exactly one JSON object on stdout
+    assert d["gpu_count"] == 1 and d["torch"]["arch_list"][0] == "sm_75"
+    assert d["verdicts"]["ok"] is True and d["verdicts"]["gpus"][0] == {
+        "index": 0, "name": "NVIDIA H200", "arch": "sm_90", "arch_supported": True, "bf16": True,
+        "reason": "NVIDIA H200 (sm_90) is in this torch build's arch list"}
+    assert d["next"] == ["python train_ddp.py"]
+
+
+def test_p100_exits_3_with_one_error_line(capsys):
+    assert main(["bootstrap", "--facts", machine("kaggle_p100")]) == 3
+    captured = capsys.readouterr()
+    assert "Tesla P100-PCIE-16GB (sm_60) is not in this torch build's arch list sm_70…sm_120" in captured.out
+    assert captured.err.count("\n") == 1 and captured.err.startswith("error: ")
+
+
+def test_p100_json_error_names_the_fix(capsys):
+    assert main(["bootstrap", "--json", "--facts", machine("kaggle_p100")]) == 3
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["verdicts"]["ok"] is False
+    assert "sm_60" in captured.err and "T4×2" in captured.err and captured.err.count("\n") == 1
+
+
+def test_cpu_only_exits_3_and_says_cpu_slow(capsys):
+    assert main(["bootstrap", "--facts", machine("cpu_only")]) == 3
+    out = capsys.readouterr().out
+    assert "CPU-slow" in out and "python train_ddp.py" in out
+
+
+@pytest.mark.parametrize("name,code", [("mi300x", 0), ("radeon_8060s", 0), ("h200", 0), ("kaggle_t4x2", 0),
+                                       ("kaggle_p100", 3), ("cpu_only", 3)])
+def test_exit_code_of_every_machine(name, code, capsys):
+    assert main(["bootstrap", "--facts", machine(name)]) == code
+
+
+def test_config_and_overrides_are_accepted_and_result_is_kept(capsys):
+    assert main(["bootstrap", "--facts", machine("kaggle_t4x2"), "--config", "configs/x.yaml", "lora.r=8", "seq_len=512"]) == 0
+    assert bootstrap.LAST["facts"].gpu_count == 2 and bootstrap.LAST["verdicts"].ok
+    assert bootstrap.LAST["next"] == ["torchrun --standalone --nproc_per_node=2 train_ddp.py"]
+
+
+def test_real_bootstrap_of_this_machine(tmp_path):
+    done = kit("bootstrap", "--json", tmp_path=tmp_path)
+    d = json.loads(done.stdout)
+    assert done.returncode == (0 if d["verdicts"]["ok"] else 3)
+    if not d["gpus"]:
+        assert "CPU-slow" in d["verdicts"]["summary"] and "CPU-slow" in done.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["bootstrap", "--bogus"], "unrecognized arguments: --bogus"),
+    (["bootstrap", "--facts"], "expected one argument"),
+    (["bootstrap", "--facts", "/nonexistent/facts.json"], "does not exist"),
+    (["probe", "--facts", "x.json"], "unrecognized arguments"),
+])
+def test_bad_usage_exits_2_with_one_line(tmp_path, args, message):
+    done = kit(*args, tmp_path=tmp_path)
+    assert done.returncode == 2
+    assert message in done.stderr and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert done.stdout == ""
+
+
+@pytest.mark.parametrize("content,message", [
+    ("{oops", "is not valid JSON"),
+    ('{"platform": "kaggle"}', "lacks python, torch, gpus, gpu_count"),
+])
+def test_bad_facts_file_exits_2_with_one_line(tmp_path, content, message):
+    path = tmp_path / "facts.json"
+    path.write_text(content)
+    done = kit("bootstrap", "--facts", str(path), tmp_path=tmp_path)
+    assert done.returncode == 2
+    assert message in done.stderr and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
+def test_probe_prints_facts_only(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("KIT_CACHE_DIR", str(tmp_path))
+    assert main(["probe", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert "verdicts" not in d and d["schema"] == 1
