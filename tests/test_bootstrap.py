@@ -73,6 +73,8 @@ def test_config_and_overrides_are_accepted_and_result_is_kept(capsys):
     assert main(["bootstrap", "--facts", machine("kaggle_t4x2"), "--config", "configs/x.yaml", "lora.r=8", "seq_len=512"]) == 0
     assert bootstrap.LAST["facts"].gpu_count == 2 and bootstrap.LAST["verdicts"].ok
     assert bootstrap.LAST["next"] == ["torchrun --standalone --nproc_per_node=2 train_ddp.py"]
+    assert main(["bootstrap", "--facts", "/nonexistent.json"]) == 2
+    assert bootstrap.LAST == {}  # a failed run leaves no stale facts for the notebook
 
 
 def test_real_bootstrap_of_this_machine(tmp_path):

@@ -28,10 +28,10 @@ def run(args) -> int:
         0 when training can run on a GPU; raises CannotTrain (exit 3) otherwise, CPU-only included,
         after the full report has been shown.
     """
+    LAST.clear()  # a run that fails on bad input must not leave the previous run's facts behind
     facts = probe.load_facts(args.facts) if args.facts else probe.gather()
     verdicts = judge(facts)
     steps = _next_steps(args, facts, verdicts)
-    LAST.clear()
     LAST.update(facts=facts, verdicts=verdicts, next=steps)
     report.show(facts, verdicts, steps, as_json=args.json)
     if not verdicts.ok:
