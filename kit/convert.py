@@ -114,7 +114,9 @@ def read_code_cells(path: str | Path) -> list[tuple[int, str]]:
         raw = json.loads(p.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise UsageError(f"{p}: not valid JSON ({e}): is this really an .ipynb notebook?") from None
-    if not isinstance(raw, dict) or not isinstance(raw.get("cells"), list) or "nbformat" not in raw:
+    # nbformat 3 keeps its cells under "worksheets"; nbformat.reads upgrades it to 4.
+    if not isinstance(raw, dict) or "nbformat" not in raw or not (
+            isinstance(raw.get("cells"), list) or isinstance(raw.get("worksheets"), list)):
         raise UsageError(f"{p}: JSON, but not a Jupyter notebook (no 'cells'/'nbformat'): give an .ipynb file")
     try:
         nb = nbformat.reads(json.dumps(raw), as_version=4)

@@ -29,6 +29,8 @@ MAIN_ONLY_METHODS = {"save_model", "save_pretrained", "save_pretrained_merged", 
 MAIN_ONLY_FUNCTIONS = {"print", "pprint", "display"}
 PLOT_MODULES = {"plt", "sns", "matplotlib", "seaborn", "px"}
 
+DTYPE_KEYWORDS = {"torch_dtype", "dtype", "bnb_4bit_compute_dtype"}
+DTYPES = {"torch.float16", "torch.bfloat16"}
 RANK_MAP = '{"": rank_device}'  # `rank_device` comes from the script's rank block
 NO_REENTRANT = '{"use_reentrant": False}'
 PRECISIONS = {"fp16": (True, False), "bf16": (False, True), "fp32": (False, False)}
@@ -151,6 +153,7 @@ class CellRewriter(cst.CSTTransformer):
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         name = call_name(updated)
+        updated = self._match_dtype(updated, name)
         short = name.rsplit(".", 1)[-1]
         if short == "from_pretrained":
             return self._pin_device_map(updated, name)
@@ -179,6 +182,16 @@ class CellRewriter(cst.CSTTransformer):
             self.notes.append((True, f"{name}() runs on every rank; put it under `if is_main:` "
                                      "to run it once"))
         return updated
+
+    def _match_dtype(self, call: cst.Call, name: str) -> cst.Call:
+        """Under --precision fp16/bf16, load and compute dtypes follow it (a T4 has no native bf16)."""
+        want = {"fp16": "torch.float16", "bf16": "torch.bfloat16"}.get(self.precision)
+        for arg in call.args if want else ():
+            if arg.keyword and arg.keyword.value in DTYPE_KEYWORDS and _code(arg.value) in DTYPES - {want}:
+                call = _set_kwarg(call, arg.keyword.value, want)
+                self.notes.append((False, f"{name}: {arg.keyword.value}={_code(arg.value)} → {want} "
+                                          f"(--precision {self.precision})"))
+        return call
 
     def _pin_device_map(self, call: cst.Call, name: str) -> cst.Call:
         owner = name.rsplit(".", 1)[0]

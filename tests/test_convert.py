@@ -127,6 +127,19 @@ def test_precision_is_set(precision, fp16, bf16):
     assert any(f"--precision {precision}" in c for c in texts(conv))
 
 
+def test_fp16_precision_follows_into_load_dtypes(tmp_path):
+    nb = make_nb(tmp_path, ["import torch\nq = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.bfloat16)\n"
+                            "m = AutoModelForCausalLM.from_pretrained('x', torch_dtype=torch.bfloat16, device_map='auto')",
+                            *TRAIN])
+    conv = convert_notebook(nb, "fp16")
+    assert keywords(conv.source, "BitsAndBytesConfig")["bnb_4bit_compute_dtype"] == "torch.float16"
+    assert keywords(conv.source, "AutoModelForCausalLM.from_pretrained")["torch_dtype"] == "torch.float16"
+    assert any(c.startswith("cell 1: BitsAndBytesConfig: bnb_4bit_compute_dtype=torch.bfloat16 → torch.float16")
+               for c in texts(conv))
+    auto = convert_notebook(nb)  # auto leaves the dtypes alone
+    assert keywords(auto.source, "BitsAndBytesConfig")["bnb_4bit_compute_dtype"] == "torch.bfloat16"
+
+
 def test_script_shape():
     conv = convert_notebook(FIXTURES / "trl_qlora_sft.ipynb", script_name="train_ddp.py")
     tree = ast.parse(conv.source)
@@ -219,6 +232,12 @@ def test_bad_paths(tmp_path, capsys):
         assert not out.exists()
     code, _, err = cli([str(FIXTURES / "tiny_cpu_sft.ipynb"), "-o", str(tmp_path / "nope" / "x.py")], capsys)
     assert code == 2 and "does not exist" in err
+    nb = make_nb(tmp_path, TRAIN)
+    before = nb.read_text()
+    code, _, err = cli([str(nb), "-o", str(nb), "--force"], capsys)
+    assert code == 2 and "the notebook itself" in err and nb.read_text() == before
+    code, _, err = cli([str(nb), "-o", str(tmp_path)], capsys)
+    assert code == 2 and "is a directory" in err
 
 
 def test_existing_output_needs_force(tmp_path, capsys):

@@ -23,6 +23,8 @@ def run(args) -> int:
     # Checked before converting, so a refused run never touches an existing file.
     if out.is_dir():
         raise UsageError(f"-o {out}: is a directory: give a file name such as {out / 'train_ddp.py'}")
+    if out.exists() and Path(args.notebook).exists() and out.resolve() == Path(args.notebook).resolve():
+        raise UsageError(f"-o {out}: that is the notebook itself: write the script to another file")
     if out.exists() and not args.force:
         raise UsageError(f"-o {out}: exists: pass --force to overwrite it, or choose another -o")
     if not out.parent.is_dir():
