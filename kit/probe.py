@@ -153,9 +153,17 @@ def _start_torch_build(unknown: dict):
             last = (err.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
             unknown["torch"] = f"`import torch` fails: {last}"
             return info
-        built = json.loads(out.strip().splitlines()[-1])
-        flags = built.pop("arch_flags")
+        try:
+            built = json.loads(out.strip().splitlines()[-1])
+            flags = built.pop("arch_flags")
+        except (IndexError, ValueError, KeyError, AttributeError):
+            info["installed"] = True
+            unknown["torch.arch_list"] = f"unexpected output from the torch subprocess: {out.strip()[-200:]!r}"
+            return info
         result = {**built, "installed": True, "arch_list": flags.replace(";", " ").split() if flags else []}
+        if not flags and (built["cuda"] or built["hip"]):  # a GPU build that hides its list: unknown, not empty
+            result["arch_list"] = None
+            unknown["torch.arch_list"] = "this torch build does not expose its compiled arch list"
         _cache_write(key, result)
         return {**info, **result}
 
@@ -280,6 +288,9 @@ def query_gpus(unknown: dict) -> tuple[list, str | None, str | None]:
             gpus, driver = reader()
         except _Unavailable as e:
             reasons[source] = str(e)
+            continue
+        except (ValueError, KeyError, TypeError, AttributeError) as e:  # a tool version printing another format
+            reasons[source] = f"could not parse its output ({type(e).__name__}: {e})"
             continue
         if gpus:
             if "nvml" in reasons and gpus[0]["vendor"] == "nvidia":

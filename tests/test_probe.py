@@ -190,6 +190,9 @@ def test_amd_tools(tmp_path, warm_cache):
     assert facts["gpu_source"] == "rocm-smi"
     assert facts["gpus"][0] == {"index": 0, "name": "AMD Radeon 8060S", "vendor": "amd", "capability": "gfx1151",
                                 "memory_total_bytes": 64 * 2**30, "memory_free_bytes": 63 * 2**30}
+    garbled = write_tool(tmp_path / "garbled", "rocm-smi", "WARNING: rocm-smi is deprecated\n{")
+    facts, _ = probe(tmp_path, cache=warm_cache, env={"PYTHONPATH": str(fake), "PATH": f"{garbled}:/usr/bin:/bin"})
+    assert facts["gpus"] == [] and "rocm-smi: could not parse its output (JSONDecodeError" in facts["unknown"]["gpus"]
 
 
 def test_failing_nvidia_smi_reason_is_recorded(tmp_path, warm_cache):
@@ -280,3 +283,29 @@ def test_bad_facts_files(tmp_path, content, message):
         path.write_text(content)
     with pytest.raises(UsageError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")):
         load_facts(str(path))
+
+
+FAKE_CUDA_TORCH = """
+__version__ = "2.10.0+cu128"
+class version:
+    cuda = "12.8"
+    hip = None
+class _C:
+    pass
+if {flags!r} is not None:
+    _C._cuda_getArchFlags = staticmethod(lambda: {flags!r})
+"""
+
+
+@pytest.mark.parametrize("flags,arch_list", [("sm_70 sm_75 sm_120 compute_120", ["sm_70", "sm_75", "sm_120", "compute_120"]),
+                                             (None, None)])
+def test_arch_list_of_a_cuda_build(tmp_path, flags, arch_list):
+    # Simulated: a CUDA build of torch (this machine's is CPU-only), as a package whose version.py
+    # and torch._C answer like torch 2.10.0+cu128's; without _cuda_getArchFlags the list is unknown.
+    fake = tmp_path / "site" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "version.py").write_text("__version__ = '2.10.0+cu128'\ncuda: Optional[str] = '12.8'\nhip = None\n")
+    (fake / "__init__.py").write_text(textwrap.dedent(FAKE_CUDA_TORCH.format(flags=flags)))
+    facts, _ = probe(tmp_path, env={"PYTHONPATH": str(tmp_path / "site")})
+    assert facts["torch"] == {"installed": True, "version": "2.10.0+cu128", "cuda": "12.8", "hip": None, "arch_list": arch_list}
+    assert ("torch.arch_list" in facts["unknown"]) is (arch_list is None)
