@@ -2,8 +2,9 @@
 
 It speaks the subset of the Hub protocol that the real ``huggingface_hub`` client (2.x) uses for
 kit's checkpoint store: create_repo, repo_info/model_info, list_repo_tree (recursive),
-list_repo_commits, preupload (always ``uploadMode: "regular"``, so the client never tries Xet or
-LFS), create_commit (ndjson, with ``parentCommit`` → 412 when stale: the compare-and-swap that
+list_repo_commits, preupload (``uploadMode: "regular"``, so the client never tries Xet; or, with
+``lfs_threshold`` set, "lfs" for big files plus the LFS batch API and a PUT upload URL — the client
+must then run with ``HF_HUB_DISABLE_XET=1``, as Xet cannot be served here), create_commit (ndjson, with ``parentCommit`` → 412 when stale: the compare-and-swap that
 kit's lease relies on), and hf_hub_download (HEAD/GET on ``/{repo}/resolve/{rev}/{path}`` with the
 40-hex ``X-Repo-Commit``, an ETag from the content, ``Content-Length`` and optional Range).
 
@@ -46,10 +47,13 @@ ROUTES = [
     ("GET", re.compile(rf"^/api/models/{REPO}/commits/(?P<rev>[^/]+)$"), "commits"),
     ("POST", re.compile(rf"^/api/models/{REPO}/preupload/(?P<rev>[^/]+)$"), "preupload"),
     ("POST", re.compile(rf"^/api/models/{REPO}/commit/(?P<rev>[^/]+)$"), "commit"),
+    ("POST", re.compile(rf"^/{REPO}\.git/info/lfs/objects/batch$"), "lfs_batch"),
+    ("PUT", re.compile(r"^/lfs-upload/(?P<oid>[0-9a-f]{64})$"), "lfs_put"),
     ("GET", re.compile(rf"^/{REPO}/resolve/(?P<rev>[^/]+)/(?P<path>.+)$"), "resolve"),
     ("HEAD", re.compile(rf"^/{REPO}/resolve/(?P<rev>[^/]+)/(?P<path>.+)$"), "resolve"),
 ]
-WRITES = {"create_repo", "preupload", "commit"}
+WRITES = {"create_repo", "preupload", "commit", "lfs"}
+LFS_PREFIX = "lfs:"  # blob keys of LFS objects are "lfs:<sha256>"; regular blobs are git sha1s
 
 
 def git_blob_sha1(data: bytes) -> str:
@@ -117,6 +121,9 @@ class HubServer:
         self.throttle_bps: float | None = None
         self.requests: list[tuple[str, str, int]] = []  # (method, path, status) log
         self.commit_delay_s = 0.0  # sleep inside the commit lock: widens race windows in tests
+        # Files of at least this size are answered "lfs" at preupload (the client must then run with
+        # HF_HUB_DISABLE_XET=1) and are PUT as raw bytes; None keeps everything "regular" (base64).
+        self.lfs_threshold: int | None = None
         self._httpd = ThreadingHTTPServer((host, 0), _Handler)
         self._httpd.daemon_threads = True
         self._httpd.hub = self  # type: ignore[attr-defined]
@@ -199,9 +206,10 @@ class HubServer:
         with self.lock:
             tree = dict(repo.head.files)
             for p, data in files.items():
-                sha1 = git_blob_sha1(data)
-                self.blobs[sha1] = data
-                tree[p] = sha1
+                lfs = self.lfs_threshold is not None and len(data) >= self.lfs_threshold
+                key = LFS_PREFIX + hashlib.sha256(data).hexdigest() if lfs else git_blob_sha1(data)
+                self.blobs[key] = data
+                tree[p] = key
             c = Commit(_new_sha(), repo.head.sha, title, tree, _now(), added=sorted(files))
             repo.commits.append(c)
             return c.sha
@@ -268,6 +276,12 @@ class HubServer:
                     new_blobs[sha1] = data
                     tree[path] = sha1
                     added.append(path)
+                elif key == "lfsFile":
+                    blob = LFS_PREFIX + value["oid"]
+                    if blob not in self.blobs:
+                        raise HubError(400, f"LFS object {value['oid']} was never uploaded")
+                    tree[path] = blob
+                    added.append(path)
                 elif key == "deletedFile":
                     if path not in tree:
                         raise HubError(404, "A file with this name doesn't exist", "EntryNotFound")
@@ -308,6 +322,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         self._dispatch("POST")
 
+    def do_PUT(self):
+        self._dispatch("PUT")
+
     def _dispatch(self, method: str) -> None:
         url = urlsplit(self.path)
         path, query = url.path, parse_qs(url.query)
@@ -317,7 +334,7 @@ class _Handler(BaseHTTPRequestHandler):
             if fault and fault.kind == "hang":
                 time.sleep(fault.seconds)
             if fault and fault.kind == "drop_upload":
-                self._read_body(limit=int(self.headers.get("Content-Length") or 0) // 2)
+                self._read_body(limit=max(int(self.headers.get("Content-Length") or 0) // 2, 1))
                 self._drop()
                 status = 0
                 return
@@ -340,6 +357,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     # ---- plumbing --------------------------------------------------------------------------
     def _read_body(self, limit: int | None = None) -> bytes:
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            return self._read_chunked(limit)
         length = int(self.headers.get("Content-Length") or 0)
         if limit is not None:
             length = min(length, limit)
@@ -352,6 +371,21 @@ class _Handler(BaseHTTPRequestHandler):
             left -= len(chunk)
             self._throttle(len(chunk))
         return b"".join(chunks)
+
+    def _read_chunked(self, limit: int | None) -> bytes:
+        chunks, total = [], 0
+        while True:
+            size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                self.rfile.readline()
+                return b"".join(chunks)
+            chunk = self.rfile.read(size)
+            self.rfile.readline()
+            chunks.append(chunk)
+            total += len(chunk)
+            self._throttle(len(chunk))
+            if limit is not None and total >= limit:
+                return b"".join(chunks)
 
     def _throttle(self, nbytes: int) -> None:
         bps = self.hub.throttle_bps
@@ -432,8 +466,14 @@ class _Handler(BaseHTTPRequestHandler):
                 if recursive or depth == 1:
                     folders.add(prefix + "/".join(rest[:depth]))
             if recursive or len(rest) == 1:
-                sha1 = commit.files[p]
-                entries.append({"type": "file", "path": p, "oid": sha1, "size": len(self.hub.blobs[sha1])})
+                blob = commit.files[p]
+                entry = {"type": "file", "path": p, "oid": blob, "size": len(self.hub.blobs[blob])}
+                if blob.startswith(LFS_PREFIX):
+                    pointer = _lfs_pointer(blob.removeprefix(LFS_PREFIX), entry["size"])
+                    entry["oid"] = git_blob_sha1(pointer)
+                    entry["lfs"] = {"oid": blob.removeprefix(LFS_PREFIX), "size": entry["size"],
+                                    "pointerSize": len(pointer)}
+                entries.append(entry)
         if base and not entries and not folders:
             raise HubError(404, f"{base} does not exist", "EntryNotFound")
         dirs = [{"type": "directory", "path": d, "oid": hashlib.sha1(d.encode()).hexdigest()} for d in folders]
@@ -452,8 +492,17 @@ class _Handler(BaseHTTPRequestHandler):
         repo = self._repo_for("preupload", groups["repo"])
         head = self.hub.get_commit(repo, groups["rev"])
         files = json.loads(body)["files"]
-        self._send_json(200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False,
-                                         "oid": head.files.get(f["path"])} for f in files]})
+        lfs = self.hub.lfs_threshold
+
+        def mode(f):
+            return "lfs" if lfs is not None and f["size"] >= lfs and f["size"] > 0 else "regular"
+
+        def oid(f):
+            blob = head.files.get(f["path"])
+            return blob.removeprefix(LFS_PREFIX) if blob else None
+
+        self._send_json(200, {"files": [{"path": f["path"], "uploadMode": mode(f), "shouldIgnore": False,
+                                         "oid": oid(f)} for f in files]})
         return 200
 
     def _commit(self, method, groups, query, body) -> int:
@@ -468,6 +517,26 @@ class _Handler(BaseHTTPRequestHandler):
                               "commitUrl": f"{self.hub.url}/{repo.repo_id}/commit/{commit.sha}"})
         return 200
 
+    def _lfs_batch(self, method, groups, query, body) -> int:
+        self._repo_for("lfs", groups["repo"])
+        objects = []
+        for obj in json.loads(body)["objects"]:
+            entry = {"oid": obj["oid"], "size": obj["size"], "authenticated": True}
+            if LFS_PREFIX + obj["oid"] not in self.hub.blobs:
+                entry["actions"] = {"upload": {"href": f"{self.hub.url}/lfs-upload/{obj['oid']}"}}
+            objects.append(entry)
+        self._send_json(200, {"transfer": "basic", "objects": objects})
+        return 200
+
+    def _lfs_put(self, method, groups, query, body) -> int:
+        # Like a presigned S3 URL: no token needed, but the bytes must match the announced sha256.
+        if hashlib.sha256(body).hexdigest() != groups["oid"]:
+            raise HubError(400, "uploaded bytes do not match the LFS oid")
+        with self.hub.lock:
+            self.hub.blobs[LFS_PREFIX + groups["oid"]] = body
+        self._send(200, b"")
+        return 200
+
     def _resolve(self, method, groups, query, body) -> int:
         repo = self._repo_for("read", groups["repo"])
         commit = self.hub.get_commit(repo, groups["rev"])
@@ -476,7 +545,8 @@ class _Handler(BaseHTTPRequestHandler):
             raise HubError(404, f"{path} not found", "EntryNotFound")
         sha1 = commit.files[path]
         data = self.hub.blobs[sha1]
-        headers = {"X-Repo-Commit": commit.sha, "ETag": f'"{sha1}"', "Accept-Ranges": "bytes",
+        etag = sha1.removeprefix(LFS_PREFIX)  # LFS: sha256 of the content, as the Hub's X-Linked-Etag
+        headers = {"X-Repo-Commit": commit.sha, "ETag": f'"{etag}"', "Accept-Ranges": "bytes",
                    "Content-Type": "application/octet-stream"}
         if method == "HEAD":
             self._send(200, b"", headers, head_only=True, content_length=len(data))
@@ -506,6 +576,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             self._drop()
         return status
+
+
+def _lfs_pointer(sha256: str, size: int) -> bytes:
+    return f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {size}\n".encode()
 
 
 def _new_sha() -> str:

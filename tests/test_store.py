@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from huggingface_hub import constants as hf_constants
 
 from kit.errors import StoreError, UsageError
 from kit.manifest import MANIFEST_NAME, write_manifest
@@ -35,12 +36,16 @@ def tree_bytes(d: Path) -> dict:
     return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(Path(d).rglob("*")) if p.is_file()}
 
 
-@pytest.fixture(params=["dir", "hub"])
-def backend(request, tmp_path):
-    """(store, kind, server-or-None)."""
+@pytest.fixture(params=["dir", "hub", "hub-lfs"])
+def backend(request, tmp_path, monkeypatch):
+    """(store, kind, server-or-None). "hub-lfs": files over 1 kB go through the LFS batch + PUT
+    path (Xet disabled, as it cannot be served here); "hub": everything as regular base64 files."""
     if request.param == "dir":
         return DirStore(tmp_path / "store"), "dir", None
     server = request.getfixturevalue("hub")
+    if request.param == "hub-lfs":
+        server.lfs_threshold = 1024
+        monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_XET", True)
     return HubStore(REPO, token=WRITE_TOKEN, endpoint=server.url), "hub", server
 
 
@@ -131,6 +136,22 @@ def test_flipped_hub_byte_fails_fetch_and_falls_back(hub, tmp_path, caplog):
         assert store.fetch_latest(dest) == 1
     assert "step 2 failed to download or verify" in caplog.text
     assert json.loads((dest / "trainer_state.json").read_text())["global_step"] == 1
+
+
+def test_lfs_sha256_from_the_tree_catches_an_overwrite_without_downloading(hub, tmp_path, monkeypatch, caplog):
+    hub.lfs_threshold = 1024
+    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_XET", True)
+    store = HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url)
+    for s in (1, 2):
+        store.publish(make_ckpt(tmp_path, s), s, keep=5)
+    assert any(path.startswith("/lfs-upload/") for _, path, _ in hub.requests)
+    # another writer replaces a file of checkpoint-2 with same-sized other bytes
+    hub.put_files(REPO, {"checkpoints/checkpoint-2/optimizer.pt": os.urandom(8192)})
+    n = len(hub.requests)
+    with caplog.at_level(logging.WARNING, "kit.store"):
+        assert store.latest_valid() == 1
+    assert "optimizer.pt sha256 differs" in caplog.text
+    assert not [r for r in hub.requests[n:] if "optimizer.pt" in r[1]], "judged from the tree listing"
 
 
 @pytest.mark.parametrize("kind", ["flip_download", "drop_download"])
