@@ -197,7 +197,8 @@ def check_convertible(trees: list[tuple[int, ast.Module]]) -> None:
                 if func == "input":
                     problems.append(_refusal(cell, node, "input() waits for keyboard input that no torchrun rank "
                                                          "can get: use a constant or os.environ"))
-                elif func.endswith(".train") and ("trainer" in func.lower() or func[:-6] in trainers):
+                elif func == "unsloth_train" or (func.endswith(".train") and (
+                        "trainer" in func.lower() or func[:-6] in trainers)):
                     trains = True
             elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
                 if ast.unparse(node.value.func).endswith("Trainer"):

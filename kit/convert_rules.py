@@ -223,6 +223,12 @@ class CellRewriter(cst.CSTTransformer):
         elif (a := _kwarg(call, "bf16")) is not None and _code(a.value) == "True":
             self.notes.append((True, f"{short}: bf16=True is hard-coded, and a T4 or P100 has no native bf16: "
                                      "rerun with --precision fp16 for those GPUs"))
+        accum = _kwarg(call, "gradient_accumulation_steps")
+        if accum is not None and _code(accum.value) not in ("1", "None"):
+            # The seed-002 user's run: batch 1 × accumulation 8 × 2 GPUs = 16, twice the notebook's 8.
+            self.notes.append((False, f"{short}: note: under torchrun the global batch is per-device batch × "
+                                      f"gradient_accumulation_steps ({_code(accum.value)}) × the GPU count; "
+                                      "divide the accumulation by the GPU count to keep the notebook's batch"))
         unused = _kwarg(call, "ddp_find_unused_parameters")
         if unused is None or _code(unused.value) != "False":
             call = _set_kwarg(call, "ddp_find_unused_parameters", "False")

@@ -114,6 +114,7 @@ def test_seed002_notebook_balanced_bf16_login():
     assert "# kit: REVIEW (cell 7): SFTConfig: bf16=True is hard-coded" in src
     assert any(c.startswith("cell 4: notebook_login() replaced") for c in changes)
     assert {"model.save_pretrained", "model.push_to_hub", "plt.plot", "plt.savefig", "print"} <= guarded_calls(src)
+    assert any(c.startswith("cell 7: SFTConfig: note: under torchrun the global batch") for c in changes)
     assert any("`%pip install -q unsloth trl peft`" in c and "`!nvidia-smi`" in c for c in changes)
 
 
@@ -208,6 +209,7 @@ def test_training_args_call_without_keywords_is_completed(tmp_path):
     (["ip = get_ipython()", *TRAIN], "cell 1, line 1: `get_ipython`"),
     (["import torch\nmodel.train()\nfor b in data:\n    loss(b).backward()"], "no training code found"),
     (["md:# only words"], "no training code found"),
+    (["x = 1"], "no training code found"),
     (["x = 1", "y = !ls", *TRAIN], "cell 2, line 1: invalid syntax"),
 ])
 def test_refused_notebooks(tmp_path, capsys, cells, message):
@@ -279,3 +281,9 @@ def test_converted_notebook_runs_as_one_process(tmp_path):
     res = _run([sys.executable, "train_ddp.py"], tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "'epoch': '0.25'" in res.stdout and (tmp_path / "outputs" / "final-rank0").is_dir()
+
+
+def test_unsloth_train_counts_as_training(tmp_path):
+    nb = make_nb(tmp_path, ["from unsloth import unsloth_train",
+                            "trainer = SFTTrainer(model=m, args=SFTConfig(output_dir='o'))\nstats = unsloth_train(trainer)"])
+    assert "unsloth_train(trainer)" in convert_notebook(nb).source
