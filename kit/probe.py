@@ -17,6 +17,7 @@ import json
 import os
 import platform as _platform
 import shutil
+import site
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field, fields
@@ -135,8 +136,12 @@ def _start_torch_build(unknown: dict):
     cached = _cache_read(key)
     if cached is not None:
         return lambda: {**info, **cached}
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.path.dirname(torch_dir),
-                                                                     os.environ.get("PYTHONPATH")])))
+    env = dict(os.environ)
+    parent = os.path.dirname(torch_dir)
+    if parent not in site.getsitepackages() + [site.getusersitepackages()]:
+        # torch was found on a path this process added itself (e.g. a notebook's sys.path.insert):
+        # hand that path to the subprocess, or it would import another torch, or none.
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [parent, os.environ.get("PYTHONPATH")]))
     proc = subprocess.Popen([sys.executable, "-c", _TORCH_SCRIPT], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
@@ -164,7 +169,8 @@ def _start_torch_build(unknown: dict):
         if not flags and (built["cuda"] or built["hip"]):  # a GPU build that hides its list: unknown, not empty
             result["arch_list"] = None
             unknown["torch.arch_list"] = "this torch build does not expose its compiled arch list"
-        _cache_write(key, result)
+        else:  # only a complete answer is cached, so the reason above is given on every run
+            _cache_write(key, result)
         return {**info, **result}
 
     return finish

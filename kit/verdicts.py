@@ -75,7 +75,7 @@ def arch_supported(capability: str, arch_list: list[str], vendor: str) -> tuple[
         `"is not in this torch build's arch list sm_70…sm_120"`.
 
     Example:
-        >>> arch_supported("7.5", ["sm_70", "compute_70"], "nvidia")
+        >>> arch_supported("7.5", ["compute_70"], "nvidia")
         (True, 'runs through PTX: compute_70 is JIT-compiled for it')
     """
     entries = [a.split(":")[0] for a in arch_list]
