@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -36,7 +37,9 @@ def _iso(t: float) -> str:
 
 
 class Lease:
-    """``Lease(store, holder).acquire()`` … ``heartbeat()`` every few minutes … ``release()``."""
+    """``Lease(store, holder).acquire()``, then ``keep_alive()`` (or ``heartbeat()`` well within
+    ``ttl_s``), and ``release()`` at the end. Without heartbeats the lease goes stale after ``ttl_s``
+    and another session may take the store over."""
 
     def __init__(self, store: Store, holder: str | None = None, ttl_s: float = 600):
         self.store, self.ttl_s = store, ttl_s
@@ -44,6 +47,9 @@ class Lease:
         self.id = uuid.uuid4().hex
         self.since: float | None = None
         self.held = False
+        self.lost: StoreError | None = None  # set by the keep-alive thread when the lease was taken
+        self._stop = threading.Event()
+        self._keeper: threading.Thread | None = None
 
     def _record(self) -> dict:
         now = time.time()
@@ -86,8 +92,35 @@ class Lease:
         else:
             self._hub_write(check=self._check_ours)
 
+    def keep_alive(self, interval_s: float | None = None) -> None:
+        """Heartbeat from a daemon thread every ``interval_s`` (default ttl/3) until ``release()``.
+
+        Failures are logged; a lease taken over by another session is kept in ``self.lost``.
+        """
+        if self._keeper is not None:
+            return
+        interval = interval_s or self.ttl_s / 3
+        self._stop.clear()
+
+        def beat() -> None:
+            while not self._stop.wait(interval) and self.held:
+                try:
+                    self.heartbeat()
+                except StoreError as err:
+                    log.error("lease heartbeat on %s failed: %s", self.store.describe(), err)
+                    if not self.held:
+                        self.lost = err
+                        return
+
+        self._keeper = threading.Thread(target=beat, name="kit-lease", daemon=True)
+        self._keeper.start()
+
     def release(self) -> None:
         """Give the lease up (only if it is still ours)."""
+        self._stop.set()
+        if self._keeper is not None and self._keeper is not threading.current_thread():
+            self._keeper.join(5)
+        self._keeper = None
         if not self.held:
             return
         self.held = False

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Callable
 
 from kit.errors import StoreError
+from kit.manifest import MANIFEST_NAME, write_manifest
 from kit.store.base import Store, TransientStoreError
 
 log = logging.getLogger("kit.sync")
@@ -44,6 +45,7 @@ class _Job:
     source: Path
     staged: Path
     nbytes: int
+    manifest_args: tuple | None = None  # (world_size, fingerprint, extra) to build it in the worker
 
 
 class BackgroundSync:
@@ -69,15 +71,22 @@ class BackgroundSync:
         self._thread.start()
 
     # ---- producer side (the training loop) ----------------------------------------------------
-    def submit(self, ckpt_dir: Path, step: int) -> None:
-        """Queue ``ckpt_dir`` (already holding its kit manifest) for publishing; returns at once."""
+    def submit(self, ckpt_dir: Path, step: int, *, world_size: int = 1, fingerprint: dict | None = None,
+               extra: dict | None = None) -> None:
+        """Queue ``ckpt_dir`` for publishing; returns at once (hard links only, no hashing here).
+
+        If the checkpoint has no kit manifest and ``fingerprint`` is given, the worker writes the
+        manifest into its staged copy, so hashing a large checkpoint never blocks training. The
+        local folder is then left without one: write it yourself if local resume needs it.
+        """
         ckpt_dir = Path(ckpt_dir)
         try:
             staged, nbytes = _stage(ckpt_dir, step)
         except OSError as err:
             self._fail(step, StoreError(f"could not snapshot {ckpt_dir} for upload: {err}"))
             return
-        job = _Job(step, ckpt_dir, staged, nbytes)
+        manifest_args = None if fingerprint is None else (world_size, dict(fingerprint), extra)
+        job = _Job(step, ckpt_dir, staged, nbytes, manifest_args)
         with self._cv:
             if self._closing:
                 shutil.rmtree(staged, ignore_errors=True)
@@ -158,6 +167,12 @@ class BackgroundSync:
                     self._cv.notify_all()
 
     def _publish(self, job: _Job) -> None:
+        if job.manifest_args is not None and not (job.staged / MANIFEST_NAME).exists():
+            try:
+                write_manifest(job.staged, job.step, *job.manifest_args)
+            except OSError as err:
+                self._fail(job.step, StoreError(f"could not write the manifest of step {job.step}: {err}"))
+                return
         for attempt in range(self.retries + 1):
             self._emit("started" if attempt == 0 else "retrying", job.step, f"attempt {attempt + 1}")
             t0 = time.monotonic()

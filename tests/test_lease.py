@@ -125,3 +125,28 @@ def test_dir_lease_on_unwritable_store(tmp_path):
     blocker.write_text("x")
     with pytest.raises(StoreError, match="not writable"):
         Lease(DirStore(blocker / "s"), "me").acquire()
+
+
+def test_keep_alive_holds_the_lease_past_its_ttl(store_factory, caplog):
+    lease = Lease(store_factory(), "long-run", ttl_s=0.6)
+    lease.acquire()
+    lease.keep_alive(interval_s=0.1)
+    time.sleep(1.0)
+    with pytest.raises(StoreError, match="leased by long-run"):
+        Lease(store_factory(), "intruder", ttl_s=0.6).acquire()
+    lease.release()
+    assert lease.lost is None
+    Lease(store_factory(), "next").acquire().release()
+
+
+def test_keep_alive_records_a_lost_lease(tmp_path, caplog):
+    lease = Lease(DirStore(tmp_path / "s"), "a", ttl_s=60)
+    lease.acquire()
+    (tmp_path / "s/kit" / LOCK_NAME).write_text(json.dumps({"holder": "b", "id": "other", "heartbeat": time.time()}))
+    with caplog.at_level(logging.ERROR, "kit.lease"):
+        lease.keep_alive(interval_s=0.05)
+        time.sleep(0.4)
+    assert lease.lost is not None and "lost to b" in str(lease.lost)
+    assert "heartbeat on" in caplog.text
+    lease.release()
+    assert json.loads((tmp_path / "s/kit" / LOCK_NAME).read_text())["holder"] == "b", "not ours: left alone"

@@ -162,3 +162,17 @@ def test_manifestless_checkpoint_is_a_recorded_error(tmp_path):
     with pytest.raises(StoreError, match="write_manifest"):
         sync.wait(10)
     assert sync.close(1) is False
+
+
+def test_manifest_can_be_built_in_the_worker(tmp_path):
+    store = DirStore(tmp_path / "store")
+    sync = BackgroundSync(store, keep=1)
+    src = make_ckpt(tmp_path, 4, manifest=False)
+    sync.submit(src, 4, world_size=2, fingerprint={"model": "tiny"})
+    assert sync.close(30) is True
+    assert store.latest_valid() == 4
+    store.fetch(4, tmp_path / "back")
+    from kit.manifest import read_manifest
+    m = read_manifest(tmp_path / "back")
+    assert m["world_size"] == 2 and m["fingerprint"] == {"model": "tiny"}
+    assert not (src / "kit_manifest.json").exists(), "the training folder itself is not touched"
