@@ -116,10 +116,15 @@ def make_plan(facts, cfg, nproc: int | None = None) -> Plan:
         if not (facts.packages or {}).get("bitsandbytes"):
             plan.reasons.append("bitsandbytes is not installed there: `pip install bitsandbytes` before training.")
     plan.optimizer = _optimizer(cfg, facts)
-    budget = min(g["memory_total_bytes"] for g in usable)
+    budget = _budget(usable, plan.reasons)
     fit = _fit(model, cfg, plan.precision, quantized, plan.optimizer, n, budget)
     plan.memory["budget_bytes"] = budget
     if fit is None:
+        gc = cfg.gradient_checkpointing != "off"  # show what the smallest replica would need
+        est = memory.estimate(model, cfg, plan.precision, cfg.per_device_batch or 1, gc, quantized,
+                              world_size=n, optimizer=plan.optimizer)
+        plan.memory.update(per_gpu_bytes=est.total_bytes, terms=est.terms,
+                           notes=[f"one replica at micro-batch {cfg.per_device_batch or 1}"] + est.notes)
         _refuse(plan, f"{cfg.model} ({cfg.method}, seq_len {cfg.seq_len}) does not fit on {n}× {gpu['name']}: "
                       + _cheaper_change(model, cfg, plan.precision, plan.optimizer, n, budget, gpu["name"]))
     strategy, world, pdb, gc, est = fit
@@ -131,6 +136,20 @@ def make_plan(facts, cfg, nproc: int | None = None) -> Plan:
     plan.backend = _backend(cfg, facts, gpu, strategy, plan.reasons)
     plan.launch = _launch(strategy, world, usable, facts, gpu)
     return plan
+
+
+def _budget(usable: list[dict], reasons: list[str]) -> int:
+    """The memory each rank may use: the smallest GPU's total, or its free memory when something holds a lot."""
+    budget = min(g["memory_total_bytes"] for g in usable)
+    held = [g for g in usable if g.get("memory_free_bytes") is not None
+            and g["memory_total_bytes"] - g["memory_free_bytes"] > GIB]
+    if held:
+        budget = min(budget, min(g["memory_free_bytes"] for g in held))
+        used = max(g["memory_total_bytes"] - g["memory_free_bytes"] for g in held)
+        reasons.append(f"GPU {held[0]['index']} already has {used / GIB:.1f} GiB in use by another process (a "
+                       f"notebook kernel holding a model?): planning with the free {budget / GIB:.1f} GiB; restart "
+                       "that kernel to get it back.")
+    return budget
 
 
 def _count(params: int) -> str:
@@ -267,8 +286,8 @@ def _cheaper_change(model, cfg, precision, optimizer, n, budget, gpu_name) -> st
         if fit:
             if label.startswith("seq_len") and cfg.method != trial.method:
                 label = f"method=qlora and {label}"
-            return (f"cheapest change that fits: {label} (estimated {fit[4].total_bytes / GIB:.1f} GiB per GPU "
-                    f"of {budget / GIB:.1f} GiB, strategy {fit[0]})")
+            return (f"cheapest change that fits: {label} (strategy {fit[0]}, micro-batch {fit[2]}: estimated "
+                    f"{fit[4].total_bytes / GIB:.1f} GiB per GPU of {budget / GIB:.1f} GiB)")
     return (f"nothing kit can change fits {n}× {gpu_name} ({budget / GIB:.1f} GiB each): pick a GPU with more "
             "memory, more GPUs, or a smaller model")
 

@@ -81,6 +81,16 @@ def test_one_t4_bf16_lora_8b_suggests_qlora():
     assert e.value.plan.strategy == "none" and e.value.exit_code == 3
 
 
+def test_memory_held_by_another_process_shrinks_the_budget():
+    busy = copy.deepcopy(COLAB_T4)
+    busy["gpus"][0]["memory_free_bytes"] = 4 * GIB  # a kernel still holds a model
+    with pytest.raises(CannotTrain) as e:
+        make_plan(busy, cfg(*QWEN8_QLORA))
+    assert e.value.plan.memory["budget_bytes"] == 4 * GIB
+    assert any("in use by another process" in r for r in e.value.plan.reasons)
+    assert e.value.plan.memory["per_gpu_bytes"] > 4 * GIB and "weights_4bit" in e.value.plan.memory["terms"]
+
+
 def test_two_t4_bf16_lora_8b_fits_only_sharded():
     p = make_plan(KAGGLE_T4X2, cfg("model=Qwen/Qwen3-8B", "method=lora"))
     assert p.strategy == "fsdp" and p.nproc == 2 and p.launch.startswith("torchrun")
