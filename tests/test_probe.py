@@ -6,6 +6,7 @@ torch), the test says what is simulated and why.
 """
 
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
