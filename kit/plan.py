@@ -187,18 +187,15 @@ def _cpu_plan(facts, cfg, model, plan: Plan, nproc) -> Plan:
         _refuse(plan, "precision fp16 needs a GPU: use precision=fp32 (or auto) on the CPU")
     plan.precision = "bf16" if cfg.precision == "bf16" else "fp32"
     plan.optimizer = "adamw_torch" if cfg.optimizer in ("auto", "adamw_8bit", "paged_adamw_8bit") else cfg.optimizer
-    budget = facts.ram_bytes or 8 * GIB
-    batches = [cfg.per_device_batch] if cfg.per_device_batch else AUTO_BATCHES
-    gc = cfg.gradient_checkpointing == "on"
-    est = None
-    for b in batches:
-        est = memory.estimate(model, cfg, plan.precision, b, gc, False, optimizer=plan.optimizer, device="cpu")
-        if est.total_bytes * plan.nproc <= budget:
-            break
-    plan.strategy = "ddp" if plan.nproc > 1 else "single"
-    plan.gradient_checkpointing = gc
+    ram = facts.ram_bytes or 8 * GIB  # ranks on a CPU share the machine's memory
+    fit = _fit(model, cfg, plan.precision, False, plan.optimizer, plan.nproc, ram // plan.nproc, device="cpu")
+    if fit is None:
+        _refuse(plan, f"{cfg.model} at seq_len {cfg.seq_len} needs more than the {ram / GIB:.1f} GiB of RAM here "
+                      f"for {plan.nproc} process(es): use a GPU machine, fewer processes or shorter sequences")
+    plan.strategy, _, b, plan.gradient_checkpointing, est = fit
     plan.per_device_batch, plan.grad_accum, plan.global_batch = batch_for_world(cfg, b, plan.nproc)
-    plan.memory.update(per_gpu_bytes=est.total_bytes, budget_bytes=budget, terms=est.terms, notes=est.notes)
+    plan.memory.update(per_gpu_bytes=est.total_bytes, budget_bytes=ram // plan.nproc, terms=est.terms,
+                       notes=est.notes)
     plan.reasons.append(f"precision {plan.precision} on the CPU; " +
                         (f"{plan.nproc} processes over gloo." if plan.nproc > 1 else "one process."))
     plan.launch = (f"torchrun --standalone --nproc_per_node={plan.nproc} train_ddp.py" if plan.nproc > 1
@@ -238,10 +235,14 @@ def _optimizer(cfg, facts) -> str:
     return "adamw_8bit" if cfg.method == "full" and has_bnb else "adamw_torch"
 
 
-def _fit(model, cfg, precision, quantized, optimizer, n, budget):
+def _fit(model, cfg, precision, quantized, optimizer, n, budget, device="cuda"):
     """First (strategy, world, per_device_batch, checkpointing, estimate) that fits, or None."""
-    strategies = [("single", 1, "none")] if n == 1 else \
-        [("ddp", n, "none"), ("fsdp", n, "fsdp"), ("model_parallel", 1, "layers")]
+    if n == 1:
+        strategies = [("single", 1, "none")]
+    elif device == "cpu":  # gloo DDP only: sharding buys nothing when every rank shares the same RAM
+        strategies = [("ddp", n, "none")]
+    else:
+        strategies = [("ddp", n, "none"), ("fsdp", n, "fsdp"), ("model_parallel", 1, "layers")]
     if cfg.gradient_checkpointing != "auto":
         gcs = [cfg.gradient_checkpointing == "on"]
     else:
@@ -254,7 +255,7 @@ def _fit(model, cfg, precision, quantized, optimizer, n, budget):
         for b in batches:
             for gc in gcs:
                 est = memory.estimate(model, cfg, precision, b, gc, quantized, world_size=n,
-                                      sharding=sharding, optimizer=optimizer)
+                                      sharding=sharding, optimizer=optimizer, device=device)
                 if est.total_bytes <= budget:
                     return strategy, world, b, gc, est
     return None

@@ -137,6 +137,8 @@ def test_cpu_only_tiny_default_plans_and_big_models_are_refused():
         make_plan(CPU_ONLY, cfg("model=Qwen/Qwen3-1.7B"))
     with pytest.raises(CannotTrain, match="needs a GPU"):
         make_plan(CPU_ONLY, cfg("method=qlora"))
+    with pytest.raises(CannotTrain, match="GiB of RAM"):
+        make_plan({**CPU_ONLY, "ram_bytes": 2**20}, cfg())
 
 
 @pytest.mark.parametrize("gpus,per_device,accum", [("1xT4", 4, 4), ("2xT4", 4, 2), ("4xT4", 4, 1)])
