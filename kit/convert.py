@@ -178,16 +178,17 @@ def _refusal(cell: int, node: ast.AST, what: str) -> tuple[int, int, str]:
 
 def check_convertible(trees: list[tuple[int, ast.Module]]) -> None:
     """Refuse what cannot run unattended under torchrun; refuse a notebook that does not train."""
-    stored = {n.id for _, t in trees for n in ast.walk(t) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
-    stored |= {n.arg for _, t in trees for n in ast.walk(t) if isinstance(n, ast.arg)}
+    nodes = [n for _, t in trees for n in ast.walk(t)]
+    stored = {n.id for n in nodes if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    stored |= {n.arg for n in nodes if isinstance(n, ast.arg)}
     problems, trainers, trains = [], set(), False
     for cell, tree in trees:
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 mods = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
                 if any(m.split(".")[0] == "ipywidgets" for m in mods):
-                    problems.append(_refusal(cell, node, "ipywidgets need a notebook front end, and under torchrun "
-                                                         "nobody can click them: use constants or flags"))
+                    problems.append(_refusal(cell, node, "ipywidgets need a notebook front end, and under "
+                                                         "torchrun nobody can click them: use constants or flags"))
             elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in stored and (
                     node.id in IPYTHON_NAMES or (node.id[:1] == "_" and node.id.lstrip("_i").isdigit())):
                 problems.append(_refusal(cell, node, f"`{node.id}` is IPython's interactive state, which a "
@@ -245,8 +246,8 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
         stmts, found = rewrite_cell(module, cell, precision, changes, reloaded)
         found_args |= found
         if stmts:
-            lead = (*pending, cst.EmptyLine(), cst.EmptyLine(comment=cst.Comment(f"# --- notebook cell {cell} ---")),
-                    *module.header, *stmts[0].leading_lines)
+            marker = cst.EmptyLine(comment=cst.Comment(f"# --- notebook cell {cell} ---"))
+            lead = (*pending, cst.EmptyLine(), marker, *module.header, *stmts[0].leading_lines)
             stmts[0] = stmts[0].with_changes(leading_lines=lead)
             items.extend((cell, s) for s in stmts)
             pending = list(module.footer)
@@ -278,7 +279,8 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
     try:
         ast.parse(source)
     except SyntaxError as e:  # a bug in kit, not in the notebook
-        raise KitError(f"kit convert produced invalid Python (line {e.lineno}: {e.msg}); please report it") from None
+        raise KitError(f"kit convert produced invalid Python (line {e.lineno}: {e.msg}); please report it "
+                       "with the notebook") from None
     changes.sort(key=lambda c: c.cell)  # stable: keeps each cell's changes in the order they were made
     return Conversion(source, changes)
 
@@ -296,7 +298,9 @@ class _BlankLines(cst.CSTTransformer):
     """Blank lines without indentation: moving code into the try block must not add trailing spaces."""
 
     def leave_EmptyLine(self, original, updated):
-        return updated if updated.comment else updated.with_changes(indent=False, whitespace=cst.SimpleWhitespace(""))
+        if updated.comment:
+            return updated
+        return updated.with_changes(indent=False, whitespace=cst.SimpleWhitespace(""))
 
 
 def _is_future_import(stmt: cst.BaseStatement) -> bool:

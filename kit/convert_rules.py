@@ -206,7 +206,7 @@ class CellRewriter(cst.CSTTransformer):
             if was == RANK_MAP:
                 return call
             value = old.value.evaluated_value if isinstance(old.value, cst.SimpleString) else None
-            why = SPLIT_WHY if value in SPLIT_DEVICE_MAPS else "every rank would load onto the same device"
+            why = SPLIT_WHY if value in SPLIT_DEVICE_MAPS else "each rank loads its own copy onto its own device"
             self.notes.append((False, f"{name}: device_map={was} → {RANK_MAP}: {why}"))
         return _set_kwarg(call, "device_map", RANK_MAP)
 
@@ -225,7 +225,7 @@ class CellRewriter(cst.CSTTransformer):
                                      "rerun with --precision fp16 for those GPUs"))
         accum = _kwarg(call, "gradient_accumulation_steps")
         if accum is not None and _code(accum.value) not in ("1", "None"):
-            # The seed-002 user's run: batch 1 × accumulation 8 × 2 GPUs = 16, twice the notebook's 8.
+            # The seed-002 user's run: batch 1 × accumulation 8 × 2 GPUs = a global batch of 16.
             self.notes.append((False, f"{short}: note: under torchrun the global batch is per-device batch × "
                                       f"gradient_accumulation_steps ({_code(accum.value)}) × the GPU count; "
                                       "divide the accumulation by the GPU count to keep the notebook's batch"))
