@@ -29,6 +29,8 @@ MAIN_ONLY_METHODS = {"save_model", "save_pretrained", "save_pretrained_merged", 
 MAIN_ONLY_FUNCTIONS = {"print", "pprint", "display"}
 PLOT_MODULES = {"plt", "sns", "matplotlib", "seaborn", "px"}
 
+# Hugging Face Hub logins that prompt when called without a token.
+HUB_LOGINS = {f"{m}{f}" for m in ("", "huggingface_hub.") for f in ("login", "notebook_login", "interpreter_login")}
 DTYPE_KEYWORDS = {"torch_dtype", "dtype", "bnb_4bit_compute_dtype"}
 DTYPES = {"torch.float16", "torch.bfloat16"}
 RANK_MAP = '{"": rank_device}'  # `rank_device` comes from the script's rank block
@@ -168,9 +170,12 @@ class CellRewriter(cst.CSTTransformer):
             self.notes.append((True, "torch.cuda.is_bf16_supported() says True on a T4, which has no native "
                                      "bf16 (it counts emulation, pytorch#148322): use "
                                      "torch.cuda.get_device_capability() >= (8, 0), or --precision fp16"))
-        elif short in ("notebook_login", "login") and not _kwarg(updated, "token") and not updated.args:
+        elif name in HUB_LOGINS and not updated.args:
             self.notes.append((True, f"{name}() prompts for a token and hangs under torchrun: set HF_TOKEN "
                                      "in the environment and remove it"))
+        elif name == "wandb.login" and not updated.args:
+            self.notes.append((True, "wandb.login() prompts when WANDB_API_KEY is unset, which hangs under "
+                                     "torchrun: set WANDB_API_KEY in the environment"))
         elif name.endswith("drive.mount") or name.endswith("userdata.get"):
             # Colab serves these through the notebook kernel; a torchrun child process has none.
             self.notes.append((True, f"{name}() works only inside the Colab kernel: mount Drive or read "
@@ -290,10 +295,10 @@ def is_main_only(stmt: cst.BaseStatement) -> bool:
 
 
 def is_login_prompt(stmt: cst.BaseStatement) -> bool:
-    """`notebook_login()` or a bare `login()`: both wait for a token typed by a person."""
+    """`notebook_login()` or a bare Hub `login()`: they wait for a token typed by a person."""
     call = _only_call(stmt)
     return (call is not None and isinstance(stmt.body[0], cst.Expr) and not call.args
-            and call_name(call).rsplit(".", 1)[-1] in ("notebook_login", "login"))
+            and call_name(call) in HUB_LOGINS)
 
 
 def is_setup(stmt: cst.BaseStatement) -> bool:

@@ -189,6 +189,19 @@ def test_review_flags_and_reload_barrier(tmp_path):
     assert src.index("dist.barrier()  # kit: every rank") < src.index("AutoModelForCausalLM.from_pretrained")
 
 
+def test_logins(tmp_path):
+    nb = make_nb(tmp_path, ["import wandb\nwandb.login()", "import huggingface_hub\nhuggingface_hub.login()",
+                            "from huggingface_hub import login\nlogin(token=os.environ['HF_TOKEN'])",
+                            "if True:\n    notebook_login()", *TRAIN])
+    conv = convert_notebook(nb)
+    changes = texts(conv)
+    assert "wandb.login()" in conv.source  # not a Hub login: kept, flagged
+    assert any(c.startswith("cell 1: REVIEW: wandb.login()") for c in changes)
+    assert any(c.startswith("cell 2: huggingface_hub.login() replaced") for c in changes)
+    assert "login(token=os.environ['HF_TOKEN'])" in conv.source and not any(c.startswith("cell 3") for c in changes)
+    assert any(c.startswith("cell 4: REVIEW: notebook_login() prompts") for c in changes)
+
+
 def test_training_args_call_without_keywords_is_completed(tmp_path):
     nb = make_nb(tmp_path, ["from transformers import TrainingArguments, Trainer\n"
                             "args = TrainingArguments('out', gradient_checkpointing=True, ddp_find_unused_parameters=True)\n"
