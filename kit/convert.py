@@ -154,6 +154,12 @@ def strip_magics(source: str, cell: int, changes: list[Change], dropped: list[st
         shown = ", ".join(f"`{d[:50]}`" for d in here)
         changes.append(Change(cell, f"dropped {shown}: shell commands and IPython magics are not Python; "
                                     "run them before torchrun"))
+    # These change the state the code below runs in; dropping them silently would change its meaning.
+    for line in here:
+        if line.split(maxsplit=1)[0] in ("%env", "%set_env", "%cd"):
+            changes.append(Change(cell, f"`{line[:60]}` was dropped but the code may depend on it: set the "
+                                        "variable or folder before launching, or in Python (os.environ, os.chdir)",
+                                  review=True))
     return "\n".join(kept) + "\n"
 
 

@@ -166,6 +166,9 @@ def test_magics_dropped_and_line_numbers_kept(tmp_path):
     conv = convert_notebook(nb)
     assert "echo hi" not in conv.source and "pip" not in conv.source.split(TRIPLE, 2)[2]
     assert any(c.startswith("cell 1: dropped the whole cell: `%%bash`") for c in texts(conv))
+    env = convert_notebook(make_nb(tmp_path, ["%env WANDB_PROJECT=ha\n%cd /kaggle/working", *TRAIN], "env.ipynb"))
+    assert any(c.startswith("cell 1: REVIEW: `%env WANDB_PROJECT=ha` was dropped") for c in texts(env))
+    assert any(c.startswith("cell 1: REVIEW: `%cd /kaggle/working` was dropped") for c in texts(env))
     bad = make_nb(tmp_path, ["%pip install x\n\nmodel?", *TRAIN], "bad.ipynb")
     with pytest.raises(UsageError, match=r"cell 1, line 3: .*'model\?'"):
         convert_notebook(bad)
