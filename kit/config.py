@@ -92,10 +92,11 @@ class RunConfig:
 
 _SECTIONS = {"lora": LoraConfig, "data": DataConfig}
 # (type accepted, allows None). bool is an int subclass, so it is refused for int/float fields.
-_POSITIVE = {"seq_len", "per_device_batch", "global_batch", "epochs", "max_steps", "learning_rate",
+# learning_rate may be 0: a smoke run with it must be able to show "LoRA weights unchanged".
+_POSITIVE = {"seq_len", "per_device_batch", "global_batch", "epochs", "max_steps",
              "save_steps", "save_every_minutes", "keep_checkpoints", "time_budget_minutes",
              "logging_steps", "eval_steps", "lora.r", "lora.alpha"}
-_NON_NEGATIVE = {"warmup_steps", "weight_decay", "max_grad_norm"}
+_NON_NEGATIVE = {"warmup_steps", "weight_decay", "max_grad_norm", "learning_rate"}
 _CHOICES = {"method": METHODS, "backend": BACKENDS, "data.format": FORMATS, "optimizer": OPTIMIZERS,
             "precision": PRECISIONS, "lr_scheduler": SCHEDULERS, "gradient_checkpointing": CHECKPOINTING}
 _FINGERPRINT = ("model", "revision", "method", "lora.r", "lora.target_modules", "data.path",

@@ -91,6 +91,7 @@ class Job:
         self.cfg.output_dir, self.cfg.logging_steps, self.cfg.save_steps = folder, 1, 10**9
         self.cfg.save_every_minutes = 10**9
         self.cfg.eval_steps = None
+        self.cfg.warmup_steps = 0  # a warmup would make the one step's learning rate 0
         self.log(f"smoke: one optimizer step in {folder}")
 
     def _open_store(self) -> None:
@@ -168,8 +169,8 @@ class Job:
         with open(os.path.join(self.cfg.output_dir, "kit_sessions.jsonl"), "a") as f:
             f.write(line)
         if self.store is not None:
-            try:
-                self.store.append_text("kit/sessions.jsonl", line)
+            try:  # one writer per store (the lease), so read-then-write loses nothing
+                self.store.write_text("kit/sessions.jsonl", (self.store.read_text("kit/sessions.jsonl") or "") + line)
             except KitError as e:  # the checkpoint is what matters; a lost record is only a warning
                 print(f"[kit] warning: could not record the session in the store: {e}", file=sys.stderr)
 

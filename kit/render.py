@@ -68,4 +68,5 @@ def write(text: str, out: Path, force: bool) -> None:
     fd, tmp = tempfile.mkstemp(dir=out.parent or ".", prefix=f".{out.name}.", suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         f.write(text)
+    os.chmod(tmp, 0o644)  # mkstemp makes it 0600
     os.replace(tmp, out)

@@ -74,6 +74,10 @@ def choose(cfg, store, world_size: int, force: bool = False) -> Decision:
     """Rank 0's decision. Downloads from `store` into `cfg.output_dir` when the store is newer."""
     d = Decision()
     if cfg.resume == "never":
+        existing = local_checkpoints(cfg.output_dir)
+        if existing:
+            raise UsageError(f"resume=never, but {cfg.output_dir} holds checkpoints (newest checkpoint-{existing[0][0]}) "
+                             "that training would overwrite; use another output_dir or resume=auto")
         return d
     if cfg.resume != "auto":
         path = Path(cfg.resume)

@@ -9,12 +9,13 @@ gradient accumulation are settled again here; everything else the plan chose is 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import warnings
 from dataclasses import asdict, dataclass
 
 from kit import config
-from kit.errors import CannotTrain, UsageError
+from kit.errors import CannotTrain
 
 # transformers 5.2x renamed gradient_checkpointing to activation_checkpointing; the old names
 # still work and are the only ones older 5.x releases (e.g. 5.17) know, so kit keeps them.
@@ -89,23 +90,18 @@ def _precision(cfg, device, planned: str, notes: list) -> str:
     return chosen
 
 
-def batch_for_world(global_batch: int, per_device: int, world_size: int) -> int:
-    """Gradient accumulation that keeps `global_batch` = per_device × accumulation × world_size."""
-    if global_batch % (per_device * world_size):
-        raise UsageError(f"global batch {global_batch} is not a multiple of per-device batch {per_device} × "
-                         f"{world_size} processes; change global_batch or per_device_batch")
-    return global_batch // (per_device * world_size)
-
-
 def plan_for(ctx, cfg: config.RunConfig, planned: dict) -> RuntimePlan:
     """The rendered plan, settled for this device and this world size."""
     notes: list[str] = []
     if cfg.method == "qlora" and ctx.device.type != "cuda":
         raise CannotTrain("method=qlora needs a CUDA GPU (bitsandbytes 4-bit); on the CPU use method=lora")
     precision = _precision(cfg, ctx.device, planned.get("precision", "auto"), notes)
-    per_device = cfg.per_device_batch or planned["per_device_batch"]
-    global_batch = cfg.global_batch or planned.get("global_batch") or per_device * ctx.world_size
-    accum = batch_for_world(global_batch, per_device, ctx.world_size)
+    from kit.plan import batch_for_world
+
+    # Keep the global batch the plan was made for, whatever the number of processes now.
+    wanted = dataclasses.replace(cfg, global_batch=cfg.global_batch or planned.get("global_batch"))
+    per_device, accum, global_batch = batch_for_world(
+        wanted, cfg.per_device_batch or planned["per_device_batch"], ctx.world_size)
     backend = planned.get("backend", "transformers")
     if cfg.backend != "auto":
         backend = cfg.backend

@@ -1,0 +1,1 @@
+"""One module per `kit` subcommand; kit/cli.py is the registry."""

@@ -1,0 +1,44 @@
+"""Run the generated train_ddp.py for real: under `python` or `torchrun` (gloo, CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "train_ddp.py"
+
+
+def cpu_env(**extra) -> dict:
+    env = dict(os.environ)
+    env.update(CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", KIT_PLATFORM="local")
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def torchrun_cmd(script=SCRIPT, nproc: int = 2) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(script)]
+
+
+def run(cmd: list[str], *, timeout: float = 300, env: dict | None = None, cwd=ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=cwd, env=env or cpu_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def train(args: list[str], *, nproc: int = 2, timeout: float = 300, env: dict | None = None,
+          script=SCRIPT) -> subprocess.CompletedProcess:
+    """`torchrun … train_ddp.py ARGS` (nproc > 1) or `python train_ddp.py ARGS`."""
+    cmd = torchrun_cmd(script, nproc) if nproc > 1 else [sys.executable, str(script)]
+    return run(cmd + list(args), timeout=timeout, env=env)
+
+
+def losses(ckpt: Path) -> list[tuple[int, float]]:
+    history = json.loads((Path(ckpt) / "trainer_state.json").read_text())["log_history"]
+    return [(h["step"], h["loss"]) for h in history if "loss" in h]
+
+
+# Fast settings for the tiny default: no periodic eval, a log line every step.
+FAST = ["eval_steps=null", "logging_steps=1"]

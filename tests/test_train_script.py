@@ -1,0 +1,183 @@
+"""The generated train_ddp.py, run for real on the tiny default: torchrun with 2 gloo ranks on
+the CPU, plain python, smoke mode, a failing rank, and bad input."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from tests.scripts import FAST, ROOT, SCRIPT, cpu_env, losses, run, torchrun_cmd, train
+
+
+def _tree_digest(folder: Path) -> dict[str, str]:
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_torchrun_two_ranks_train_save_and_tear_down(tmp_path):
+    out = tmp_path / "run"
+    r = train([f"output_dir={out}", "max_steps=8", "save_steps=4", *FAST])
+    log = r.stdout + r.stderr
+    assert r.returncode == 0, log[-3000:]
+    assert "destroy_process_group() was not called" not in log
+    # Only rank 0 talks: one outcome line, not one per rank.
+    assert log.count("[kit] complete: step 8 of 8") == 1
+    assert "2 × cpu" in log
+    for step in (4, 8):
+        ckpt = out / f"checkpoint-{step}"
+        names = {p.name for p in ckpt.iterdir()}
+        # Both ranks' RNG states (each rank writes its own), everything else once, sealed by rank 0.
+        assert {"rng_state_0.pth", "rng_state_1.pth", "adapter_model.safetensors", "optimizer.pt",
+                "kit_manifest.json", "trainer_state.json"} <= names
+    trace = losses(out / "checkpoint-8")
+    assert [s for s, _ in trace] == list(range(1, 9))
+    assert trace[-1][1] < trace[0][1], f"loss did not go down: {trace}"
+
+
+def test_single_process_python(tmp_path):
+    out = tmp_path / "run"
+    r = train([f"output_dir={out}", "max_steps=4", "save_steps=2", *FAST], nproc=1)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert "1 × cpu" in r.stdout and "accumulation 2" in r.stdout  # global batch 16 kept with 1 process
+    assert (out / "checkpoint-4" / "rng_state.pth").exists()
+
+
+def test_a_rank_that_raises_ends_the_job_without_a_hang(tmp_path):
+    # A wrapper that runs the real script with one extra callback raising on rank 1 at step 2,
+    # standing in for an out-of-memory error or a bad batch on one GPU.
+    wrapper = tmp_path / "fail_rank1.py"
+    wrapper.write_text(f"""
+import os, sys
+sys.path.insert(0, {str(ROOT)!r})
+from transformers import TrainerCallback
+import kit.job
+
+class Boom(TrainerCallback):
+    def on_step_end(self, args, state, control, **kw):
+        if os.environ["RANK"] == "1" and state.global_step == 2:
+            raise RuntimeError("rank 1 failed on purpose")
+
+_callbacks = kit.job.Job.callbacks
+kit.job.Job.callbacks = lambda self, model: _callbacks(self, model) + [Boom()]
+import runpy
+sys.argv = [{str(SCRIPT)!r}] + sys.argv[1:]
+runpy.run_path({str(SCRIPT)!r}, run_name="__main__")
+""")
+    started = time.monotonic()
+    r = run(torchrun_cmd(wrapper) + [f"output_dir={tmp_path / 'run'}", "max_steps=50", *FAST], timeout=120)
+    took = time.monotonic() - started
+    assert r.returncode != 0
+    assert "rank 1 failed on purpose" in r.stderr
+    assert took < 60, f"the job took {took:.0f} s to end after a rank failed"
+
+
+def test_smoke_passes_on_the_default():
+    r = train(["--smoke"])
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    for rung in ("loss finite and non-zero", "grad norm > 0 at step 1", "LoRA weights changed",
+                 "frozen base weights unchanged"):
+        assert f"[ok] {rung}" in r.stdout
+    assert "rank 0: cpu, rank 1: cpu" in r.stdout
+    assert "smoke passed" in r.stdout
+
+
+def test_smoke_fails_when_nothing_learns():
+    r = train(["--smoke", "learning_rate=0", "warmup_steps=0"], nproc=1)
+    assert r.returncode != 0
+    assert "[FAIL] LoRA weights changed" in r.stdout
+    assert "smoke FAILED at rung 'LoRA weights changed': LoRA weights unchanged" in r.stdout
+
+
+def test_smoke_leaves_earlier_output_alone(tmp_path):
+    out = tmp_path / "run"
+    assert train([f"output_dir={out}", "max_steps=2", "save_steps=2", *FAST], nproc=1).returncode == 0
+    before = _tree_digest(out)
+    assert train(["--smoke", f"output_dir={out}"], nproc=1).returncode == 0
+    assert _tree_digest(out) == before
+
+
+def _error_line(r) -> str:
+    lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+    assert "Traceback" not in r.stderr, r.stderr[-2000:]
+    return lines[-1]
+
+
+@pytest.fixture
+def finished_run(tmp_path):
+    """An output folder holding a finished 2-step run, to prove bad input never touches it."""
+    out = tmp_path / "run"
+    r = train([f"output_dir={out}", "max_steps=2", "save_steps=2", *FAST], nproc=1)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return out
+
+
+@pytest.mark.parametrize("args, code, words", [
+    (["data.path=missing.jsonl"], 2, "data file missing.jsonl does not exist"),
+    (["data.path={empty}"], 2, "is empty"),
+    (["data.path={odd}", "data.format=auto"], 2, "match no format"),
+    (["seq_len=4096"], 2, "longer than models/tiny-qwen3's max_position_embeddings=1024"),
+    (["model=nobody/no-such-model"], 2, "could not be loaded"),
+    (["method=qlora"], 3, "method=qlora needs a CUDA GPU"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, code, words):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    odd = tmp_path / "odd.jsonl"
+    odd.write_text('{"question": "q", "answer": "a"}\n' * 5)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    args = [a.format(empty=empty, odd=odd) for a in args]
+    r = train([f"output_dir={out}", "max_steps=4", *args], nproc=1)
+    assert r.returncode == code, r.stderr[-2000:]
+    line = _error_line(r)
+    assert line.startswith("error: ") and words in line, line
+    if "odd" in str(args):
+        assert "['answer', 'question']" in line and "messages: messages" in line
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+@pytest.mark.parametrize("change, words", [
+    ("data.path=data/other.jsonl", "data.path: 'data/ha_commands.jsonl' (checkpoint) != 'data/other.jsonl'"),
+    ("lora.r=8", "lora.r: 16 (checkpoint) != 8"),
+])
+def test_a_checkpoint_of_another_job_is_refused_and_kept(finished_run, change, words):
+    before = _tree_digest(finished_run)
+    r = train([f"output_dir={finished_run}", "max_steps=4", change], nproc=1)
+    assert r.returncode == 2
+    line = _error_line(r)
+    assert "was written for a different job" in line and words in line and "--force" in line, line
+    assert _tree_digest(finished_run) == before
+
+
+def test_resume_never_refuses_to_overwrite_checkpoints(finished_run):
+    before = _tree_digest(finished_run)
+    r = train([f"output_dir={finished_run}", "max_steps=4", "resume=never"], nproc=1)
+    assert r.returncode == 2
+    assert "holds checkpoints" in _error_line(r)
+    assert _tree_digest(finished_run) == before
+
+
+def test_smoke_qlora_on_cpu_is_refused():
+    r = train(["--smoke", "method=qlora"], nproc=1)
+    assert r.returncode == 3
+    assert "method=qlora needs a CUDA GPU" in _error_line(r)
+
+
+def test_checkpoint_adapter_loads_in_plain_peft(tmp_path):
+    """What kit saves is a standard PEFT adapter: plain transformers + peft can load it."""
+    out = tmp_path / "run"
+    assert train([f"output_dir={out}", "max_steps=2", "save_steps=2", *FAST], nproc=1).returncode == 0
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(ROOT / "models" / "tiny-qwen3")
+    model = PeftModel.from_pretrained(base, out / "checkpoint-2")
+    saved = load_file(out / "checkpoint-2" / "adapter_model.safetensors")
+    assert saved and any("lora_B" in k for k in saved)
+    assert model.peft_config["default"].r == 16

@@ -1,0 +1,162 @@
+"""Fine-tune models/tiny-qwen3 with LoRA, written by `kit render` from configs/default.yaml.
+
+Run it (from the folder that holds the `kit` package):
+
+    torchrun --standalone --nproc_per_node=2 train_ddp.py    # the plan: DDP over 2 GPUs (Tesla T4), fp16
+    python train_ddp.py                                   # one process: one GPU, or the CPU
+    python train_ddp.py --smoke                           # one optimizer step, then checks
+    torchrun --standalone --nproc_per_node=2 train_ddp.py max_steps=400 save_steps=10
+    python train_ddp.py --config other.yaml               # other settings, same flow
+
+The run saves a checkpoint every save_steps steps and every save_every_minutes minutes, pushes it
+to the store in the background (rank 0 only), and stops cleanly before the session's deadline.
+Run the same command again to resume where it stopped, from the local output_dir or the store.
+Re-render after editing the config: python -m kit render --config configs/default.yaml -o train_ddp.py
+"""
+
+import os
+import sys
+
+from transformers import set_seed
+from trl import SFTConfig, SFTTrainer
+
+from kit import data, dist, modeling, runtime
+from kit.errors import KitError
+from kit.job import Job
+
+CONFIG_PATH = "configs/default.yaml"
+
+# The settings of configs/default.yaml, resolved by kit 0.1.0. `--config FILE` replaces them and
+# `key=value` arguments override them.
+SETTINGS = {
+    'model': 'models/tiny-qwen3',
+    'revision': None,
+    'method': 'lora',
+    'backend': 'auto',
+    'lora': {'r': 16, 'alpha': 32.0, 'dropout': 0.0, 'target_modules': 'all-linear'},
+    'data': {
+        'path': 'data/ha_commands.jsonl',
+        'format': 'messages',
+        'columns': {},
+        'split': 'train',
+        'eval_fraction': 0.1,
+        'max_duplicate_fraction': 0.05,
+        'allow_duplicates': False,
+    },
+    'seq_len': 256,
+    'per_device_batch': 8,
+    'global_batch': 16,
+    'epochs': 1.0,
+    'max_steps': 60,
+    'learning_rate': 0.002,
+    'lr_scheduler': 'cosine',
+    'warmup_steps': 5,
+    'weight_decay': 0.0,
+    'optimizer': 'auto',
+    'max_grad_norm': 1.0,
+    'precision': 'auto',
+    'gradient_checkpointing': 'off',
+    'output_dir': 'outputs/default',
+    'store': None,
+    'save_steps': 20,
+    'save_every_minutes': 30.0,
+    'keep_checkpoints': 3,
+    'time_budget_minutes': None,
+    'seed': 42,
+    'logging_steps': 5,
+    'eval_steps': 30,
+    'resume': 'auto',
+}
+
+# What `kit plan` chose for 2 × Tesla T4 (assumed: --gpus 2xT4). Precision and gradient accumulation are settled
+# again at start for the device and the number of processes this actually runs on.
+PLAN = {
+    'precision': 'fp16',
+    'strategy': 'ddp',
+    'device': 'cuda',
+    'nproc': 2,
+    'per_device_batch': 8,
+    'grad_accum': 1,
+    'global_batch': 16,
+    'gradient_checkpointing': False,
+    'backend': 'transformers',
+    'optimizer': 'adamw_torch',
+}
+
+
+def main(argv: list[str]) -> int:
+    args = runtime.parse_args(argv, CONFIG_PATH)
+    cfg = runtime.settings(SETTINGS, args)
+    ctx = dist.init()  # LOCAL_RANK -> this rank's device; nccl on GPUs, gloo on the CPU
+    ok = False
+    try:
+        plan = runtime.plan_for(ctx, cfg, PLAN)
+        job = Job(cfg, ctx, plan, smoke=args.smoke, force=args.force)
+        job.start()  # rank 0 finds the newest complete checkpoint (local, then store); all ranks agree
+        if job.complete:
+            ok = True
+            return 0
+
+        set_seed(cfg.seed)  # the same LoRA init on every rank and in every run
+        model, tokenizer = modeling.load(cfg, plan, ctx)  # 4-bit loads pinned to device_map={"": local_rank}
+        model = modeling.add_lora(model, cfg, plan)
+        job.log(modeling.trainable_summary(model))
+        dataset = data.prepare(cfg, tokenizer, is_main=ctx.is_main)
+        job.log(dataset.summary())
+
+        training_args = SFTConfig(
+            output_dir=cfg.output_dir,
+            max_steps=job.max_steps(len(dataset.train)),
+            per_device_train_batch_size=plan.per_device_batch,
+            per_device_eval_batch_size=plan.per_device_batch,
+            gradient_accumulation_steps=plan.grad_accum,
+            learning_rate=cfg.learning_rate,
+            lr_scheduler_type=cfg.lr_scheduler,
+            warmup_steps=cfg.warmup_steps,
+            weight_decay=cfg.weight_decay,
+            max_grad_norm=cfg.max_grad_norm,
+            optim=plan.optimizer,
+            bf16=plan.precision == "bf16",
+            fp16=plan.precision == "fp16",  # AMP with loss scaling: T4 and V100 have no native bf16
+            gradient_checkpointing=plan.gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False},
+            # Trainer turns this on for a PeftModel; with gradient checkpointing DDP then fails with
+            # "Expected to mark a variable ready only once" (huggingface/peft#313, trl#921).
+            ddp_find_unused_parameters=False,
+            max_length=cfg.seq_len,
+            completion_only_loss=True,  # the loss masks come from kit.data
+            save_strategy="steps",
+            save_steps=cfg.save_steps,
+            save_total_limit=cfg.keep_checkpoints,
+            logging_steps=cfg.logging_steps,
+            eval_strategy="steps" if cfg.eval_steps and dataset.eval is not None else "no",
+            eval_steps=cfg.eval_steps,
+            seed=cfg.seed + ctx.rank,  # each rank its own dropout masks
+            data_seed=cfg.seed,  # one shuffle for all ranks, so their shards don't overlap
+            report_to="none",
+            disable_tqdm=not ctx.is_main,
+            use_cpu=ctx.device.type == "cpu",
+        )
+        trainer = SFTTrainer(
+            model=model,
+            args=training_args,
+            train_dataset=dataset.train,
+            eval_dataset=dataset.eval,
+            processing_class=tokenizer,
+            callbacks=job.callbacks(model),
+        )
+        trainer.train(resume_from_checkpoint=job.resume_from)
+        code = job.finish(trainer)  # rank 0: last upload (blocking, with a timeout), outcome line
+        ok = True
+        return code
+    finally:
+        dist.teardown(ok)  # barrier only when this rank finished cleanly, then destroy_process_group
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except KitError as e:  # bad config, data, store or hardware: one line and its exit code
+        if os.environ.get("RANK", "0") == "0":
+            print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
