@@ -21,8 +21,8 @@ What it cannot convert safely it either refuses or flags:
 - Flagged as `# kit: REVIEW (cell N): …` above the statement and in the change list, because the
   script runs but a person should look: hard-coded `bf16=True` under `--precision auto`,
   `torch.cuda.is_bf16_supported()`, `display()`, `.generate()` on every rank, a `"cuda:0"`
-  literal, a `notebook_login()` nested in a block, Colab's `drive.mount()`/`userdata.get()`,
-  no TrainingArguments-like call.
+  literal, a `notebook_login()` nested in a block, `wandb.login()`, Colab's `drive.mount()` and
+  `userdata.get()`, a dropped `%env`/`%cd`, no TrainingArguments-like call.
 
 Cell numbers are 1-based positions among all of the notebook's cells, markdown included.
 """
