@@ -9,6 +9,7 @@ the network.
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
@@ -20,7 +21,7 @@ import time
 from kit import config, dist, resume
 from kit.callbacks import Checkpoints, Control, StopSignals
 from kit.deadline import session_deadline
-from kit.errors import KitError
+from kit.errors import KitError, StoreError
 
 FINAL_UPLOAD_TIMEOUT_S = 600.0
 
@@ -101,11 +102,19 @@ class Job:
         from kit.store import open_store
         from kit.sync import BackgroundSync
 
+        if self.cfg.store.startswith("hf://") and os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+            raise StoreError(f"store {self.cfg.store} is on the Hub, but HF_HUB_OFFLINE is set: unset it, "
+                             "or use a directory store")
         self.store = open_store(self.cfg.store)
-        self.lease = Lease(self.store, holder=f"{socket.gethostname()} pid {os.getpid()}")
-        self.lease.acquire()
-        self.sync = BackgroundSync(self.store, keep=self.cfg.keep_checkpoints, on_event=self.log)
+        self.lease = Lease(self.store).acquire()
+        self.lease.keep_alive()
+        atexit.register(self._release)  # also on a crash; only kill -9 leaves the lease to go stale
+        self.sync = BackgroundSync(self.store, keep=self.cfg.keep_checkpoints, on_event=self._sync_event)
         self.log(f"store: {self.store.describe()}")
+
+    def _sync_event(self, event: dict) -> None:
+        if event["event"] in ("published", "superseded", "failed", "retrying"):
+            self.log(f"store: step {event['step']} {event['event']}: {event['detail']}")
 
     # -- training ---------------------------------------------------------------------------
     def max_steps(self, n_train: int) -> int:
@@ -119,7 +128,7 @@ class Job:
         return self._max_steps
 
     def _save_cost_s(self) -> float:
-        upload = self.sync.last_upload_s if self.sync is not None else 0.0
+        upload = (self.sync.last_upload_s or 0.0) if self.sync is not None else 0.0
         seal = self._checkpoints.last_seal_s if self._checkpoints else 0.0
         return upload + seal
 

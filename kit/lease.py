@@ -32,6 +32,24 @@ def default_holder() -> str:
     return f"{socket.gethostname()} pid {os.getpid()}"
 
 
+def _dead_here(holder: str) -> bool:
+    """True when `holder` (as `default_holder` writes it) names a process of this host that is gone.
+
+    A run killed with kill -9 cannot release its lease; rerunning on the same machine must not
+    wait for the lease to go stale.
+    """
+    host, _, pid = holder.rpartition(" pid ")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, owned by another user
+        return False
+    return False
+
+
 def _iso(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(t))
 
@@ -61,6 +79,10 @@ class Lease:
         if not other or other.get("released") or other.get("id") == self.id:
             return True
         age = time.time() - float(other.get("heartbeat", 0))
+        if _dead_here(other.get("holder", "")):
+            log.warning("%s: taking over the lease of %s: that process no longer runs on this host",
+                        self.store.describe(), other.get("holder"))
+            return True
         if age > self.ttl_s:
             log.warning("%s: taking over the stale lease of %s (heartbeat %.0f s ago, ttl %.0f s)",
                         self.store.describe(), other.get("holder"), age, self.ttl_s)

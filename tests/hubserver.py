@@ -415,7 +415,9 @@ class _Handler(BaseHTTPRequestHandler):
             headers["X-Error-Message"] = error.message
             if error.code:
                 headers["X-Error-Code"] = error.code
-        self._send(status, json.dumps(obj).encode(), headers)
+        # A HEAD answer carries no body: writing one corrupts the next response on a kept-alive
+        # connection (seen with TRL's telemetry HEAD request).
+        self._send(status, json.dumps(obj).encode(), headers, head_only=self.command == "HEAD")
 
     def _repo_for(self, action: str, repo_id: str) -> Repo:
         level = self.hub.auth(self.headers.get("Authorization"))
