@@ -87,6 +87,12 @@ def test_non_mapping_and_missing_files(tmp_path):
     assert config.load(write(tmp_path, "# only a comment\n")) == config.RunConfig()
 
 
+def test_exponent_floats_without_a_dot(tmp_path):
+    # PyYAML (YAML 1.1) reads 2e-4 as the string "2e-4"; everyone writes learning rates that way.
+    assert config.load(write(tmp_path, "learning_rate: 2e-4\n")).learning_rate == 2e-4
+    assert config.load(None, ["weight_decay=1e-2"]).weight_decay == 0.01
+
+
 def test_round_trip_through_yaml(tmp_path):
     cfg = config.load(None, ["lora.target_modules=[q_proj]", "store=hf://me/ckpt", "gradient_checkpointing=on"])
     again = config.load(write(tmp_path, config.dump_yaml(cfg)))
