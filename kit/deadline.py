@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 from kit import platforms
 
-SAFETY_S = 60.0  # a margin for what we cannot measure (process exit, a slow last log line)
+# A margin for what we cannot measure (process exit, a slow last log line): 60 s, or a tenth of a
+# budget shorter than 10 minutes.
+SAFETY_S = 60.0
 
 
 def container_start(proc: str = "/proc") -> float | None:
@@ -35,13 +37,14 @@ def container_start(proc: str = "/proc") -> float | None:
 class Deadline:
     at: float | None  # epoch seconds; None: no deadline
     source: str       # words: where the budget and its start came from
+    safety_s: float = SAFETY_S
 
     def seconds_left(self, now: float | None = None) -> float:
         return float("inf") if self.at is None else self.at - (time.time() if now is None else now)
 
     def near(self, needed_s: float, now: float | None = None) -> bool:
         """True when less than `needed_s` (+ a safety margin) is left."""
-        return self.seconds_left(now) <= needed_s + SAFETY_S
+        return self.seconds_left(now) <= needed_s + self.safety_s
 
 
 def session_deadline(budget_minutes: float | None, platform: str | None = None,
@@ -53,7 +56,8 @@ def session_deadline(budget_minutes: float | None, platform: str | None = None,
     start = (container_start() or now) if hosted else now
     start_words = "the session start" if hosted and start != now else "this run's start"
     if budget_minutes is not None:
-        return Deadline(start + budget_minutes * 60, f"time_budget_minutes={budget_minutes:g} from {start_words}")
+        return Deadline(start + budget_minutes * 60, f"time_budget_minutes={budget_minutes:g} from {start_words}",
+                        min(SAFETY_S, budget_minutes * 6))
     hours = platforms.defaults(platform).session_hours
     if hours is None:
         return Deadline(None, f"no session limit known on {platform}")

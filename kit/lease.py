@@ -26,6 +26,7 @@ log = logging.getLogger("kit.lease")
 LEASE_NAME = "lease.json"
 LOCK_NAME = "lease.lock"
 _CAS_ATTEMPTS = 5
+ACQUIRE_BACKOFF_S = (1, 2, 4, 8, None)  # None: the last attempt
 
 
 def default_holder() -> str:
@@ -98,7 +99,17 @@ class Lease:
         if isinstance(self.store, DirStore):
             self._dir_acquire()
         else:
-            self._hub_write(check=self._judge)
+            # A Hub hiccup (5xx, 429, a timeout) as a session starts must not cost the session.
+            for wait in ACQUIRE_BACKOFF_S:
+                try:
+                    self._hub_write(check=self._judge)
+                    break
+                except TransientStoreError as err:
+                    if wait is None:
+                        raise
+                    log.warning("%s: taking the lease failed (%s); retrying in %.0f s",
+                                self.store.describe(), err, wait)
+                    time.sleep(wait)
         self.held = True
         log.info("%s: lease acquired by %s", self.store.describe(), self.holder)
         return self

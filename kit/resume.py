@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,6 +72,35 @@ def check_fingerprint(path: Path, cfg, force: bool, warnings: list) -> None:
     warnings.append(f"--force: resuming {path.name} despite: {words}")
 
 
+def _fetch_newer(output_dir, store, local_step: int | None, warnings: list) -> Path | None:
+    """Download the store's newest complete checkpoint if it is newer than `local_step`.
+
+    A checkpoint that fails to download or verify is skipped for the next older one (the store
+    logs why). Nothing local is deleted: an incomplete local folder of the same step is set aside.
+    """
+    if store is None:
+        return None
+    remote = store.latest_valid()
+    if remote is None or (local_step is not None and remote <= local_step):
+        return None
+    root = Path(output_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    staging = root / ".kit-download"
+    step = store.fetch_latest(staging)
+    if step is None or (local_step is not None and step <= local_step):
+        shutil.rmtree(staging, ignore_errors=True)
+        return None
+    if step != remote:
+        warnings.append(f"store checkpoint-{remote} did not verify; using checkpoint-{step}")
+    dest = root / f"checkpoint-{step}"
+    if dest.exists():
+        aside = dest.with_name(f"{dest.name}.incomplete-{int(time.time())}")
+        dest.rename(aside)
+        warnings.append(f"kept the incomplete local {dest.name} as {aside.name}")
+    staging.rename(dest)
+    return dest
+
+
 def choose(cfg, store, world_size: int, force: bool = False) -> Decision:
     """Rank 0's decision. Downloads from `store` into `cfg.output_dir` when the store is newer."""
     d = Decision()
@@ -86,14 +117,9 @@ def choose(cfg, store, world_size: int, force: bool = False) -> Decision:
         d.resume_from, d.source = str(path), "path"
     else:
         local = newest_local(cfg.output_dir, d.warnings)
-        remote_step = store.latest_valid() if store is not None else None
-        if remote_step is not None and (local is None or remote_step > local[0]):
-            dest = Path(cfg.output_dir) / f"checkpoint-{remote_step}"
-            if dest.exists():  # an incomplete local copy of the same step: set it aside, never delete it
-                dest.rename(dest.with_name(f"{dest.name}.incomplete"))
-                d.warnings.append(f"kept the incomplete local {dest.name} as {dest.name}.incomplete")
-            Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
-            d.resume_from, d.source = str(store.fetch(remote_step, dest)), "store"
+        fetched = _fetch_newer(cfg.output_dir, store, local[0] if local else None, d.warnings)
+        if fetched is not None:
+            d.resume_from, d.source = str(fetched), "store"
         elif local is not None:
             d.resume_from, d.source = str(local[1]), "local"
     if d.resume_from is None:

@@ -1,0 +1,211 @@
+"""Checkpoints that survive the cutoff, end to end: the real train_ddp.py under torchrun (2 gloo
+ranks), the real huggingface_hub client over HTTP against tests/hubserver.py, kill -9 of the
+whole job, a time budget, SIGTERM, a second writer, a failing server."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from tests.hubserver import WRITE_TOKEN, HubServer
+from tests.scripts import FAST, ROOT, SCRIPT, cpu_env, losses, torchrun_cmd, train
+
+STEPS = ["max_steps=24", "save_steps=3", "keep_checkpoints=2", *FAST]
+# For runs cut by a time budget: long enough (~20 s of steps) that a 4.2 s budget always cuts it.
+LONG = ["max_steps=200", "save_steps=10", "keep_checkpoints=2", *FAST]
+BUDGET = "time_budget_minutes=0.07"  # 4.2 s, less a 0.4 s safety margin and one step + save
+
+
+def assert_continuous(ckpt: Path, max_steps: int) -> None:
+    """Every step logged exactly once across the sessions: none repeated, none skipped."""
+    assert [s for s, _ in losses(ckpt)] == list(range(1, max_steps + 1))
+
+
+@pytest.fixture
+def server():
+    with HubServer(tokens={WRITE_TOKEN: "write"}) as s:
+        yield s
+
+
+def hub_env(server, **extra):
+    return cpu_env(HF_ENDPOINT=server.url, HF_TOKEN=WRITE_TOKEN, HF_HUB_OFFLINE="0",
+                   HF_HUB_DISABLE_TELEMETRY="1", **extra)
+
+
+def adapter(ckpt: Path) -> dict:
+    return load_file(Path(ckpt) / "adapter_model.safetensors")
+
+
+def assert_same_training(a: Path, b: Path) -> None:
+    la, lb = losses(a), losses(b)
+    assert [s for s, _ in lb] == [s for s, _ in la]
+    assert lb == la, "logged loss differs from the uninterrupted run"
+    wa, wb = adapter(a), adapter(b)
+    assert wa.keys() == wb.keys()
+    worst = max((wa[k] - wb[k]).abs().max().item() for k in wa)
+    assert worst <= 1e-6, f"final adapter differs by {worst}"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted run with the same seed, no store."""
+    out = tmp_path_factory.mktemp("reference") / "run"
+    r = train([f"output_dir={out}", *STEPS])
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out / "checkpoint-24"
+
+
+def start_job(args, env) -> subprocess.Popen:
+    # Its own process group, so one killpg takes down torchrun and both ranks: the whole job.
+    return subprocess.Popen(torchrun_cmd() + list(args), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def test_kill_9_at_random_moments_then_rerun_until_done(server, reference, tmp_path):
+    out = tmp_path / "run"
+    args = [f"output_dir={out}", "store=hf://me/ha-tiny", *STEPS]
+    env = hub_env(server)
+    server.throttle_bps = 2e6  # a 0.5 MB checkpoint takes ~0.25 s to upload: kills land mid-upload too
+    rng = random.Random(1234)
+    kills = 0
+    for attempt in range(10):
+        proc = start_job(args, env)
+        time.sleep(rng.uniform(7.0, 13.0))  # startup is ~6 s; saves and uploads follow every few 0.1 s
+        if proc.poll() is not None:
+            break  # finished before the kill
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        kills += 1
+        if attempt % 3 == 1:
+            shutil.rmtree(out, ignore_errors=True)  # a new session: resume must come from the Hub
+    assert kills >= 5
+    final = train(args, env=env)
+    log = final.stdout + final.stderr
+    assert final.returncode == 0, log[-3000:]
+    assert "resuming from step" in log or "already complete" in log
+    assert_same_training(reference, out / "checkpoint-24")
+    # The Hub holds the final checkpoint; a fresh machine would see the job as complete.
+    shutil.rmtree(out)
+    again = train(args, env=env)
+    assert again.returncode == 0 and "already complete: step 24 of 24" in again.stdout
+
+
+def test_time_budget_pauses_with_exit_0_and_the_rerun_finishes(server, tmp_path):
+    out = tmp_path / "run"
+    args = [f"output_dir={out}", "store=hf://me/budget", *LONG]
+    env = hub_env(server)
+    first = train([*args, BUDGET], env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "paused at step" in first.stdout and "run the same command to continue" in first.stdout
+    paused_step = int(first.stdout.split("paused at step ")[1].split()[0])
+    assert 0 < paused_step < 200
+    pushed = {p.split("/")[1] for p in server.files("me/budget") if p.startswith("checkpoints/")}
+    assert f"checkpoint-{paused_step}" in pushed  # the paused step is on the Hub, not only local
+    shutil.rmtree(out)
+    second = train(args, env=env)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"resuming from step {paused_step} (store" in second.stdout
+    assert "complete: step 200 of 200" in second.stdout
+    assert_continuous(out / "checkpoint-200", 200)
+
+
+def test_sigterm_saves_pushes_and_exits_0(server, tmp_path):
+    out = tmp_path / "run"
+    args = [f"output_dir={out}", "store=hf://me/sigterm", "max_steps=400", "save_steps=1000", *FAST]
+    proc = subprocess.Popen(torchrun_cmd() + args, cwd=ROOT, env=hub_env(server), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (out / "kit_started").exists() and not list(out.glob("checkpoint-*")):
+        # Wait for the first training step: the trainer's output_dir exists once it starts.
+        if out.is_dir() and any(out.iterdir()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    time.sleep(3)
+    os.killpg(proc.pid, signal.SIGTERM)  # what a platform sends before it kills
+    log, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, log[-3000:]
+    assert "paused at step" in log and "signal SIGTERM" in log
+    step = int(log.split("paused at step ")[1].split()[0])
+    assert f"checkpoints/checkpoint-{step}/kit_manifest.json" in server.files("me/sigterm")
+
+
+def test_a_second_writer_is_refused_naming_the_holder(server, tmp_path):
+    env = hub_env(server)
+    first = start_job([f"output_dir={tmp_path / 'a'}", "store=hf://me/shared", "max_steps=400",
+                       "save_steps=1000", *FAST], env)
+    try:
+        deadline = time.monotonic() + 60
+        while "kit/lease.json" not in server.files("me/shared") if "me/shared" in server.repos else True:
+            assert time.monotonic() < deadline, "first run never took the lease"
+            time.sleep(0.2)
+        second = train([f"output_dir={tmp_path / 'b'}", "store=hf://me/shared", "max_steps=4"], env=env, nproc=1)
+        assert second.returncode == 4
+        line = second.stderr.strip().splitlines()[-1]
+        assert line.startswith("error: store hf://me/shared is leased by ") and " pid " in line and "since" in line
+        assert not (tmp_path / "b").exists() or not list((tmp_path / "b").glob("checkpoint-*"))
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+
+
+@pytest.mark.parametrize("fault", [
+    dict(kind="status", status=503, times=3, method="POST", path="/commit/"),
+    dict(kind="status", status=429, times=2, method="POST", path="/commit/"),
+    dict(kind="hang", seconds=15, times=1, method="POST", path="/commit/"),
+    dict(kind="drop_upload", times=2, method="POST", path="/commit/"),
+])
+def test_a_failing_server_never_stops_training_nor_corrupts_resume(server, reference, tmp_path, fault):
+    out = tmp_path / "run"
+    args = [f"output_dir={out}", "store=hf://me/flaky", *STEPS]
+    env = hub_env(server)
+    server.inject(**fault)
+    r = train(args, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "complete: step 24 of 24" in r.stdout
+    assert_same_training(reference, out / "checkpoint-24")
+    # Whatever the server went through, a fresh machine resumes from a complete checkpoint.
+    shutil.rmtree(out)
+    again = train(args, env=env, nproc=1)
+    assert again.returncode == 0 and "already complete: step 24 of 24" in again.stdout
+
+
+def test_a_corrupt_download_falls_back_to_an_older_complete_checkpoint(server, reference, tmp_path):
+    out = tmp_path / "run"
+    env = hub_env(server)
+    args = [f"output_dir={out}", "store=hf://me/corrupt", *STEPS]
+    assert train([*args, "max_steps=12"], env=env).returncode == 0
+    shutil.rmtree(out)
+    # Every download of the newest checkpoint's adapter comes back with a flipped byte.
+    server.inject("flip_download", times=100, path="checkpoint-12/adapter_model")
+    r = train(args, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resuming from step 9 (store" in r.stdout  # 12 did not verify: the next older one
+    assert_same_training(reference, out / "checkpoint-24")
+
+
+def test_directory_store_resumes_after_the_local_copy_is_lost(tmp_path):
+    out, store = tmp_path / "run", tmp_path / "drive"
+    args = [f"output_dir={out}", f"store={store}", *LONG]
+    first = train([*args, BUDGET])
+    assert first.returncode == 0 and "paused at step" in first.stdout, first.stderr[-2000:]
+    shutil.rmtree(out)
+    second = train(args)
+    assert second.returncode == 0 and "(store:" in second.stdout, second.stderr[-2000:]
+    assert_continuous(out / "checkpoint-200", 200)
+
+
+def test_a_different_world_size_resumes_with_a_warning(tmp_path):
+    out = tmp_path / "run"
+    assert train([f"output_dir={out}", "max_steps=6", "save_steps=3", *FAST]).returncode == 0
+    r = train([f"output_dir={out}", "max_steps=9", "save_steps=3", *FAST], nproc=1)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "written by 2 processes, this run has 1" in r.stdout
+    assert "complete: step 9 of 9" in r.stdout
