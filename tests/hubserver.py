@@ -118,7 +118,8 @@ class HubServer:
         self.blobs: dict[str, bytes] = {}
         self.lock = threading.Lock()
         self.faults: list[Fault] = []
-        self.throttle_bps: float | None = None
+        self.throttle_bps: float | None = None  # shared by all connections, per direction
+        self._link_free: dict[str, float] = {}
         self.requests: list[tuple[str, str, int]] = []  # (method, path, status) log
         self.commit_delay_s = 0.0  # sleep inside the commit lock: widens race windows in tests
         # Files of at least this size are answered "lfs" at preupload (the client must then run with
@@ -162,6 +163,18 @@ class HubServer:
         with self.lock:
             self.faults.append(fault)
         return fault
+
+    def pace(self, nbytes: int, direction: str) -> None:
+        """Shared bandwidth limit per direction: parallel connections split ``throttle_bps``."""
+        bps = self.throttle_bps
+        if not bps:
+            return
+        with self.lock:
+            now = time.monotonic()
+            start = max(now, self._link_free.get(direction, 0.0))
+            end = self._link_free[direction] = start + nbytes / bps
+        if end > now:
+            time.sleep(end - now)
 
     def clear_faults(self) -> None:
         with self.lock:
@@ -387,10 +400,8 @@ class _Handler(BaseHTTPRequestHandler):
             if limit is not None and total >= limit:
                 return b"".join(chunks)
 
-    def _throttle(self, nbytes: int) -> None:
-        bps = self.hub.throttle_bps
-        if bps:
-            time.sleep(nbytes / bps)
+    def _throttle(self, nbytes: int, direction: str = "up") -> None:
+        self.hub.pace(nbytes, direction)
 
     def _drop(self) -> None:
         self.close_connection = True
@@ -573,7 +584,7 @@ class _Handler(BaseHTTPRequestHandler):
         for i in range(0, cut, 1 << 16):
             chunk = body_out[i:min(i + (1 << 16), cut)]
             self.wfile.write(chunk)
-            self._throttle(len(chunk))
+            self._throttle(len(chunk), "down")
         if cut < len(body_out):
             self.wfile.flush()
             self._drop()

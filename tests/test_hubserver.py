@@ -1,6 +1,7 @@
 """The test Hub server speaks enough of the protocol for the real huggingface_hub client, and its
 failure injection does what it says. Everything here is real HTTP through HfApi."""
 
+import threading
 import time
 
 import httpx2
@@ -140,3 +141,18 @@ def test_throttle_limits_bandwidth(api, hub):
     t0 = time.monotonic()
     api.create_commit(REPO, [CommitOperationAdd("g", b"q" * 300_000)], commit_message="g")  # 400 kB as base64
     assert time.monotonic() - t0 > 0.35
+
+
+def test_throttle_is_shared_by_parallel_connections(api, hub):
+    api.create_repo(REPO)
+    api.create_commit(REPO, [CommitOperationAdd(n, b"w" * 300_000) for n in ("x", "y")], commit_message="xy")
+    hub.throttle_bps = 1_000_000
+    auth = {"Authorization": f"Bearer {WRITE_TOKEN}"}
+    threads = [threading.Thread(target=httpx2.get, args=(f"{hub.url}/{REPO}/resolve/main/{n}",),
+                                kwargs={"headers": auth}) for n in ("x", "y")]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert time.monotonic() - t0 > 0.5, "two 300 kB downloads share 1 MB/s"
