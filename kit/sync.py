@@ -39,6 +39,13 @@ log = logging.getLogger("kit.sync")
 STAGING = ".kit-staging"
 
 
+class SyncEvent(dict):
+    """An ``on_event`` payload: a dict (event, step, detail, time) that prints as one log line."""
+
+    def __str__(self) -> str:
+        return f"sync: step {self['step']} {self['event']} ({self['detail']})"
+
+
 @dataclass
 class _Job:
     step: int
@@ -211,7 +218,7 @@ class BackgroundSync:
         if self.on_event is None:
             return
         try:
-            self.on_event({"event": kind, "step": step, "detail": detail, "time": time.time()})
+            self.on_event(SyncEvent(event=kind, step=step, detail=detail, time=time.time()))
         except Exception:  # a broken callback must not stop uploads; it is logged, not hidden
             log.exception("on_event callback raised for %s of step %d", kind, step)
 

@@ -150,3 +150,14 @@ def test_keep_alive_records_a_lost_lease(tmp_path, caplog):
     assert "heartbeat on" in caplog.text
     lease.release()
     assert json.loads((tmp_path / "s/kit" / LOCK_NAME).read_text())["holder"] == "b", "not ours: left alone"
+
+
+def test_hub_lease_gives_up_when_the_repo_keeps_moving(hub, monkeypatch):
+    import kit.lease
+
+    monkeypatch.setattr(kit.lease, "ACQUIRE_BACKOFF_S", (0.01, None))
+    store = HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url)
+    store.ensure_repo()
+    hub.inject("status", status=412, times=100, method="POST", path="/commit/")
+    with pytest.raises(StoreError, match="kept changing"):
+        Lease(store, "x").acquire()

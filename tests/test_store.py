@@ -4,6 +4,7 @@ tests/hubserver.py reached by the real huggingface_hub client over real HTTP."""
 import json
 import logging
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -321,3 +322,96 @@ def test_unwritable_store_dir(tmp_path):
     assert err.value.exit_code == 4
     with pytest.raises(StoreError, match="not writable"):
         store.write_text("job.json", "{}")
+
+
+def test_vanilla_without_trainer_state_is_ignored_with_a_warning(tmp_path, caplog):
+    van = make_ckpt(tmp_path / "store", 3, manifest=False, vanilla_name="last-checkpoint")
+    (van / "trainer_state.json").unlink()
+    with caplog.at_level(logging.WARNING, "kit.store"):
+        assert DirStore(tmp_path / "store").latest_valid() is None
+    assert "has no trainer_state.json" in caplog.text
+
+
+def test_leftover_temp_folders_are_cleaned_after_an_hour(tmp_path):
+    store = DirStore(tmp_path / "store")
+    store.publish(make_ckpt(tmp_path / "l", 1), 1, keep=3)
+    ckpts = tmp_path / "store/checkpoints"
+    old, fresh = ckpts / ".tmp-checkpoint-7-aaaa", ckpts / ".trash-checkpoint-0-bbbb"
+    for d in (old, fresh):
+        d.mkdir()
+        (d / "optimizer.pt").write_bytes(b"x")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    store.publish(make_ckpt(tmp_path / "l", 2), 2, keep=3)
+    assert not old.exists() and fresh.exists(), "a fresh one may belong to a publish in progress"
+
+
+def test_full_disk_during_publish_is_a_store_error(tmp_path, monkeypatch):
+    """A full disk cannot be produced here, so the copy is made to fail with ENOSPC."""
+    import errno
+
+    import kit.store.directory as directory
+
+    store = DirStore(tmp_path / "store")
+    store.publish(make_ckpt(tmp_path / "l", 1), 1, keep=1)
+
+    def no_space(src, dst):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(directory, "_copy_fsync", no_space)
+    with pytest.raises(StoreError, match="No space left"):
+        store.publish(make_ckpt(tmp_path / "l", 2), 2, keep=1)
+    assert store.list_steps() == [1] and store.latest_valid() == 1
+    assert [p.name for p in (tmp_path / "store/checkpoints").iterdir()] == ["checkpoint-1"]
+
+
+def test_record_write_failure_is_a_store_error(tmp_path):
+    store = DirStore(tmp_path / "store")
+    (tmp_path / "store/kit/job.json").mkdir(parents=True)  # a folder where the record should go
+    with pytest.raises(StoreError, match="writing kit/job.json"):
+        store.write_text("job.json", "{}")
+    assert [p.name for p in (tmp_path / "store/kit").iterdir()] == ["job.json"], "no temp file left"
+
+
+def test_file_vanishing_during_a_fetch(backend, tmp_path):
+    store, kind, _ = backend
+    store.publish(make_ckpt(tmp_path / "l", 1), 1, keep=1)
+    snap = store._snapshot()
+    with pytest.raises(StoreError, match="vanished|not found \\(404\\)"):
+        store._download(["checkpoints/checkpoint-1/not-there.bin"], snap, tmp_path / "dl")
+
+
+def test_concurrent_writer_412_is_retried_then_given_up(hub, tmp_path, caplog):
+    store = HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url)
+    store.publish(make_ckpt(tmp_path, 1), 1, keep=2)
+    hub.inject("status", status=412, times=1, method="POST", path="/commit/")
+    with caplog.at_level(logging.INFO, "kit.store"):
+        store.publish(make_ckpt(tmp_path, 2), 2, keep=2)
+    assert "moved while publishing step 2" in caplog.text and store.latest_valid() == 2
+    hub.inject("status", status=412, times=10, method="POST", path="/commit/")
+    with pytest.raises(TransientStoreError, match="kept changing"):
+        store.publish(make_ckpt(tmp_path, 3), 3, keep=2)
+    assert store.list_steps() == [1, 2]
+
+
+def test_other_http_errors_are_one_line_store_errors(hub, tmp_path):
+    store = HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url)
+    store.ensure_repo()
+    hub.inject("status", status=400, method="POST", path="/commit/")
+    with pytest.raises(StoreError, match="publishing step 1 on hf://me/ckpts failed: HTTP 400") as err:
+        store.publish(make_ckpt(tmp_path, 1), 1, keep=1)
+    assert not isinstance(err.value, TransientStoreError)
+
+
+def test_a_client_factory_set_by_the_user_is_left_alone(hub):
+    import httpx2
+    from huggingface_hub.utils import _http as hf_http
+
+    def mine():
+        return httpx2.Client(timeout=7)
+
+    hf_http.set_client_factory(mine)
+    try:
+        HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url, timeout_s=1)
+        assert hf_http._GLOBAL_CLIENT_FACTORY is mine
+    finally:
+        hf_http.set_client_factory(hf_http.default_client_factory)

@@ -176,3 +176,28 @@ def test_manifest_can_be_built_in_the_worker(tmp_path):
     m = read_manifest(tmp_path / "back")
     assert m["world_size"] == 2 and m["fingerprint"] == {"model": "tiny"}
     assert not (src / "kit_manifest.json").exists(), "the training folder itself is not touched"
+
+
+def test_a_store_bug_is_recorded_not_lost(tmp_path, caplog):
+    class BuggyStore(DirStore):
+        def publish(self, local_ckpt_dir, step, keep):
+            raise KeyError("oops")
+
+    sync = BackgroundSync(BuggyStore(tmp_path / "s"), keep=1)
+    with caplog.at_level(logging.ERROR, "kit.sync"):
+        sync.submit(make_ckpt(tmp_path, 1), 1)
+        with pytest.raises(StoreError, match="unexpected KeyError"):
+            sync.wait(10)
+    assert "unexpected error publishing step 1" in caplog.text
+    sync.submit(make_ckpt(tmp_path, 2), 2)  # the worker thread is still alive
+    with pytest.raises(StoreError):
+        sync.wait(10)
+
+
+def test_events_print_as_one_line(tmp_path):
+    lines = []
+    sync = BackgroundSync(DirStore(tmp_path / "s"), keep=1, on_event=lambda e: lines.append(f"[kit] {e}"))
+    sync.submit(make_ckpt(tmp_path, 1), 1)
+    sync.close(10)
+    assert lines[0].startswith("[kit] sync: step 1 submitted (")
+    assert lines[-1].startswith("[kit] sync: step 1 published (")

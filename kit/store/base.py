@@ -106,6 +106,7 @@ class Store(ABC):
 
     def _vanilla_step(self, files: dict[str, int], snap: Snapshot) -> int | None:
         if "trainer_state.json" not in files:
+            log.warning("%s: %s/ has no trainer_state.json; ignoring it", self.describe(), VANILLA_DIR)
             return None
         raw = self._read_bytes(f"{VANILLA_DIR}/trainer_state.json", snap)
         try:

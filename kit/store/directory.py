@@ -12,6 +12,7 @@ import hashlib
 import logging
 import os
 import shutil
+import time
 import uuid
 from pathlib import Path
 
@@ -80,6 +81,7 @@ class DirStore(Store):
         existing = self.list_steps()
         doomed = steps_to_delete(existing, step, keep)
         ckpts = self._writable_dir(self.root / CKPT_DIR)
+        _remove_leftovers(ckpts)
         tmp = ckpts / f".tmp-checkpoint-{step}-{uuid.uuid4().hex[:8]}"
         try:
             tmp.mkdir()
@@ -124,6 +126,15 @@ class DirStore(Store):
         except OSError as err:
             tmp.unlink(missing_ok=True)
             raise StoreError(f"writing {record_path(name)} to {self.describe()} failed: {err}") from err
+
+
+def _remove_leftovers(ckpts: Path, older_than_s: float = 3600) -> None:
+    """Temp and trash folders left by a session that was cut mid-publish (one writer: the lease)."""
+    now = time.time()
+    for p in ckpts.glob(".*-checkpoint-*"):
+        if p.name.startswith((".tmp-", ".trash-")) and now - p.stat().st_mtime > older_than_s:
+            shutil.rmtree(p, ignore_errors=True)
+            log.info("removed %s, left behind by an interrupted publish", p)
 
 
 def _copy_fsync(src: Path, dst: Path) -> str:

@@ -90,7 +90,7 @@ class HubStore(Store):
             raise mapped from None
         except httpx2.TransportError as err:
             raise TransientStoreError(f"{action} on {self.describe()} failed: {type(err).__name__} "
-                                      f"({redact(str(err), self._token)[:200]})") from None
+                                      f"({redact(_first_line(err), self._token)[:200]})") from None
 
     def _http_error(self, err: HfHubHTTPError, action: str) -> StoreError:
         code = err.response.status_code if err.response is not None else None
@@ -108,7 +108,7 @@ class HubStore(Store):
             return StaleHead(f"{where} changed while we wrote to it (412)")
         if code in (408, 429) or (code is not None and code >= 500):
             return TransientStoreError(f"{action} on {where} failed: HTTP {code}")
-        return StoreError(f"{action} on {where} failed: HTTP {code}: {redact(str(err), self._token)[:200]}")
+        return StoreError(f"{action} on {where} failed: HTTP {code}: {redact(_first_line(err), self._token)[:200]}")
 
     def _need_token(self) -> None:
         if not self._token:
@@ -162,8 +162,11 @@ class HubStore(Store):
             with self._errors(f"downloading {path}"):
                 try:
                     self.api.hf_hub_download(self.repo_id, path, revision=snap.version, local_dir=dest_root)
+                except HfHubHTTPError:  # some of these are OSErrors too: map them by status first
+                    raise
                 except OSError as err:  # the client's size consistency check, a full disk
-                    raise StoreError(f"downloading {path} from {self.describe()} failed: {err}") from None
+                    raise StoreError(f"downloading {path} from {self.describe()} failed: "
+                                     f"{_first_line(err)}") from None
 
     def read_text(self, name: str) -> str | None:
         raw = self._read_bytes(record_path(name), self._snapshot())
@@ -220,3 +223,8 @@ class HubStore(Store):
                                  "a checkpoint that would not verify")
             ops.append(op)
         return ops
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
