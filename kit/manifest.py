@@ -35,6 +35,10 @@ def _versions() -> dict[str, str | None]:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             out[name] = None
+    if out["kit"] is None:  # run from a clone (`%run kit`), not pip-installed
+        import kit
+
+        out["kit"] = getattr(kit, "__version__", None)
     return out
 
 

@@ -26,7 +26,7 @@ def test_build_lists_files_with_size_and_sha256(ckpt):
     assert m["step"] == 12 and m["world_size"] == 2 and m["fingerprint"]["lora.r"] == 16
     assert m["extra"] == {"loss": 1.5} and m["created_at"].endswith("Z")
     assert set(m["versions"]) == {"kit", "torch", "transformers", "peft", "trl"}
-    assert m["versions"]["torch"] is not None
+    assert m["versions"]["torch"] is not None and m["versions"]["kit"] is not None
 
 
 def test_write_is_atomic_and_excludes_itself(ckpt):
