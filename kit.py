@@ -15,13 +15,7 @@ if _here not in sys.path:
 if getattr(sys.modules.get("kit"), "__file__", None) == os.path.abspath(__file__):
     del sys.modules["kit"]
 
-from kit.cli import main  # noqa: E402
+from kit.cli import finish_in_script, main  # noqa: E402
 
 if __name__ == "__main__":
-    _code = main(sys.argv[1:])
-    # `%run` copies this script's globals into the notebook: leave bootstrap's results there.
-    _last = getattr(sys.modules.get("kit.commands.bootstrap"), "LAST", None)
-    if _last:
-        facts, verdicts = _last["facts"], _last["verdicts"]
-    if _code:
-        raise SystemExit(_code)
+    finish_in_script(main(sys.argv[1:]), globals())

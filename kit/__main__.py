@@ -2,10 +2,7 @@
 
 import sys
 
-from kit.cli import main
+from kit.cli import finish_in_script, main
 
 if __name__ == "__main__":
-    code = main(sys.argv[1:])
-    # In IPython (`%run -m kit`), SystemExit(0) is noise; only a failure is worth raising.
-    if code:
-        sys.exit(code)
+    finish_in_script(main(sys.argv[1:]), globals())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from kit.errors import EXIT_USAGE, KitError
@@ -61,3 +62,28 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `kit probe --json | head`: the reader left. Point stdout at devnull so the interpreter's
+        # own flush at exit does not raise again (the recipe in Python's signal docs).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def finish_in_script(code: int, namespace: dict) -> None:
+    """End `%run kit …` / `%run -m kit …`: leave bootstrap's results in the notebook, then exit.
+
+    `%run` copies the script's globals into the notebook, so `facts`, `verdicts` and `plan` go
+    into `namespace`. A CPU-only machine still runs the tiny default, so in a notebook kernel its
+    exit 3 is only reported, not raised: SystemExit would stop a papermill run right there.
+    """
+    last = getattr(sys.modules.get("kit.commands.bootstrap"), "LAST", None) or {}
+    for name in ("facts", "verdicts", "plan"):
+        if last.get(name) is not None:
+            namespace[name] = last[name]
+    from kit.report import in_notebook_kernel
+
+    if code == 3 and last.get("cpu_only") and in_notebook_kernel():
+        print("(no GPU here: continuing on the CPU, which is only fit for the tiny default)")
+        return
+    if code:
+        raise SystemExit(code)

@@ -12,9 +12,11 @@ import sys
 _GIB = 2**30
 
 
-def to_json(facts, verdicts=None, next_steps: list[str] | None = None) -> str:
-    """One JSON object: the facts, plus `verdicts` and `next` when given."""
+def to_json(facts, verdicts=None, next_steps: list[str] | None = None, plan=None) -> str:
+    """One JSON object: the facts, plus `verdicts`, `plan` and `next` when given."""
     d = facts.to_dict()
+    if plan is not None:
+        d["plan"] = plan.to_dict()
     if verdicts is not None:
         d["verdicts"] = verdicts.to_dict()
     if next_steps is not None:
@@ -63,18 +65,28 @@ def in_notebook_kernel() -> bool:
     return getattr(shell, "kernel", None) is not None
 
 
-def show(facts, verdicts=None, next_steps: list[str] | None = None, as_json: bool = False) -> None:
-    """Print the report in the form that suits where it runs: JSON, HTML in a notebook, else text."""
+def show(facts, verdicts=None, next_steps: list[str] | None = None, as_json: bool = False, plan=None) -> None:
+    """Print the report in the form that suits where it runs: JSON, HTML in a notebook, else text.
+
+    With a plan (bootstrap --config), the plan comes between the machine and the next steps.
+    """
     if as_json:
-        print(to_json(facts, verdicts, next_steps))
+        print(to_json(facts, verdicts, next_steps, plan))
     elif in_notebook_kernel():
         from IPython.display import HTML, display
 
-        display(HTML(to_html(facts, verdicts, next_steps)))
+        display(HTML(to_html(facts, verdicts, None if plan is not None else next_steps)))
         # Also as text, so papermill's output notebooks and logs read without rendering HTML.
         if verdicts is not None:
             repeat = verdicts.ok or verdicts.action in verdicts.summary
             print(verdicts.summary if repeat else f"{verdicts.summary}\nDo this: {verdicts.action}")
+        if plan is not None:
+            print(plan_to_text(plan))
+        for step in next_steps or []:
+            print(f"Next: {step}")
+    elif plan is not None:
+        print(to_text(facts, verdicts, None), end="")
+        print(plan_to_text(plan))
         for step in next_steps or []:
             print(f"Next: {step}")
     else:
@@ -130,3 +142,33 @@ def _align(rows: list[list[str]]) -> list[str]:
 
 def _gib(n: int | None) -> str:
     return "?" if n is None else f"{n / _GIB:.2f} GiB"
+
+
+GIB = 2**30
+
+
+def plan_to_text(plan) -> str:
+    """The plan as aligned text: what, where, memory term by term, reasons, launch."""
+    where = f"{plan.nproc}× {plan.gpu}" if plan.device == "cuda" and plan.gpu else plan.gpu or plan.device
+    rows = [("strategy", plan.strategy)]
+    if plan.strategy != "none":
+        rows += [("device", where), ("precision", plan.precision), ("quantization", plan.quantization or "-"),
+                 ("backend", plan.backend), ("optimizer", plan.optimizer),
+                 ("gradient checkpointing", "on" if plan.gradient_checkpointing else "off"),
+                 ("batch", f"{plan.per_device_batch} per device × {plan.grad_accum} accumulation × "
+                           f"{plan.nproc} process(es) = {plan.global_batch}")]
+    lines = [f"plan for {plan.model} on {where}"]
+    lines += [f"  {k:<24}{v}" for k, v in rows]
+    terms = plan.memory.get("terms") or {}
+    if terms:
+        unit = "GPU" if plan.device == "cuda" else "process"
+        lines.append(f"{'memory per ' + unit + ' (estimate)':<38}{'GiB':>10}")
+        lines += [f"  {name:<36}{b / GIB:>10.2f}" for name, b in terms.items()]
+        lines.append(f"  {'total':<36}{plan.memory['per_gpu_bytes'] / GIB:>10.2f}"
+                     f"  of {plan.memory['budget_bytes'] / GIB:.2f}")
+        lines += [f"  ({note})" for note in plan.memory.get("notes", [])]
+    lines.append("reasons")
+    lines += [f"  - {r}" for r in plan.reasons]
+    if plan.launch:
+        lines.append(f"next: {plan.launch}")
+    return "\n".join(lines)

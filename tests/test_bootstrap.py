@@ -69,12 +69,30 @@ def test_exit_code_of_every_machine(name, code, capsys):
     assert main(["bootstrap", "--facts", machine(name)]) == code
 
 
-def test_config_and_overrides_are_accepted_and_result_is_kept(capsys):
-    assert main(["bootstrap", "--facts", machine("kaggle_t4x2"), "--config", "configs/x.yaml", "lora.r=8", "seq_len=512"]) == 0
+def test_config_plans_writes_the_script_and_keeps_the_result(tmp_path, capsys):
+    out = tmp_path / "train_ddp.py"
+    out.write_text("# my own edits\n")
+    args = ["bootstrap", "--facts", machine("kaggle_t4x2"), "--config", "configs/qwen3-8b-qlora-kaggle-t4x2.yaml",
+            "lora.r=8", "-o", str(out)]
+    assert main(args) == 0
     assert bootstrap.LAST["facts"].gpu_count == 2 and bootstrap.LAST["verdicts"].ok
-    assert bootstrap.LAST["next"] == ["torchrun --standalone --nproc_per_node=2 train_ddp.py"]
+    plan = bootstrap.LAST["plan"]
+    assert (plan.strategy, plan.nproc, plan.precision) == ("ddp", 2, "fp16")
+    assert bootstrap.LAST["next"] == [f"wrote {out} (the previous one is now train_ddp.py.prev); "
+                                      f"next: torchrun --standalone --nproc_per_node=2 {out}"]
+    script = out.read_text()
+    assert "'r': 8" in script and "ddp_find_unused_parameters=False" in script
+    assert (tmp_path / "train_ddp.py.prev").read_text() == "# my own edits\n"  # nothing lost
+    printed = capsys.readouterr().out
+    assert "plan for Qwen/Qwen3-8B" in printed and f"Next: wrote {out}" in printed
     assert main(["bootstrap", "--facts", "/nonexistent.json"]) == 2
     assert bootstrap.LAST == {}  # a failed run leaves no stale facts for the notebook
+
+
+def test_config_on_a_machine_that_cannot_train_writes_nothing(tmp_path):
+    out = tmp_path / "train_ddp.py"
+    code = main(["bootstrap", "--facts", machine("kaggle_p100"), "--config", "configs/default.yaml", "-o", str(out)])
+    assert code == 3 and not out.exists()
 
 
 def test_real_bootstrap_of_this_machine(tmp_path):

@@ -70,9 +70,9 @@ def test_bootstrap_of_this_machine_in_the_kernel(executed):
     text = _texts(executed.cells[2])
     here = _texts(executed.cells[3]).split()
     assert here[:2] == ["HERE", "True"]
-    if here[2] == "False":  # this machine cannot train (CPU only here): said, and exit code 3
-        assert "SystemExit: 3" in text
-        assert "CPU-slow" in text or "cannot" in text
+    if here[2] == "False":  # no GPU here: said, but the notebook goes on (the tiny default runs on CPU)
+        assert "SystemExit" not in text
+        assert "CPU-slow" in text and "continuing on the CPU" in text
 
 
 def test_kernel_never_imported_torch_nor_started_cuda(executed):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 from kit import config
+from kit.report import plan_to_text
 from kit.errors import CannotTrain, UsageError
 
 GIB = 2**30
@@ -61,28 +62,4 @@ def _facts(args):
 
 
 def _render(plan, as_json: bool) -> str:
-    if as_json:
-        return json.dumps(plan.to_dict(), indent=2)
-    where = f"{plan.nproc}× {plan.gpu}" if plan.device == "cuda" and plan.gpu else plan.gpu or plan.device
-    rows = [("strategy", plan.strategy)]
-    if plan.strategy != "none":
-        rows += [("device", where), ("precision", plan.precision), ("quantization", plan.quantization or "-"),
-                 ("backend", plan.backend), ("optimizer", plan.optimizer),
-                 ("gradient checkpointing", "on" if plan.gradient_checkpointing else "off"),
-                 ("batch", f"{plan.per_device_batch} per device × {plan.grad_accum} accumulation × "
-                           f"{plan.nproc} process(es) = {plan.global_batch}")]
-    lines = [f"plan for {plan.model} on {where}"]
-    lines += [f"  {k:<24}{v}" for k, v in rows]
-    terms = plan.memory.get("terms") or {}
-    if terms:
-        unit = "GPU" if plan.device == "cuda" else "process"
-        lines.append(f"{'memory per ' + unit + ' (estimate)':<38}{'GiB':>10}")
-        lines += [f"  {name:<36}{b / GIB:>10.2f}" for name, b in terms.items()]
-        lines.append(f"  {'total':<36}{plan.memory['per_gpu_bytes'] / GIB:>10.2f}"
-                     f"  of {plan.memory['budget_bytes'] / GIB:.2f}")
-        lines += [f"  ({note})" for note in plan.memory.get("notes", [])]
-    lines.append("reasons")
-    lines += [f"  - {r}" for r in plan.reasons]
-    if plan.launch:
-        lines.append(f"next: {plan.launch}")
-    return "\n".join(lines)
+    return json.dumps(plan.to_dict(), indent=2) if as_json else plan_to_text(plan)
