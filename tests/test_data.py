@@ -1,0 +1,129 @@
+"""kit.data: formats, loss masks, splits and the duplicate check, with the tiny model's tokenizer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from transformers import AutoTokenizer
+
+from kit import config, data
+from kit.errors import UsageError
+from tests.scripts import ROOT
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return AutoTokenizer.from_pretrained(ROOT / "models" / "tiny-qwen3")
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def cfg_for(path, **data_kw):
+    cfg = config.load(None, [f"data.path={path}", "seq_len=256", "data.eval_fraction=0"])
+    for k, v in data_kw.items():
+        setattr(cfg.data, k, v)
+    return cfg
+
+
+def trained_text(row, tok) -> str:
+    return tok.decode([t for t, m in zip(row["input_ids"], row["completion_mask"]) if m])
+
+
+def test_chat_masks_exactly_the_assistant_turns(tmp_path, tok):
+    rows = [{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+                          {"role": "assistant", "content": "hello"}, {"role": "user", "content": "bye"},
+                          {"role": "assistant", "content": "see you"}]}]
+    prepared = data.prepare(cfg_for(write_jsonl(tmp_path / "c.jsonl", rows)), tok)
+    assert prepared.format == "messages"
+    # Both assistant turns with their end-of-turn token, nothing of the system or user turns.
+    assert trained_text(prepared.train[0], tok) == "hello<|im_end|>\nsee you<|im_end|>\n"
+
+
+@pytest.mark.parametrize("row, fmt, trained", [
+    ({"instruction": "turn on the lights", "input": "kitchen", "output": "ok"}, "alpaca", "ok<|im_end|>\n"),
+    ({"prompt": "2+2=", "completion": "4"}, "prompt_completion", "4<|im_end|>\n"),
+    ({"text": "plain words"}, "text", "plain words"),
+])
+def test_each_format_trains_on_its_answer_only(tmp_path, tok, row, fmt, trained):
+    prepared = data.prepare(cfg_for(write_jsonl(tmp_path / "d.jsonl", [row] * 3)), tok)
+    assert prepared.format == fmt
+    assert trained_text(prepared.train[0], tok) == trained
+
+
+def test_column_mapping(tmp_path, tok):
+    rows = [{"question": "q?", "answer": "a!"}] * 3
+    cfg = cfg_for(write_jsonl(tmp_path / "m.jsonl", rows), columns={"prompt": "question", "completion": "answer"})
+    assert trained_text(data.prepare(cfg, tok).train[0], tok) == "a!<|im_end|>\n"
+
+
+def test_without_a_chat_template_instructions_use_a_plain_prompt(tmp_path, tok):
+    plain = AutoTokenizer.from_pretrained(ROOT / "models" / "tiny-qwen3")
+    plain.chat_template = None
+    rows = [{"instruction": "say ok", "output": "ok"}] * 3
+    prepared = data.prepare(cfg_for(write_jsonl(tmp_path / "a.jsonl", rows)), plain)
+    row = prepared.train[0]
+    assert plain.decode(row["input_ids"]).startswith("### Instruction:\nsay ok")
+    assert trained_text(row, plain) == "ok<|im_end|>"
+    chat = [{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}]
+    with pytest.raises(UsageError, match="has no chat template"):
+        data.prepare(cfg_for(write_jsonl(tmp_path / "c.jsonl", chat)), plain)
+
+
+def test_csv_and_parquet_and_folders(tmp_path, tok):
+    import datasets
+
+    ds = datasets.Dataset.from_list([{"prompt": f"p{i}", "completion": f"c{i}"} for i in range(6)])
+    ds.to_csv(tmp_path / "d.csv")
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    ds.to_parquet(folder / "a.parquet")
+    ds.to_parquet(folder / "b.parquet")
+    assert len(data.prepare(cfg_for(tmp_path / "d.csv"), tok).train) == 6
+    assert len(data.prepare(cfg_for(folder), tok).train) == 12
+
+
+def test_eval_split_and_duplicate_check(tmp_path, tok):
+    unique = [{"prompt": f"p{i}", "completion": f"c{i}"} for i in range(40)]
+    cfg = cfg_for(write_jsonl(tmp_path / "u.jsonl", unique), eval_fraction=0.25)
+    prepared = data.prepare(cfg, tok)
+    assert (len(prepared.train), len(prepared.eval), prepared.eval_duplicates) == (30, 10, 0)
+    dup = write_jsonl(tmp_path / "dup.jsonl", unique[:10] * 4)  # every row four times
+    with pytest.raises(UsageError, match=r"of 10 eval examples are exact duplicates of train examples"):
+        data.prepare(cfg_for(dup, eval_fraction=0.25), tok)
+    allowed = data.prepare(cfg_for(dup, eval_fraction=0.25, allow_duplicates=True), tok)
+    assert allowed.eval_duplicates == len(allowed.eval) == 10
+
+
+def test_rows_without_a_trainable_token_within_seq_len_are_dropped(tmp_path, tok):
+    rows = [{"prompt": "word " * 400, "completion": "late"}, {"prompt": "short", "completion": "ok"}]
+    prepared = data.prepare(cfg_for(write_jsonl(tmp_path / "long.jsonl", rows)), tok)
+    assert (len(prepared.train), prepared.dropped_too_long) == (1, 1)
+    assert all(len(r) <= 256 for r in prepared.train["input_ids"])
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "does not exist"),
+    ("", "is empty"),
+    ('{"a": 1, "b": 2}\n', "match no format"),
+    ("not json at all\n", "could not be read"),
+])
+def test_bad_files_are_one_line_usage_errors(tmp_path, tok, content, message):
+    path = tmp_path / "bad.jsonl"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(UsageError, match=message) as e:
+        data.prepare(cfg_for(path), tok)
+    assert "\n" not in str(e.value)
+
+
+def test_the_embedded_dataset(tok):
+    cfg = config.load(str(ROOT / "configs" / "default.yaml"))
+    cfg.data.path = str(ROOT / cfg.data.path)
+    prepared = data.prepare(cfg, tok)
+    assert prepared.format == "messages" and len(prepared.train) + len(prepared.eval) == 424
+    answer = trained_text(prepared.train[0], tok)
+    assert answer.startswith('{"service":') and answer.endswith("<|im_end|>\n")

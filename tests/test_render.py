@@ -1,0 +1,64 @@
+"""kit render: deterministic output, the repo's train_ddp.py is the render of the default config."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+
+from tests.scripts import ROOT
+
+
+def kit(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "kit", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_repo_train_ddp_is_the_render_of_the_default_config():
+    r = kit("render", "--config", "configs/default.yaml", "--gpus", "2xT4", "--stdout")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == (ROOT / "train_ddp.py").read_text(), "re-render train_ddp.py (see configs/default.yaml)"
+
+
+def test_the_script_reads_like_the_flow_it_runs():
+    text = (ROOT / "train_ddp.py").read_text()
+    ast.parse(text)
+    assert text.startswith('"""Fine-tune models/tiny-qwen3 with LoRA')
+    assert "torchrun --standalone --nproc_per_node=2 train_ddp.py" in text
+    assert "ddp_find_unused_parameters=False" in text and 'gradient_checkpointing_kwargs={"use_reentrant": False}' in text
+    assert "fp16=plan.precision == \"fp16\"" in text
+    order = [text.index(s) for s in ("dist.init()", "modeling.load(", "modeling.add_lora(", "data.prepare(",
+                                     "SFTTrainer(", "trainer.train(", "job.finish(", "dist.teardown(ok)")]
+    assert order == sorted(order)
+    assert "finally:\n        dist.teardown(ok)" in text
+
+
+def test_render_is_deterministic_and_never_overwrites_without_force(tmp_path):
+    out = tmp_path / "t.py"
+    assert kit("render", "--config", "configs/default.yaml", "--gpus", "1xA100", "-o", str(out)).returncode == 0
+    first = out.read_bytes()
+    assert kit("render", "--config", "configs/default.yaml", "--gpus", "1xA100", "-o", str(out)).returncode == 0
+    assert out.read_bytes() == first
+    r = kit("render", "--config", "configs/default.yaml", "--gpus", "2xT4", "-o", str(out))
+    assert r.returncode == 2 and "exists and differs; pass --force" in r.stderr
+    assert out.read_bytes() == first
+    assert kit("render", "--config", "configs/default.yaml", "--gpus", "2xT4", "-o", str(out), "--force").returncode == 0
+    assert out.read_bytes() != first
+
+
+def test_render_errors(tmp_path):
+    r = kit("render", "-o", str(tmp_path / "x.py"))
+    assert r.returncode == 2 and "needs --config" in r.stderr
+    r = kit("render", "--config", "configs/default.yaml", "--gpus", "2xP100", "-o", str(tmp_path / "x.py"))
+    assert r.returncode == 3 and not (tmp_path / "x.py").exists()
+    r = kit("render", "--config", "configs/default.yaml", "lora.rr=3", "-o", str(tmp_path / "x.py"))
+    assert r.returncode == 2 and "did you mean" in r.stderr
+
+
+def test_unsloth_plan_imports_unsloth_first():
+    from kit import config, render
+
+    cfg = config.load(str(ROOT / "configs" / "default.yaml"))
+    text = render.render(cfg, {"backend": "unsloth", "nproc": 1, "precision": "bf16", "strategy": "single"},
+                         "configs/default.yaml", "1 × H200")
+    body = text.split('"""', 2)[2]
+    assert body.lstrip().startswith("import unsloth")
