@@ -1,0 +1,37 @@
+"""`kit status`: what a job's store holds, how far the job is, its sessions and its lease.
+
+    kit status --config configs/default.yaml store=hf://me/ha-ckpts
+    kit status --config configs/default.yaml --json
+    kit status --config configs/default.yaml --plot progress.png
+"""
+
+from __future__ import annotations
+
+import json
+
+from kit import config
+
+
+def add_arguments(parser) -> None:
+    config.add_config_arguments(parser)
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object: latest_step, max_steps, complete, checkpoints, sessions, lease, store")
+    parser.add_argument("--plot", metavar="PNG", help="also draw progress across sessions (step against wall time) into PNG")
+
+
+def run(args) -> int:
+    from kit import status
+
+    cfg = config.from_args(args)
+    facts = status.gather(cfg)
+    if args.plot:
+        from kit import plots
+
+        facts["plot"] = str(plots.progress(facts["sessions"], args.plot, facts["max_steps"]))
+    if args.json:
+        print(json.dumps(facts, indent=2))
+    else:
+        print(status.format_text(facts))
+        if args.plot:
+            print(f"{'plot':<12} {facts['plot']}")
+    return 0

@@ -1,0 +1,195 @@
+"""How far a job is, as plain data: what its store (or output_dir) holds, its sessions, its lease.
+
+`gather(cfg)` reads; `format_text(status)` words it. Nothing here writes, and nothing imports
+torch, so `kit status` is safe in a notebook kernel next to a running job.
+
+Example:
+    >>> from kit import config, status
+    >>> s = status.gather(config.load("configs/default.yaml", ["store=hf://me/x"]))
+    >>> s["latest_step"], s["max_steps"], s["complete"]
+    (40, 200, False)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from kit import resume
+from kit.errors import StoreError
+
+log = logging.getLogger("kit.status")
+
+SESSIONS_LOCAL = "kit_sessions.jsonl"
+SESSIONS_STORE = "sessions.jsonl"
+
+
+def gather(cfg, now: float | None = None) -> dict:
+    """Facts about the job `cfg` describes.
+
+    Returns:
+        A JSON-able dict: ``store`` (its description, or None), ``output_dir``, ``checkpoints``
+        (steps present, ascending), ``latest_step`` (newest complete one, or None), ``max_steps``,
+        ``complete``, ``progress`` (0..1 or None), ``sessions`` (the session records, oldest
+        first), ``lease`` (holder, since, heartbeat, heartbeat_age_s, released; None when the job
+        never took one) and ``warnings``.
+    Raises:
+        StoreError, UsageError: the store cannot be opened or read.
+    """
+    now = time.time() if now is None else now
+    warnings: list[str] = []
+    if cfg.store:
+        facts = _from_store(cfg, now)
+    else:
+        facts = _from_output_dir(cfg, warnings)
+    # The same rule as resume.choose: the config's max_steps wins, so status agrees with the job.
+    state_max_steps = facts.pop("state_max_steps", None)
+    max_steps = cfg.max_steps or state_max_steps or _last_max_steps(facts["sessions"])
+    latest = facts["latest_step"]
+    facts.update(
+        output_dir=cfg.output_dir,
+        max_steps=max_steps,
+        complete=bool(max_steps) and latest is not None and latest >= max_steps,
+        progress=(min(1.0, (latest or 0) / max_steps) if max_steps else None),
+        warnings=warnings + facts.get("warnings", []),
+    )
+    return facts
+
+
+def _from_store(cfg, now: float) -> dict:
+    from kit.store import DirStore, open_store
+
+    store = open_store(cfg.store)
+    latest = store.latest_valid()
+    state = None
+    if latest is not None:
+        # The Store API has no public "read one file of a checkpoint"; trainer_state.json is small.
+        snap = store._snapshot()
+        raw = store._read_bytes(f"checkpoints/checkpoint-{latest}/trainer_state.json", snap)
+        state = _json(raw, f"checkpoint-{latest}/trainer_state.json")
+    if isinstance(store, DirStore):
+        # A directory lease is a lock file that release() deletes: absent means free.
+        lease_raw, released_if_absent = store.read_text("lease.lock"), True
+    else:
+        lease_raw, released_if_absent = store.read_text("lease.json"), False
+    return {
+        "store": store.describe(),
+        "checkpoints": store.list_steps(),
+        "latest_step": latest,
+        "state_max_steps": (state or {}).get("max_steps"),
+        "sessions": _records(store.read_text(SESSIONS_STORE)),
+        "lease": _lease(_json(lease_raw, "kit lease"), now, released_if_absent and lease_raw is None),
+    }
+
+
+def _from_output_dir(cfg, warnings: list) -> dict:
+    out = Path(cfg.output_dir)
+    newest = resume.newest_local(out, warnings)
+    state = None
+    if newest is not None:
+        state = _json(_read(newest[1] / "trainer_state.json"), f"{newest[1].name}/trainer_state.json")
+    return {
+        "store": None,
+        "checkpoints": sorted(step for step, _ in resume.local_checkpoints(out)),
+        "latest_step": newest[0] if newest else None,
+        "state_max_steps": (state or {}).get("max_steps"),
+        "sessions": _records(_read(out / SESSIONS_LOCAL)),
+        "lease": None,
+    }
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return Path(path).read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise StoreError(f"cannot read {path}: {err.strerror or err}") from None
+
+
+def _json(raw, what: str) -> dict | None:
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        log.warning("%s is not valid JSON; ignoring it", what)
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _records(text: str | None) -> list[dict]:
+    """Session records, oldest first; a torn last line (a cut write) is skipped, not fatal."""
+    out = []
+    for line in (text or "").splitlines():
+        rec = _json(line, "a session record") if line.strip() else None
+        if rec is not None:
+            out.append(rec)
+    return sorted(out, key=lambda r: r.get("started") or 0)
+
+
+def _last_max_steps(sessions: list[dict]) -> int | None:
+    return next((s["max_steps"] for s in reversed(sessions) if s.get("max_steps")), None)
+
+
+def _lease(record: dict | None, now: float, free: bool) -> dict | None:
+    if record is None:
+        return {"holder": None, "since": None, "heartbeat": None, "heartbeat_age_s": None,
+                "released": True} if free else None
+    beat = record.get("heartbeat")
+    return {"holder": record.get("holder"), "since": record.get("since"), "heartbeat": beat,
+            "heartbeat_age_s": round(now - beat, 1) if isinstance(beat, (int, float)) else None,
+            "released": bool(record.get("released"))}
+
+
+# -- words ------------------------------------------------------------------------------------
+def _when(t) -> str:
+    return time.strftime("%Y-%m-%d %H:%MZ", time.gmtime(t)) if isinstance(t, (int, float)) else "?"
+
+
+def _duration(seconds) -> str:
+    if not isinstance(seconds, (int, float)):
+        return "?"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def session_line(i: int, rec: dict) -> str:
+    """`#2  2026-12-02 13:20Z  host  40 → 200 of 200  complete  (12 s, 2 processes)`."""
+    span = (rec.get("ended") or 0) - (rec.get("started") or 0) if rec.get("ended") else None
+    return (f"#{i}  {_when(rec.get('started'))}  {rec.get('host', '?')}  {rec.get('start_step', '?')} → "
+            f"{rec.get('end_step', '?')} of {rec.get('max_steps', '?')}  {rec.get('outcome', '?')}  "
+            f"({_duration(span)}, {rec.get('world_size', '?')} processes)")
+
+
+def format_text(s: dict) -> str:
+    """A short aligned report of `gather()`'s dict."""
+    rows = [("store", s["store"] or f"none (local {s['output_dir']})")]
+    steps = s["checkpoints"]
+    shown = ", ".join(map(str, steps[-6:])) + (f" (+{len(steps) - 6} older)" if len(steps) > 6 else "")
+    rows.append(("checkpoints", shown or "none"))
+    latest, total = s["latest_step"], s["max_steps"]
+    if latest is None:
+        progress = f"not started (0 of {total or '?'} steps)"
+    elif total:
+        progress = f"step {latest} of {total} ({100 * s['progress']:.0f} %)"
+    else:
+        progress = f"step {latest}"
+    rows.append(("progress", progress + (" — complete" if s["complete"] else "")))
+    sessions = s["sessions"]
+    rows.append(("sessions", str(len(sessions)) if sessions else "none recorded"))
+    rows += [("", session_line(i, r)) for i, r in enumerate(sessions, 1)]
+    lease = s["lease"]
+    if lease is not None:
+        if lease["holder"] is None:
+            words = "free"
+        else:
+            state = "released" if lease["released"] else "HELD"
+            words = (f"{state}: {lease['holder']} since {_when(lease['since'])}, last heartbeat "
+                     f"{_duration(lease['heartbeat_age_s'])} ago")
+        rows.append(("lease", words))
+    rows += [("warning", w) for w in s.get("warnings", [])]
+    return "\n".join(f"{k:<12} {v}".rstrip() for k, v in rows)
