@@ -1,0 +1,229 @@
+"""`kit schedule` end to end: papermill runs notebooks/resume.ipynb in a real kernel, the real
+train_ddp.py trains under torchrun (2 gloo ranks) into a Hub store on tests/hubserver.py:
+paused by a time budget, resumed to completion on a "new machine", then already complete.
+Then `kit status` against that store, and every way a schedule is refused before it runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.hubserver import WRITE_TOKEN, HubServer
+from tests.scripts import FAST, ROOT, cpu_env
+
+pytest.importorskip("papermill")
+
+LONG = ["max_steps=200", "save_steps=10", "keep_checkpoints=2", *FAST]
+BUDGET = ["--time-budget", "0.07"]  # 4.2 s: a 200-step CPU run is always cut
+
+
+def hub_env(server_url: str, token: str = WRITE_TOKEN, **extra) -> dict:
+    return cpu_env(HF_ENDPOINT=server_url, HF_TOKEN=token, HF_HUB_OFFLINE="0", HF_HUB_DISABLE_TELEMETRY="1",
+                   **extra)
+
+
+def kit(args: list[str], env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kit", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def schedule_args(runs: Path, out: Path, store: str, *extra: str, nproc: int = 2) -> list[str]:
+    return ["schedule", "--config", "configs/default.yaml", "--runs-dir", str(runs), "--store", store,
+            "--nproc", str(nproc), *extra, *LONG, f"output_dir={out}"]
+
+
+def outcome_lines(stdout: str) -> list[str]:
+    return [line for line in stdout.splitlines() if line.startswith("run ")]
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def sequence(tmp_path_factory):
+    """Three scheduled runs against one Hub store; the second starts on a machine with no local files."""
+    tmp = tmp_path_factory.mktemp("schedule")
+    runs, out = tmp / "runs", tmp / "out"
+    with HubServer(tokens={WRITE_TOKEN: "write"}) as server:
+        env = hub_env(server.url)
+        args = schedule_args(runs, out, "hf://me/sched", *BUDGET)
+        first = kit(args, env)
+        shutil.rmtree(out)  # a new session: only the Hub remembers
+        # The first run goes through torchrun (2 gloo ranks), the others through plain python: both
+        # launch paths of the resume notebook, and a world-size change the job handles.
+        second = kit(schedule_args(runs, out, "hf://me/sched", nproc=1), env)
+        third = kit(schedule_args(runs, out, "hf://me/sched", "--loop", "--every", "0.01", "--max-runs", "3",
+                                  nproc=1), env)
+        status = kit(["status", "--config", "configs/default.yaml", *LONG, f"output_dir={out}",
+                      "store=hf://me/sched", "--json", "--plot", str(tmp / "progress.png")], env)
+        text = kit(["status", "--config", "configs/default.yaml", *LONG, f"output_dir={out}",
+                    "store=hf://me/sched"], env)
+        yield {"runs": runs, "out": out, "tmp": tmp, "results": [first, second, third], "status": status,
+               "text": text, "files": server.files("me/sched")}
+
+
+def test_first_run_pauses_second_completes_third_is_already_complete(sequence):
+    first, second, third = sequence["results"]
+    for r in (first, second, third):
+        assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert len(outcome_lines(first.stdout)) == 1
+    assert outcome_lines(first.stdout)[0].startswith("run 1: outcome: paused at step ")
+    assert outcome_lines(second.stdout)[0].startswith("run 1: outcome: complete: step 200 of 200")
+    # --loop stops at once: the job is complete
+    assert [line.split("  (")[0] for line in outcome_lines(third.stdout)] == [
+        "run 1: outcome: already complete: step 200 of 200"]
+    kept = sorted(sequence["runs"].glob("*.ipynb"))
+    assert len(kept) == 3 and all(p.name.endswith(("-1.ipynb", "-2.ipynb")) for p in kept)
+    assert not (sequence["runs"] / ".kit-schedule.lock").exists()
+    assert "*/30 * * * *" in first.stdout and "OnUnitActiveSec=30min" in first.stdout
+
+
+def test_each_run_notebook_keeps_the_training_output_and_one_outcome(sequence):
+    import nbformat
+
+    outcomes = []
+    for path in sorted(sequence["runs"].glob("*.ipynb")):
+        nb = nbformat.read(str(path), as_version=4)
+        text = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+        said = [line for line in text.splitlines() if line.startswith("outcome: ")]
+        assert len(said) == 1, path
+        outcomes.append(said[0].split(":")[1].strip().split()[0])
+        assert "[kit] plan:" in text and "$ " in text
+    assert sorted(outcomes) == ["already", "complete", "paused"]
+
+
+def test_status_json_after_the_sequence(sequence):
+    r = sequence["status"]
+    assert r.returncode == 0, r.stderr[-2000:]
+    s = json.loads(r.stdout)
+    assert s["store"] == "hf://me/sched" and s["complete"] is True
+    assert s["latest_step"] == 200 and s["max_steps"] == 200 and s["checkpoints"] == [190, 200]
+    # An "already complete" run trains nothing, so the job records no session for it.
+    assert [x["outcome"] for x in s["sessions"]] == ["paused", "complete"]
+    assert s["sessions"][1]["start_step"] == s["sessions"][0]["end_step"] > 0
+    assert s["lease"]["released"] is True and s["lease"]["holder"]
+    png = Path(s["plot"]).read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 1024
+
+
+def test_status_text_is_short_and_aligned(sequence):
+    r = sequence["text"]
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == ["store", "hf://me/sched"]
+    assert any(line.startswith("progress     step 200 of 200 (100 %) — complete") for line in lines)
+    assert any(line.startswith("lease        released: ") for line in lines)
+    assert len(lines) <= 12
+
+
+def test_the_scheduled_store_holds_the_records(sequence):
+    files = sequence["files"]
+    assert "checkpoints/checkpoint-200/kit_manifest.json" in files
+    assert len(files["kit/sessions.jsonl"].decode().splitlines()) == 2
+    assert json.loads(files["kit/lease.json"])["released"] is True
+
+
+# -- refused before anything runs ----------------------------------------------------------------
+@pytest.fixture
+def runs_with_a_notebook(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    old = runs / "20260101T000000Z-1.ipynb"
+    old.write_text("an earlier run")
+    return runs, old
+
+
+def _refused(r, code: int, *words: str) -> None:
+    assert r.returncode == code, (r.stdout + r.stderr)[-2000:]
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), r.stderr
+    for w in words:
+        assert w in err[0]
+
+
+def test_unreachable_hub_store_is_one_line_exit_4(runs_with_a_notebook, tmp_path):
+    runs, old = runs_with_a_notebook
+    env = hub_env(f"http://127.0.0.1:{closed_port()}")
+    r = kit(schedule_args(runs, tmp_path / "out", "hf://me/nowhere"), env, timeout=60)
+    _refused(r, 4, "hf://me/nowhere")
+    assert sorted(p.name for p in runs.iterdir()) == [old.name] and old.read_text() == "an earlier run"
+
+
+def test_unwritable_directory_store_is_one_line_exit_4(runs_with_a_notebook, tmp_path):
+    runs, old = runs_with_a_notebook
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    r = kit(schedule_args(runs, tmp_path / "out", str(blocker / "store")), cpu_env(), timeout=60)
+    _refused(r, 4, "not writable")
+    assert sorted(p.name for p in runs.iterdir()) == [old.name]
+
+
+@pytest.mark.parametrize("content, words", [
+    ("# just markdown\n", "invalid JSON"),
+    ('{"cells": 3}', "not a valid Jupyter notebook"),
+    (json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}), "tagged `parameters`"),
+])
+def test_notebook_that_is_not_a_resume_notebook(tmp_path, content, words):
+    bad = tmp_path / "bad.ipynb"
+    bad.write_text(content)
+    r = kit(schedule_args(tmp_path / "runs", tmp_path / "out", str(tmp_path / "store"), "--notebook", str(bad)),
+            cpu_env(), timeout=60)
+    _refused(r, 2, words)
+    assert not list((tmp_path / "runs").glob("*.ipynb"))
+
+
+def test_missing_notebook(tmp_path):
+    r = kit(schedule_args(tmp_path / "runs", tmp_path / "out", str(tmp_path / "store"), "--notebook",
+                          str(tmp_path / "nope.ipynb")), cpu_env(), timeout=60)
+    _refused(r, 2, "no such file")
+
+
+@pytest.mark.parametrize("override", ["HF_TOKEN=hf_FAKEtokenFORtestsONLY0123456789abcd",
+                                      "hub_token=abc", "data.path=hf_FAKEtokenFORtestsONLY0123456789abcd"])
+def test_token_as_a_parameter_is_refused_without_echoing_it(tmp_path, override):
+    r = kit(schedule_args(tmp_path / "runs", tmp_path / "out", str(tmp_path / "store"), override),
+            cpu_env(), timeout=60)
+    _refused(r, 2, "refusing to pass a token")
+    assert "FAKEtoken" not in r.stdout + r.stderr and "=abc" not in r.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_second_scheduler_on_the_same_runs_dir_refuses(tmp_path):
+    import os
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    # A live process of this host holds the lock: this test's own pid.
+    (runs / ".kit-schedule.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+    r = kit(schedule_args(runs, tmp_path / "out", str(tmp_path / "store")), cpu_env(), timeout=60)
+    _refused(r, 2, "another `kit schedule`", f"pid {os.getpid()}")
+    # A lock left by a dead process is taken over (print-cron exits before any run, so use the lock directly).
+    from kit.schedule import RunsLock
+
+    (runs / ".kit-schedule.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": 2**22 + 12345}))
+    with RunsLock(runs) as lock:
+        assert json.loads(lock.path.read_text())["pid"] == os.getpid()
+    assert not (runs / ".kit-schedule.lock").exists()
+
+
+def test_print_cron_only_prints(tmp_path):
+    r = kit(["schedule", "--config", "configs/default.yaml", "--runs-dir", str(tmp_path / "runs"), "--every", "90",
+             "--print-cron", "max_steps=20"], cpu_env(), timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "0 */1 * * *" in r.stdout and "OnUnitActiveSec=90min" in r.stdout and "EnvironmentFile=" in r.stdout
+    assert "--loop" not in r.stdout and "max_steps=20" in r.stdout
+    assert not (tmp_path / "runs").exists()
+
+
+def test_bad_numbers_are_refused(tmp_path):
+    r = kit(["schedule", "--config", "configs/default.yaml", "--every", "0"], cpu_env(), timeout=60)
+    _refused(r, 2, "--every must be positive")
