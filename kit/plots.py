@@ -131,7 +131,8 @@ def progress(sessions: list[dict], out_png, max_steps: int | None = None) -> Pat
         if outcome == "complete":
             mark(x1, y1, "*", "complete", color="gold", markersize=13, markeredgecolor="black")
         elif outcome:  # paused by the budget or a signal, killed, failed: the session was cut here
-            mark(x1, y1, "X", f"cutoff ({outcome})", color="tab:red", markersize=8)
+            color = "tab:red" if outcome == "paused" else "black"
+            mark(x1, y1, "X", f"cutoff ({outcome})", color=color, markersize=8)
     if max_steps:
         ax.axhline(max_steps, linestyle="--", color="grey", linewidth=1, label=f"max_steps {max_steps}")
     ax.set_xlabel("wall time (UTC)")
@@ -139,5 +140,10 @@ def progress(sessions: list[dict], out_png, max_steps: int | None = None) -> Pat
     ax.set_title(f"progress across {len(runs)} session{'s' if len(runs) != 1 else ''}")
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
-    fig.autofmt_xdate()
+    import matplotlib.dates as mdates
+
+    # Sessions can be seconds or days apart: let matplotlib pick the ticks, then label them briefly.
+    locator = mdates.AutoDateLocator()
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
     return _save(fig, out_png)
