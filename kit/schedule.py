@@ -147,8 +147,9 @@ def execute(plan: Plan, n: int, verbose: bool = False) -> tuple[str, Path]:
         papermill.execute_notebook(str(plan.notebook), str(out), parameters=plan.parameters,
                                    kernel_name="python3", cwd=str(plan.cwd), progress_bar=False,
                                    log_output=verbose, request_save_on_cell_execute=True)
-    except PapermillException as err:  # a cell raised: the notebook says why in its outcome line
-        error = f"failed: {type(err).__name__}: {str(err).strip().splitlines()[-1][:200] if str(err).strip() else ''}"
+    except PapermillException as err:  # a cell raised: the notebook's outcome line says why
+        lines = str(err).strip().splitlines()
+        error = f"failed: {type(err).__name__}: {lines[-1][:200] if lines else 'no message'}"
     except RuntimeError as err:  # the kernel died or could not start
         error = f"failed: the kernel stopped: {str(err).splitlines()[0][:200]}"
     outcome = outcome_of(out) if out.exists() else None

@@ -74,6 +74,10 @@ def run(args) -> int:
     if args.print_cron:
         print(units)
         return 0
+    if args.verbose:  # papermill streams cell output through its logger
+        import logging
+
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
     notebook = schedule.check_notebook(Path(args.notebook))
     where = schedule.check_store(cfg)
     print(f"schedule: {notebook} → {runs_dir}/; store: {where or f'none (local {cfg.output_dir})'}; "
