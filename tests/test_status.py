@@ -8,7 +8,6 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -43,7 +42,8 @@ def test_local_sessions_with_a_torn_last_line(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     recs = sessions((0, 40, "paused"), (40, 90, "paused"))
-    (out / "kit_sessions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in reversed(recs)) + '{"host": "x", "sta')
+    torn = '{"host": "x", "sta'
+    (out / "kit_sessions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in reversed(recs)) + torn)
     s = status.gather(config.load(None, [f"output_dir={out}", "max_steps=200"]))
     assert [r["end_step"] for r in s["sessions"]] == [40, 90]  # oldest first, torn line skipped
     text = status.format_text(s).splitlines()

@@ -14,9 +14,10 @@ from kit import config
 
 def add_arguments(parser) -> None:
     config.add_config_arguments(parser)
-    parser.add_argument("--json", action="store_true",
-                        help="print one JSON object: latest_step, max_steps, complete, checkpoints, sessions, lease, store")
-    parser.add_argument("--plot", metavar="PNG", help="also draw progress across sessions (step against wall time) into PNG")
+    parser.add_argument("--json", action="store_true", help="print one JSON object: latest_step, max_steps, "
+                        "complete, checkpoints, sessions, lease, store")
+    parser.add_argument("--plot", metavar="PNG",
+                        help="also draw progress across sessions (step against wall time) into PNG")
 
 
 def run(args) -> int:
