@@ -40,6 +40,7 @@ class Plan:
     runs_dir: Path
     parameters: dict
     cwd: Path = field(default_factory=Path.cwd)
+    run_timeout_s: float | None = None  # the training cell is interrupted after this: training pauses
 
 
 # -- checks before anything runs --------------------------------------------------------------
@@ -146,7 +147,8 @@ def execute(plan: Plan, n: int, verbose: bool = False) -> tuple[str, Path]:
     try:
         papermill.execute_notebook(str(plan.notebook), str(out), parameters=plan.parameters,
                                    kernel_name="python3", cwd=str(plan.cwd), progress_bar=False,
-                                   log_output=verbose, request_save_on_cell_execute=True)
+                                   log_output=verbose, request_save_on_cell_execute=True,
+                                   execution_timeout=plan.run_timeout_s, interrupt_on_timeout=True)
     except PapermillException as err:  # a cell raised: the notebook's outcome line says why
         lines = str(err).strip().splitlines()
         error = f"failed: {type(err).__name__}: {lines[-1][:200] if lines else 'no message'}"

@@ -227,3 +227,15 @@ def test_print_cron_only_prints(tmp_path):
 def test_bad_numbers_are_refused(tmp_path):
     r = kit(["schedule", "--config", "configs/default.yaml", "--every", "0"], cpu_env(), timeout=60)
     _refused(r, 2, "--every must be positive")
+
+
+def test_run_timeout_interrupts_training_which_pauses_cleanly(tmp_path):
+    """A hung or overlong run is cut by --run-timeout: SIGTERM to the training, which saves and pauses."""
+    runs, out, store = tmp_path / "runs", tmp_path / "out", tmp_path / "store"
+    r = kit(schedule_args(runs, out, str(store), "--run-timeout", "0.35"), cpu_env())
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    line = outcome_lines(r.stdout)[0]
+    assert line.startswith("run 1: outcome: paused at step "), r.stdout[-2000:]
+    step = int(line.split("paused at step ")[1].split()[0])
+    assert (store / "checkpoints" / f"checkpoint-{step}" / "kit_manifest.json").is_file()
+    assert "--run-timeout 0.35" in r.stdout  # the cron/systemd command keeps it

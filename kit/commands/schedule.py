@@ -31,6 +31,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max-runs", type=int, default=None, metavar="N", help="stop --loop after N runs")
     parser.add_argument("--time-budget", type=float, default=None, metavar="MINUTES",
                         help="each run's time_budget_minutes (default: the config's)")
+    parser.add_argument("--run-timeout", type=float, default=None, metavar="MINUTES",
+                        help="interrupt a run's training after MINUTES: it saves and pauses, like a cutoff "
+                             "(a guard against a hung run; default: none)")
     parser.add_argument("--store", default=None, metavar="STORE",
                         help="checkpoint store, hf://owner/name or a directory (default: the config's)")
     parser.add_argument("--nproc", type=int, default=1, metavar="N",
@@ -52,6 +55,8 @@ def _repeat_command(args) -> list[str]:
     cmd += ["--runs-dir", args.runs_dir, "--nproc", str(args.nproc)]
     if args.time_budget is not None:
         cmd += ["--time-budget", f"{args.time_budget:g}"]
+    if args.run_timeout is not None:
+        cmd += ["--run-timeout", f"{args.run_timeout:g}"]
     if args.store:
         cmd += ["--store", args.store]
     return cmd + list(args.overrides or [])
@@ -64,7 +69,7 @@ def run(args) -> int:
     # First, before anything can echo them: no token among the parameters.
     schedule.refuse_tokens([*(args.overrides or []), *([f"store={args.store}"] if args.store else [])])
     for name, value in (("--every", args.every), ("--max-runs", args.max_runs), ("--nproc", args.nproc),
-                        ("--time-budget", args.time_budget)):
+                        ("--time-budget", args.time_budget), ("--run-timeout", args.run_timeout)):
         if value is not None and value <= 0:
             raise UsageError(f"{name} must be positive, got {value:g}")
     overrides = list(args.overrides or []) + ([f"store={args.store}"] if args.store else [])
@@ -83,12 +88,15 @@ def run(args) -> int:
     print(f"schedule: {notebook} → {runs_dir}/; store: {where or f'none (local {cfg.output_dir})'}; "
           f"{'until complete' if args.loop else 'one run'}", flush=True)
     print(units, flush=True)
-    plan = schedule.Plan(notebook=notebook.resolve(), runs_dir=runs_dir, parameters={
+    parameters = {
         "config": args.config or "",
         "time_budget_minutes": args.time_budget,
         "store": args.store,
         "nproc": args.nproc,
         "overrides": shlex.join(args.overrides or []),
-    })
+    }
+    run_timeout_s = None if args.run_timeout is None else max(1, round(args.run_timeout * 60))
+    plan = schedule.Plan(notebook=notebook.resolve(), runs_dir=runs_dir, parameters=parameters,
+                         run_timeout_s=run_timeout_s)
     return schedule.loop(plan, repeat=args.loop, every_minutes=args.every, max_runs=args.max_runs,
                          verbose=args.verbose)
