@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +34,32 @@ def train(args: list[str], *, nproc: int = 2, timeout: float = 300, env: dict | 
     """`torchrun … train_ddp.py ARGS` (nproc > 1) or `python train_ddp.py ARGS`."""
     cmd = torchrun_cmd(script, nproc) if nproc > 1 else [sys.executable, str(script)]
     return run(cmd + list(args), timeout=timeout, env=env)
+
+
+def kill_job(proc: subprocess.Popen, marker: str, sig: int = signal.SIGKILL) -> None:
+    """Kill a whole torchrun job like a platform cutting the session: torchrun and every rank.
+
+    torchrun starts its workers in process sessions of their own, so killing its process group
+    leaves them running as orphans: they are found by `marker` (e.g. the run's unique output_dir)
+    in their command line.
+    """
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # the process ended meanwhile
+            continue
+        if marker in cmdline:
+            try:
+                os.kill(int(entry.name), sig)
+            except ProcessLookupError:
+                pass
+    proc.wait()
 
 
 def losses(ckpt: Path) -> list[tuple[int, float]]:

@@ -17,7 +17,7 @@ import pytest
 from safetensors.torch import load_file
 
 from tests.hubserver import WRITE_TOKEN, HubServer
-from tests.scripts import FAST, ROOT, SCRIPT, cpu_env, losses, torchrun_cmd, train
+from tests.scripts import FAST, ROOT, SCRIPT, cpu_env, kill_job, losses, torchrun_cmd, train
 
 STEPS = ["max_steps=24", "save_steps=3", "keep_checkpoints=2", *FAST]
 # For runs cut by a time budget: long enough (~20 s of steps) that a 4.2 s budget always cuts it.
@@ -72,10 +72,21 @@ def reference_long(tmp_path_factory):
     return out / "checkpoint-200"
 
 
-def start_job(args, env) -> subprocess.Popen:
-    # Its own process group, so one killpg takes down torchrun and both ranks: the whole job.
-    return subprocess.Popen(torchrun_cmd() + list(args), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+def start_job(args, env, log: Path | None = None) -> subprocess.Popen:
+    # Its own process group, so one killpg takes down torchrun (kill_job finds the ranks).
+    out = open(log, "w") if log else subprocess.DEVNULL
+    return subprocess.Popen(torchrun_cmd() + list(args), cwd=ROOT, env=env, stdout=out,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_for_steps(proc, log: Path, steps: int, timeout: float = 120) -> bool:
+    """Wait until the run has logged `steps` more losses; False if it ended first."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        if log.read_text(errors="replace").count("'loss':") >= steps:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def test_kill_9_at_random_moments_then_rerun_until_done(server, reference_long, tmp_path):
@@ -86,16 +97,19 @@ def test_kill_9_at_random_moments_then_rerun_until_done(server, reference_long, 
     rng = random.Random(1234)
     kills = 0
     for attempt in range(10):
-        proc = start_job(args, env)
-        time.sleep(rng.uniform(3.5, 9.0))  # startup is 3-5 s; then a save and an upload every ~0.5 s
+        log = tmp_path / f"attempt{attempt}.log"
+        proc = start_job(args, env, log)
+        if attempt % 4 == 3:
+            time.sleep(rng.uniform(1.0, 3.0))  # during start-up: loading, resuming, downloading
+        elif not wait_for_steps(proc, log, rng.randint(1, 12)):  # mid-training: saves and uploads every ~0.4 s
+            break  # it finished before the kill
         if proc.poll() is not None:
-            break  # finished before the kill
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+            break
+        kill_job(proc, str(out))
         kills += 1
         if attempt % 3 == 1:
             shutil.rmtree(out, ignore_errors=True)  # a new session: resume must come from the Hub
-    assert kills >= 6
+    assert kills == 10
     final = train(args, env=env)
     log = final.stdout + final.stderr
     assert final.returncode == 0, log[-3000:]
@@ -175,8 +189,7 @@ def test_a_second_writer_is_refused_naming_the_holder(server, tmp_path):
         assert line.startswith("error: store hf://me/shared is leased by ") and " pid " in line and "since" in line
         assert not (tmp_path / "b").exists() or not list((tmp_path / "b").glob("checkpoint-*"))
     finally:
-        os.killpg(first.pid, signal.SIGKILL)
-        first.wait()
+        kill_job(first, str(tmp_path / "a"))
 
 
 @pytest.mark.parametrize("fault", [
