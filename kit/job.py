@@ -77,6 +77,9 @@ class Job:
         if self.decision.complete:
             self.log(f"already complete: step {self.decision.step} of {self.decision.max_steps} "
                      f"({self.decision.resume_from})")
+            if self.ctx.is_main:
+                self._max_steps = self.decision.max_steps
+                self._record(self.decision.step, "already complete")
             self._release()
         elif self.decision.resume_from:
             self.log(f"resuming from step {self.decision.step} ({self.decision.source}: {self.decision.resume_from})")
@@ -109,6 +112,9 @@ class Job:
         self.lease = Lease(self.store).acquire()
         self.lease.keep_alive()
         atexit.register(self._release)  # also on a crash; only kill -9 leaves the lease to go stale
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()  # upload bars from the sync thread would interleave with training's
         self.sync = BackgroundSync(self.store, keep=self.cfg.keep_checkpoints, on_event=self._sync_event)
         self.log(f"store: {self.store.describe()}")
 

@@ -125,9 +125,11 @@ def progress(sessions: list[dict], out_png, max_steps: int | None = None) -> Pat
                 label=None if "session" in labelled else "session")
         labelled.add("session")
         ax.annotate(f"#{i}", (x0, y0), textcoords="offset points", xytext=(0, 6), fontsize=8)
-        if y0 > 0:
+        if y0 > 0 and s.get("outcome") != "already complete":
             mark(x0, y0, "^", "resume", color="tab:green", markersize=8)
         outcome = s.get("outcome", "")
+        if outcome == "already complete":  # a run that found nothing left to do: no cut to mark
+            continue
         if outcome == "complete":
             mark(x1, y1, "*", "complete", color="gold", markersize=13, markeredgecolor="black")
         elif outcome:  # paused by the budget or a signal, killed, failed: the session was cut here

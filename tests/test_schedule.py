@@ -107,8 +107,8 @@ def test_status_json_after_the_sequence(sequence):
     s = json.loads(r.stdout)
     assert s["store"] == "hf://me/sched" and s["complete"] is True
     assert s["latest_step"] == 200 and s["max_steps"] == 200 and s["checkpoints"] == [190, 200]
-    # An "already complete" run trains nothing, so the job records no session for it.
-    assert [x["outcome"] for x in s["sessions"]] == ["paused", "complete"]
+    # Every run is a session, the one that found the job complete too.
+    assert [x["outcome"] for x in s["sessions"]] == ["paused", "complete", "already complete"]
     assert s["sessions"][1]["start_step"] == s["sessions"][0]["end_step"] > 0
     assert s["lease"]["released"] is True and s["lease"]["holder"]
     png = Path(s["plot"]).read_bytes()
@@ -128,7 +128,7 @@ def test_status_text_is_short_and_aligned(sequence):
 def test_the_scheduled_store_holds_the_records(sequence):
     files = sequence["files"]
     assert "checkpoints/checkpoint-200/kit_manifest.json" in files
-    assert len(files["kit/sessions.jsonl"].decode().splitlines()) == 2
+    assert len(files["kit/sessions.jsonl"].decode().splitlines()) == 3
     assert json.loads(files["kit/lease.json"])["released"] is True
 
 
