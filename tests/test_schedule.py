@@ -232,7 +232,8 @@ def test_bad_numbers_are_refused(tmp_path):
 def test_run_timeout_interrupts_training_which_pauses_cleanly(tmp_path):
     """A hung or overlong run is cut by --run-timeout: SIGTERM to the training, which saves and pauses."""
     runs, out, store = tmp_path / "runs", tmp_path / "out", tmp_path / "store"
-    r = kit(schedule_args(runs, out, str(store), "--run-timeout", "0.35"), cpu_env())
+    # 2000 steps cannot finish within the 21 s timeout, however fast the machine.
+    r = kit(schedule_args(runs, out, str(store), "--run-timeout", "0.35") + ["max_steps=2000"], cpu_env())
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     line = outcome_lines(r.stdout)[0]
     assert line.startswith("run 1: outcome: paused at step "), r.stdout[-2000:]
