@@ -55,21 +55,22 @@ def assert_same_training(a: Path, b: Path) -> None:
     assert worst <= 1e-6, f"final adapter differs by {worst}"
 
 
+def uninterrupted(tmp_path_factory, args: list[str], steps: int) -> Path:
+    """The final checkpoint of an uninterrupted run with the same seed and no store."""
+    out = tmp_path_factory.mktemp("reference") / "run"
+    r = train([f"output_dir={out}", *args])
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out / f"checkpoint-{steps}"
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """An uninterrupted run with the same seed, no store."""
-    out = tmp_path_factory.mktemp("reference") / "run"
-    r = train([f"output_dir={out}", *STEPS])
-    assert r.returncode == 0, r.stderr[-3000:]
-    return out / "checkpoint-24"
+    return uninterrupted(tmp_path_factory, STEPS, 24)
 
 
 @pytest.fixture(scope="module")
 def reference_long(tmp_path_factory):
-    out = tmp_path_factory.mktemp("reference_long") / "run"
-    r = train([f"output_dir={out}", *LONG])
-    assert r.returncode == 0, r.stderr[-3000:]
-    return out / "checkpoint-200"
+    return uninterrupted(tmp_path_factory, LONG, 200)
 
 
 def start_job(args, env, log: Path | None = None) -> subprocess.Popen:
