@@ -62,3 +62,13 @@ def test_unsloth_plan_imports_unsloth_first():
                          "configs/default.yaml", "1 × H200")
     body = text.split('"""', 2)[2]
     assert body.lstrip().startswith("import unsloth")
+
+
+def test_package_version_matches_setup_cfg():
+    import configparser
+
+    from kit import __version__
+
+    meta = configparser.ConfigParser()
+    meta.read(ROOT / "setup.cfg")
+    assert meta["metadata"]["version"] == __version__
