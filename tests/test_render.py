@@ -72,3 +72,13 @@ def test_package_version_matches_setup_cfg():
     meta = configparser.ConfigParser()
     meta.read(ROOT / "setup.cfg")
     assert meta["metadata"]["version"] == __version__
+
+
+def test_plans_the_script_cannot_run_are_refused(tmp_path):
+    # Qwen3-8B LoRA in 16-bit fits 2×T4 only sharded (FSDP); the template has one replica per rank.
+    out = tmp_path / "x.py"
+    r = kit("render", "--config", "configs/default.yaml", "model=Qwen/Qwen3-8B", "method=lora", "seq_len=512",
+            "gradient_checkpointing=auto", "per_device_batch=null", "global_batch=null", "--gpus", "2xT4", "-o", str(out))
+    assert r.returncode == 3, r.stderr
+    assert "the plan needs fsdp" in r.stderr and "does not do yet" in r.stderr
+    assert not out.exists()

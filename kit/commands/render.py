@@ -6,7 +6,9 @@ import sys
 from pathlib import Path
 
 from kit import config, render
-from kit.errors import UsageError
+from kit.errors import CannotTrain, UsageError
+
+RENDERABLE = ("single", "ddp")  # what the script template can run: one full replica per rank
 
 
 def add_arguments(parser) -> None:
@@ -44,6 +46,12 @@ def render_for(cfg, config_path: str, facts: dict, gpus_spec: str | None = None)
     from kit.plan import make_plan
 
     plan = make_plan(facts, cfg)
+    if plan.strategy not in RENDERABLE:
+        # The template loads one full replica per rank; a sharded or split plan would run out of
+        # memory there. Say so now, not an hour into a session.
+        raise CannotTrain(f"the plan needs {plan.strategy} ({plan.reasons[-1] if plan.reasons else ''}), which "
+                          "kit's train_ddp.py does not do yet: use method=qlora, a shorter seq_len or bigger GPUs "
+                          "(see `kit plan`)")
     planned = plan.to_dict()
     planned["gpu_name"] = plan.gpu
     return render.render(cfg, planned, config_path, machine_words(facts, gpus_spec)), plan
