@@ -39,7 +39,7 @@ def run(args) -> int:
     plan, written, refusal = None, None, None
     if args.config and (verdicts.ok or cpu_only):
         plan, written, refusal = _plan_and_write(args, facts)
-    steps = _next_steps(facts, verdicts, plan, written)
+    steps = _next_steps(facts, verdicts, plan, written, args.output)
     LAST.update(facts=facts, verdicts=verdicts, next=steps, plan=plan, cpu_only=cpu_only)
     report.show(facts, verdicts, steps, as_json=args.json, plan=plan)
     if refusal is not None:
@@ -73,10 +73,10 @@ def _plan_and_write(args, facts):
     return plan, note, None
 
 
-def _next_steps(facts, verdicts, plan, written) -> list[str]:
-    """The commands to run next, most important first."""
+def _next_steps(facts, verdicts, plan, written, script: str) -> list[str]:
+    """The commands to run next, most important first; `script` is where train_ddp.py was written."""
     if plan is not None and written:
-        steps = [f"{written}; next: {plan.launch.replace('train_ddp.py', written.split()[1])}"]
+        steps = [f"{written}; next: {plan.launch.replace('train_ddp.py', script)}"]
         if plan.device == "cpu":
             steps.append("CPU only: fine for the tiny default model, CPU-slow for anything bigger")
         return steps
