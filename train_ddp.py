@@ -101,7 +101,7 @@ def main(argv: list[str]) -> int:
         model, tokenizer = modeling.load(cfg, plan, ctx)  # 4-bit loads pinned to device_map={"": local_rank}
         model = modeling.add_lora(model, cfg, plan)
         job.log(modeling.trainable_summary(model))
-        dataset = data.prepare(cfg, tokenizer, is_main=ctx.is_main)
+        dataset = data.prepare(cfg, tokenizer)
         job.log(dataset.summary())
 
         training_args = SFTConfig(

@@ -152,7 +152,7 @@ def tokenize_row(row: dict, fmt: str, names: dict, tokenizer, seq_len: int) -> d
             "row_hash": hashlib.sha1(text.encode("utf-8")).hexdigest()}
 
 
-def prepare(cfg, tokenizer, *, is_main: bool = True) -> Prepared:
+def prepare(cfg, tokenizer) -> Prepared:
     """Load, tokenize, split and check `cfg.data` for training with `tokenizer`."""
     ds = load_rows(cfg.data)
     fmt, names = detect_format(ds.column_names, cfg.data)
