@@ -65,9 +65,7 @@ def _from_store(cfg, now: float) -> dict:
     latest = store.latest_valid()
     state = None
     if latest is not None:
-        # The Store API has no public "read one file of a checkpoint"; trainer_state.json is small.
-        snap = store._snapshot()
-        raw = store._read_bytes(f"checkpoints/checkpoint-{latest}/trainer_state.json", snap)
+        raw = store.read_checkpoint_file(latest, "trainer_state.json")
         state = _json(raw, f"checkpoint-{latest}/trainer_state.json")
     if isinstance(store, DirStore):
         # A directory lease is a lock file that release() deletes: absent means free.

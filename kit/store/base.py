@@ -72,6 +72,10 @@ class Store(ABC):
     @abstractmethod
     def publish(self, local_ckpt_dir: Path, step: int, keep: int) -> None: ...
 
+    def read_checkpoint_file(self, step: int, name: str) -> bytes | None:
+        """One small file of kit checkpoint `step` (e.g. trainer_state.json), or None if absent."""
+        return self._read_bytes(f"checkpoints/checkpoint-{step}/{name}", self._snapshot())
+
     @abstractmethod
     def read_text(self, name: str) -> str | None: ...
 
