@@ -14,8 +14,10 @@ import glob
 import importlib.metadata
 import importlib.util
 import json
+import mmap
 import os
 import platform as _platform
+import re
 import shutil
 import site
 import subprocess
@@ -137,6 +139,17 @@ def _start_torch_build(unknown: dict):
     cached = _cache_read(key)
     if cached is not None:
         return lambda: {**info, **cached}
+    # Without `import torch` (2-4 s) where the files say enough: a CPU build has no arch list, and
+    # a CUDA build's is a string constant in its library.
+    if info.get("version") and not info.get("cuda") and not info.get("hip"):
+        arch_list = []
+    else:
+        arch_list = arch_flags_from_library(torch_dir) if info.get("cuda") else None
+    if arch_list is not None:
+        result = {"version": info["version"], "cuda": info["cuda"], "hip": info["hip"],
+                  "installed": True, "arch_list": arch_list}
+        _cache_write(key, result)
+        return lambda: {**info, **result}
     env = dict(os.environ)
     parent = os.path.dirname(torch_dir)
     if parent not in site.getsitepackages() + [site.getusersitepackages()]:
@@ -175,6 +188,34 @@ def _start_torch_build(unknown: dict):
         return {**info, **result}
 
     return finish
+
+
+# One arch token as torch's build writes it into CUDA_ARCH_FLAGS: sm_75, sm_90a, compute_120.
+_ARCH_TOKEN = rb"(?:sm|compute)_[0-9]{2,3}[a-z]?"
+_ARCH_FLAGS = re.compile(rb"\x00(" + _ARCH_TOKEN + rb"(?:[ ;]" + _ARCH_TOKEN + rb")+)\x00")
+_FLAG_LIBRARIES = ("libtorch_python.so",)  # where torch/csrc/cuda/Module.cpp is linked
+
+
+def arch_flags_from_library(torch_dir: str) -> list[str] | None:
+    """The compiled arch list of a CUDA build of torch, read from its shared library as bytes.
+
+    `torch._C._cuda_getArchFlags()` returns a string constant compiled into libtorch_python.so
+    ("sm_75 sm_80 … compute_120"); reading it from the file skips the 2–4 s of `import torch`.
+    Returns None unless exactly one such string is found, so the caller falls back to asking
+    torch itself.
+    """
+    for name in _FLAG_LIBRARIES:
+        path = os.path.join(torch_dir, "lib", name)
+        try:
+            with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                found = {m.group(1) for m in _ARCH_FLAGS.finditer(data)}
+        except (OSError, ValueError):  # missing, unreadable, or empty (mmap of 0 bytes)
+            continue
+        if len(found) == 1:
+            return found.pop().decode().replace(";", " ").split()
+        if len(found) > 1:
+            return None  # ambiguous: let torch say which
+    return None
 
 
 def _read_version_py(torch_dir: str, unknown: dict) -> dict:

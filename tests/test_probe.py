@@ -310,3 +310,31 @@ def test_arch_list_of_a_cuda_build(tmp_path, flags, arch_list):
     facts, _ = probe(tmp_path, env={"PYTHONPATH": str(tmp_path / "site")})
     assert facts["torch"] == {"installed": True, "version": "2.10.0+cu128", "cuda": "12.8", "hip": None, "arch_list": arch_list}
     assert ("torch.arch_list" in facts["unknown"]) is (arch_list is None)
+
+
+def _fake_cuda_torch(tmp_path, library: bytes | None, flags: str | None) -> str:
+    site_dir = tmp_path / "site"
+    fake = site_dir / "torch"
+    (fake / "lib").mkdir(parents=True)
+    (fake / "version.py").write_text("__version__ = '2.10.0+cu128'\ncuda: Optional[str] = '12.8'\nhip = None\n")
+    (fake / "__init__.py").write_text(textwrap.dedent(FAKE_CUDA_TORCH.format(flags=flags)))
+    if library is not None:
+        (fake / "lib" / "libtorch_python.so").write_bytes(library)
+    return str(site_dir)
+
+
+def test_arch_list_read_from_the_library_without_importing_torch(tmp_path):
+    # Simulated: the string constant CUDA_ARCH_FLAGS inside a CUDA build's libtorch_python.so (this
+    # machine's torch is a CPU build). The fake torch would answer "sm_99" if it were imported.
+    library = b"\x7fELF" + b"\x00" * 64 + b"sm_80\x00" + b"\x00sm_70 sm_75 sm_120 compute_120\x00" + b"\x01" * 64
+    site_dir = _fake_cuda_torch(tmp_path, library, flags="sm_99")
+    facts, _ = probe(tmp_path, env={"PYTHONPATH": site_dir})
+    assert facts["torch"]["arch_list"] == ["sm_70", "sm_75", "sm_120", "compute_120"]
+
+
+@pytest.mark.parametrize("library", [None, b"\x00sm_70 sm_75\x00\x00sm_80 sm_90\x00", b"no flags here"],
+                         ids=["no-library", "ambiguous", "no-string"])
+def test_arch_list_falls_back_to_torch_when_the_library_does_not_say(tmp_path, library):
+    site_dir = _fake_cuda_torch(tmp_path, library, flags="sm_75 sm_80")
+    facts, _ = probe(tmp_path, env={"PYTHONPATH": site_dir})
+    assert facts["torch"]["arch_list"] == ["sm_75", "sm_80"]
