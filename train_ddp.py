@@ -143,7 +143,7 @@ def main(argv: list[str]) -> int:
             train_dataset=dataset.train,
             eval_dataset=dataset.eval,
             processing_class=tokenizer,
-            callbacks=job.callbacks(model),
+            callbacks=job.callbacks(model, dataset),  # saves, deadline, upload, speed and memory
         )
         trainer.train(resume_from_checkpoint=job.resume_from)
         code = job.finish(trainer)  # rank 0: last upload (blocking, with a timeout), outcome line

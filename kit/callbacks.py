@@ -8,6 +8,7 @@ next gradient all-reduce forever.
 from __future__ import annotations
 
 import signal
+import statistics
 import time
 from pathlib import Path
 
@@ -100,3 +101,58 @@ class Checkpoints(TrainerCallback):
             self.sync.submit(path, state.global_step)
         if self.on_sealed is not None:
             self.on_sealed(state.global_step, path)
+
+
+class Meter(TrainerCallback):
+    """This session's step time, tokens per second and peak GPU memory of this rank.
+
+    The first WARMUP_STEPS steps are left out of the timing (allocator warm-up, kernel autotuning);
+    the median of the rest keeps one slow step (a save, an evaluation) from skewing it. Peak memory
+    counts from the start of training, so it is the loaded model plus the training steps.
+    """
+
+    WARMUP_STEPS = 2
+
+    def __init__(self, device, tokens_per_step: float):
+        self.device, self.tokens_per_step = device, tokens_per_step
+        self.step_ends: list[float] = []
+        self.first_step = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.step_ends = [time.perf_counter()]
+        self.first_step = state.global_step + 1
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.step_ends.append(time.perf_counter())
+
+    def summary(self) -> dict:
+        durations = [b - a for a, b in zip(self.step_ends, self.step_ends[1:])]
+        timed = durations[self.WARMUP_STEPS:] or durations
+        out: dict = {"steps_timed": len(timed)}
+        if timed:
+            step_s = statistics.median(timed)
+            out.update(step_s=round(step_s, 4), tokens_per_s=round(self.tokens_per_step / step_s, 1),
+                       timed_from_step=self.first_step + len(durations) - len(timed))
+        if self.device.type == "cuda":
+            import torch
+
+            out.update(peak_allocated_bytes=torch.cuda.max_memory_allocated(self.device),
+                       peak_reserved_bytes=torch.cuda.max_memory_reserved(self.device))
+        return out
+
+
+def meter_words(m: dict) -> str | None:
+    """One line for the log, e.g. "speed: 1.18 s/step, ~6,940 tokens/s (steps 3-20); peak GPU memory …"."""
+    parts = []
+    if "step_s" in m:
+        last = m["timed_from_step"] + m["steps_timed"] - 1
+        parts.append(f"speed: {m['step_s']:.3g} s/step, ~{m['tokens_per_s']:,.0f} tokens/s "
+                     f"(median of steps {m['timed_from_step']}-{last})")
+    if "peak_allocated_bytes" in m:
+        parts.append(f"peak GPU memory of rank 0: {m['peak_allocated_bytes'] / 2**30:.2f} GiB allocated, "
+                     f"{m['peak_reserved_bytes'] / 2**30:.2f} GiB reserved")
+    return "; ".join(parts) or None

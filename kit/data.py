@@ -37,10 +37,13 @@ class Prepared:
     format: str
     dropped_too_long: int
     eval_duplicates: int
+    mean_tokens: float  # per train example, after truncation to seq_len
+
 
     def summary(self) -> str:
         n_eval = 0 if self.eval is None else len(self.eval)
-        return (f"data: {len(self.train)} train / {n_eval} eval examples, format {self.format}; "
+        return (f"data: {len(self.train)} train / {n_eval} eval examples of {self.mean_tokens:.0f} tokens on average, "
+                f"format {self.format}; "
                 f"{self.eval_duplicates} eval rows duplicate a train row; "
                 f"{self.dropped_too_long} dropped (no trainable token within seq_len)")
 
@@ -178,7 +181,14 @@ def prepare(cfg, tokenizer) -> Prepared:
                              "deduplicate the data or set data.allow_duplicates=true")
         evald = evald.remove_columns("row_hash")
     train = train.remove_columns("row_hash")
-    return Prepared(train, evald, fmt, dropped, dups)
+    return Prepared(train, evald, fmt, dropped, dups, _mean_length(train))
+
+
+def _mean_length(ds) -> float:
+    import pyarrow.compute as pc
+
+    # From the Arrow column: no Python list per row, so cheap on a large dataset too.
+    return pc.mean(pc.list_value_length(ds.data.column("input_ids"))).as_py() or 0.0
 
 
 def describe_row(row: dict, tokenizer) -> str:

@@ -19,7 +19,7 @@ import tempfile
 import time
 
 from kit import config, dist, resume
-from kit.callbacks import Checkpoints, Control, StopSignals
+from kit.callbacks import Checkpoints, Control, Meter, StopSignals, meter_words
 from kit.deadline import session_deadline
 from kit.errors import KitError, StoreError
 
@@ -34,7 +34,7 @@ class Job:
         self.signals = StopSignals()
         self.deadline = session_deadline(cfg.time_budget_minutes)
         self.started = time.time()
-        self._control = self._checkpoints = self._smoke = None
+        self._control = self._checkpoints = self._smoke = self._meter = None
         self._max_steps = None
 
     # -- words ------------------------------------------------------------------------------
@@ -138,11 +138,12 @@ class Job:
         seal = self._checkpoints.last_seal_s if self._checkpoints else 0.0
         return upload + seal
 
-    def callbacks(self, model) -> list:
+    def callbacks(self, model, dataset) -> list:
         self._control = Control(self.ctx, self.deadline, self.cfg.save_every_minutes, self.signals,
                                 self._save_cost_s)
         self._checkpoints = Checkpoints(self.ctx, config.fingerprint(self.cfg), self.sync)
-        out = [self._control, self._checkpoints]
+        self._meter = Meter(self.ctx.device, self.plan.global_batch * dataset.mean_tokens)
+        out = [self._control, self._checkpoints, self._meter]
         if self.smoke:
             from kit.smoke import Smoke
 
@@ -163,9 +164,12 @@ class Job:
         paused = self._control.stop_reason is not None and step < trainer.state.max_steps
         outcome = "paused" if paused else "complete"
         if self.ctx.is_main:
+            measured = self._meter.summary()
+            if meter_words(measured):
+                self.log(meter_words(measured))
             if self.sync is not None:
                 self.sync.close(timeout=FINAL_UPLOAD_TIMEOUT_S)
-            self._record(step, outcome)
+            self._record(step, outcome, measured)
             self._release()
             if paused:
                 self.log(f"paused at step {step} of {trainer.state.max_steps} ({self._control.stop_reason}) — "
@@ -175,10 +179,10 @@ class Job:
                          f"{self.cfg.output_dir}/checkpoint-{step}")
         return 0
 
-    def _record(self, step: int, outcome: str) -> None:
+    def _record(self, step: int, outcome: str, measured: dict | None = None) -> None:
         record = {"host": socket.gethostname(), "started": self.started, "ended": time.time(),
                   "start_step": self.decision.step, "end_step": step, "max_steps": self._max_steps,
-                  "world_size": self.ctx.world_size, "outcome": outcome}
+                  "world_size": self.ctx.world_size, "outcome": outcome, **(measured or {})}
         line = json.dumps(record) + "\n"
         os.makedirs(self.cfg.output_dir, exist_ok=True)
         with open(os.path.join(self.cfg.output_dir, "kit_sessions.jsonl"), "a") as f:

@@ -4,6 +4,8 @@ the CPU, plain python, smoke mode, a failing rank, and bad input."""
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -37,6 +39,13 @@ def test_torchrun_two_ranks_train_save_and_tear_down(tmp_path):
     trace = losses(out / "checkpoint-8")
     assert [s for s, _ in trace] == list(range(1, 9))
     assert trace[-1][1] < trace[0][1], f"loss did not go down: {trace}"
+    # The speed the user is told, and what the session record keeps of it: the median of steps
+    # 3-8 (two warm-up steps left out), tokens = global batch 16 × the data's mean length.
+    assert log.count("[kit] speed: ") == 1 and "(median of steps 3-8)" in log
+    record = json.loads((out / "kit_sessions.jsonl").read_text().splitlines()[-1])
+    assert record["steps_timed"] == 6 and record["timed_from_step"] == 3 and record["step_s"] > 0
+    mean_tokens = float(re.search(r"examples of (\d+) tokens on average", log).group(1))
+    assert record["tokens_per_s"] == pytest.approx(16 * mean_tokens / record["step_s"], rel=0.02)
 
 
 def test_single_process_python(tmp_path):
@@ -63,7 +72,7 @@ class Boom(TrainerCallback):
             raise RuntimeError("rank 1 failed on purpose")
 
 _callbacks = kit.job.Job.callbacks
-kit.job.Job.callbacks = lambda self, model: _callbacks(self, model) + [Boom()]
+kit.job.Job.callbacks = lambda self, model, dataset: _callbacks(self, model, dataset) + [Boom()]
 import runpy
 sys.argv = [{str(SCRIPT)!r}] + sys.argv[1:]
 runpy.run_path({str(SCRIPT)!r}, run_name="__main__")
