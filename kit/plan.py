@@ -123,7 +123,7 @@ def make_plan(facts, cfg, nproc: int | None = None) -> Plan:
         gc = cfg.gradient_checkpointing != "off"  # show what the smallest replica would need
         est = memory.estimate(model, cfg, plan.precision, cfg.per_device_batch or 1, gc, quantized,
                               world_size=n, optimizer=plan.optimizer)
-        plan.memory.update(per_gpu_bytes=est.total_bytes, terms=est.terms,
+        plan.memory.update(per_gpu_bytes=est.total_bytes, allocated_bytes=est.allocated_bytes, terms=est.terms,
                            notes=[f"one replica at micro-batch {cfg.per_device_batch or 1}"] + est.notes)
         _refuse(plan, f"{cfg.model} ({cfg.method}, seq_len {cfg.seq_len}) does not fit on {n}× {gpu['name']}: "
                       + _cheaper_change(model, cfg, plan.precision, plan.optimizer, n, budget, gpu["name"]))
@@ -131,7 +131,8 @@ def make_plan(facts, cfg, nproc: int | None = None) -> Plan:
     plan.strategy, plan.device, plan.gradient_checkpointing = strategy, "cuda", gc
     plan.nproc = world
     plan.per_device_batch, plan.grad_accum, plan.global_batch = batch_for_world(cfg, pdb, world)
-    plan.memory.update(per_gpu_bytes=est.total_bytes, terms=est.terms, notes=est.notes)
+    plan.memory.update(per_gpu_bytes=est.total_bytes, allocated_bytes=est.allocated_bytes, terms=est.terms,
+                       notes=est.notes)
     plan.reasons += _strategy_reasons(strategy, n, gpu["name"], est, budget, model, cfg, gc, quantized, plan)
     plan.backend = _backend(cfg, facts, gpu, strategy, plan.reasons)
     plan.launch = _launch(strategy, world, usable, facts, gpu)
@@ -194,8 +195,8 @@ def _cpu_plan(facts, cfg, model, plan: Plan, nproc) -> Plan:
                       f"for {plan.nproc} process(es): use a GPU machine, fewer processes or shorter sequences")
     plan.strategy, _, b, plan.gradient_checkpointing, est = fit
     plan.per_device_batch, plan.grad_accum, plan.global_batch = batch_for_world(cfg, b, plan.nproc)
-    plan.memory.update(per_gpu_bytes=est.total_bytes, budget_bytes=ram // plan.nproc, terms=est.terms,
-                       notes=est.notes)
+    plan.memory.update(per_gpu_bytes=est.total_bytes, allocated_bytes=est.allocated_bytes,
+                       budget_bytes=ram // plan.nproc, terms=est.terms, notes=est.notes)
     plan.reasons.append(f"precision {plan.precision} on the CPU; " +
                         (f"{plan.nproc} processes over gloo." if plan.nproc > 1 else "one process."))
     plan.launch = (f"torchrun --standalone --nproc_per_node={plan.nproc} train_ddp.py" if plan.nproc > 1

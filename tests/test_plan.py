@@ -70,6 +70,9 @@ def test_t4x2_qwen3_8b_qlora_is_ddp_fp16_on_both_gpus():
     assert p.gradient_checkpointing and p.per_device_batch >= 1
     assert p.memory["per_gpu_bytes"] <= p.memory["budget_bytes"] == 15_637_086_208
     assert sum(p.memory["terms"].values()) == p.memory["per_gpu_bytes"]
+    # What max_memory_allocated would count: everything but the CUDA context and the allocator's slack.
+    t = p.memory["terms"]
+    assert abs(p.memory["allocated_bytes"] - (p.memory["per_gpu_bytes"] - t["cuda_context"] - t["allocator_slack"])) <= len(t)
     assert p.launch == "torchrun --standalone --nproc_per_node=2 train_ddp.py"
     assert any("no native bf16" in r for r in p.reasons) and any("DDP" in r for r in p.reasons)
     assert p.to_dict()["memory"]["terms"]["weights_4bit"] > 0
@@ -233,7 +236,7 @@ def test_cli_plan_text_and_json():
     for key in ("precision", "strategy", "nproc", "per_device_batch", "grad_accum", "global_batch",
                 "gradient_checkpointing", "memory", "reasons", "launch"):
         assert key in d
-    assert set(d["memory"]) >= {"per_gpu_bytes", "budget_bytes", "terms"}
+    assert set(d["memory"]) >= {"per_gpu_bytes", "allocated_bytes", "budget_bytes", "terms"}
 
 
 def test_cli_plan_with_facts_file(tmp_path):
