@@ -15,7 +15,6 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx2
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, constants
 from huggingface_hub.errors import HfHubHTTPError
 from huggingface_hub.utils import _http as hf_http
@@ -31,6 +30,9 @@ REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9
 NO_TOKEN = "no Hugging Face token: set HF_TOKEN or add a Kaggle/Colab secret named HF_TOKEN"
 DEFAULT_TIMEOUT_S = 60.0
 _CAS_ATTEMPTS = 4
+# The HTTP library huggingface_hub itself uses: httpx2 from 2.0, httpx in 1.x (still preinstalled on
+# many notebook images, and on the H200 here). Its errors and clients are the ones to catch and build.
+_httpx = getattr(hf_http, "httpx2", None) or hf_http.httpx
 
 
 def parse_repo_id(spec: str) -> str:
@@ -53,9 +55,9 @@ def use_timeouts(timeout_s: float) -> None:
     if getattr(current, "kit_timeout", None) == timeout_s:
         return
 
-    def factory() -> httpx2.Client:
-        return httpx2.Client(event_hooks={"request": [hf_http.hf_request_event_hook]},
-                             follow_redirects=True, timeout=httpx2.Timeout(timeout_s))
+    def factory() -> _httpx.Client:
+        return _httpx.Client(event_hooks={"request": [hf_http.hf_request_event_hook]},
+                             follow_redirects=True, timeout=_httpx.Timeout(timeout_s))
 
     factory.kit_timeout = timeout_s  # type: ignore[attr-defined]
     hf_http.set_client_factory(factory)
@@ -88,7 +90,7 @@ class HubStore(Store):
             mapped = self._http_error(err, action)
             mapped.status = err.response.status_code if err.response is not None else None
             raise mapped from None
-        except httpx2.TransportError as err:
+        except _httpx.TransportError as err:
             raise TransientStoreError(f"{action} on {self.describe()} failed: {type(err).__name__} "
                                       f"({redact(_first_line(err), self._token)[:200]})") from None
 
