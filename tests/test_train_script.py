@@ -6,14 +6,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
-from tests.scripts import FAST, ROOT, SCRIPT, cpu_env, losses, run, torchrun_cmd, train
+from tests.scripts import FAST, ROOT, SCRIPT, losses, run, torchrun_cmd, train
 
 
 def _tree_digest(folder: Path) -> dict[str, str]:
