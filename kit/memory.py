@@ -31,6 +31,25 @@ GIB = 2**30
 CUDA_CONTEXT = GIB // 2      # not counted by max_memory_allocated; ~0.3-0.6 GiB depending on GPU and CUDA
 SLACK = 0.10                 # caching-allocator fragmentation: reserved exceeds allocated by about this much
 NF4_BYTES = 0.5 + 0.127 / 8  # 4-bit weights + double-quantized absmax (blocksize 64)
+# TRL's SFTTrainer (1.15 and later) projects through the LM head in [4096 tokens × 32768 vocab] tiles
+# and never holds the logits (trl.kernels.chunked_logprob).
+FUSED_HEAD_FROM_TRL = (1, 15)
+FUSED_TILE = (4096, 32768)
+
+
+def fuses_lm_head(trl_version: str | None) -> bool:
+    """Whether SFTTrainer of this TRL version computes the loss without materialising the logits.
+
+    None (TRL not installed where the plan is for) counts as yes: `pip install kit[train]` brings the
+    newest TRL.
+    """
+    if not trl_version:
+        return True
+    parts = []
+    for piece in trl_version.split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts) >= FUSED_HEAD_FROM_TRL
 
 
 @dataclass
@@ -60,30 +79,43 @@ def lora_params(model, target_modules, r: int) -> int:
     return model.layers * sum(r * (shapes[n][0] + shapes[n][1]) for n in names)
 
 
-def layer_activation_bytes(model, bp: int, method: str, target_modules) -> int:
+def layer_activation_bytes(model, bp: int, method: str, target_modules, *, quantized: bool = False,
+                           autocast: bool = False) -> int:
     """Bytes one decoder layer saves for backward, per token, without checkpointing.
 
     Counted from what autograd keeps (frozen linears keep nothing): the two RMSNorms' fp32 input
     copies (8h), q/k-norm fp32 copies, SDPA's q, k, v and output, the MLP's gate, up and act(gate);
-    plus the inputs of trained linears. PEFT casts each LoRA input to the adapter's fp32 dtype, one
-    copy per adapter, so a 16-bit LoRA layer keeps 20h + 4q + 4i more. Matches H200 measurements of
-    Qwen3-8B and -0.6B within 1 %.
+    plus what the trained linears keep of their inputs, which depends on how LoRA runs:
+    - 16-bit LoRA without autocast: PEFT casts each adapter's input to fp32, one copy per adapter
+      (20h + 4q + 4i more); a plain PyTorch loop, within 1 % on the H200 (8B, 0.6B).
+    - 16-bit LoRA under autocast (Trainer with bf16/fp16): that fp32 copy is cast back to 16 bits
+      for the matmul, and the 16-bit copy is what is kept: one per adapter.
+    - QLoRA under autocast: PEFT's 4-bit layers skip the cast, so the adapters keep the very input
+      tensor, one per group (q/k/v, gate/up) plus down_proj's; o_proj's is SDPA's output.
+    The last two measured through kit's script on the H200 (bench/results/memory_accuracy_h200.json).
     """
     h, q, kv, i = model.hidden, model.q_dim, model.kv_dim, model.intermediate
     base = 8 * h + 4 * (q + kv) + bp * (2 * q + 2 * kv) + bp * 3 * i
     shapes = model.linear_shapes()
     targets = set(shapes) if method == "full" or target_modules == "all-linear" else set(target_modules) & set(shapes)
     attn_in, mlp_in = targets & {"q_proj", "k_proj", "v_proj"}, targets & {"gate_proj", "up_proj"}
-    if method != "full" and bp == 2:  # one fp32 copy of the input per adapter
-        trained = 4 * (h * (len(attn_in) + len(mlp_in)) + q * ("o_proj" in targets) + i * ("down_proj" in targets))
-    else:  # the linears' own inputs, shared by the q/k/v and gate/up groups (o's is SDPA's output, kept already)
-        trained = bp * (h * (bool(attn_in) + bool(mlp_in)) + i * ("down_proj" in targets))
+    per_adapter = h * (len(attn_in) + len(mlp_in)) + q * ("o_proj" in targets) + i * ("down_proj" in targets)
+    shared = h * (bool(attn_in) + bool(mlp_in)) + i * ("down_proj" in targets)
+    if method == "full" or bp != 2:  # the linears' own inputs, shared by the q/k/v and gate/up groups
+        trained = bp * shared
+    elif quantized and autocast:
+        trained = bp * shared
+    elif autocast:
+        trained = bp * per_adapter
+    else:
+        trained = 4 * per_adapter
     return base + trained
 
 
 def estimate(model, cfg, precision: str, per_device_batch: int, gradient_checkpointing: bool,
              quantized: bool, *, world_size: int = 1, sharding: str = "none", optimizer: str | None = None,
-             kbit_upcast: bool = False, device: str = "cuda") -> MemoryEstimate:
+             kbit_upcast: bool = False, device: str = "cuda", fused_lm_head: bool = False,
+             autocast: bool = False, qlora_bf16_adapters: bool = False) -> MemoryEstimate:
     """Estimate one GPU's memory for a training step.
 
     Args:
@@ -99,6 +131,12 @@ def estimate(model, cfg, precision: str, per_device_batch: int, gradient_checkpo
         kbit_upcast: Model peft's prepare_model_for_kbit_training (fp32 norms, embeddings, lm_head),
             which kit does not call; for comparison with runs that do.
         device: "cuda" adds the CUDA context; "cpu" does not.
+        fused_lm_head: The loss is computed in tiles without the full logits (TRL ≥ 1.15's SFTTrainer,
+            see `fuses_lm_head`); False models a plain Trainer, whose logits are the largest term.
+        autocast: 16-bit math under torch.autocast, as Trainer runs with bf16/fp16 (kit's script);
+            False models a loop over a 16-bit model (see `layer_activation_bytes`).
+        qlora_bf16_adapters: On a 4-bit base the LoRA weights (so their grads and AdamW states) are
+            bf16, as TRL's SFTTrainer casts them, following the QLoRA paper; else fp32 (PEFT's default).
     """
     bp = 2 if precision in ("bf16", "fp16") else 4
     optimizer = optimizer or cfg.optimizer
@@ -125,10 +163,12 @@ def estimate(model, cfg, precision: str, per_device_batch: int, gradient_checkpo
         else:
             terms["weights"] = model.params * bp / n
         t = lora_params(model, cfg.lora.target_modules, cfg.lora.r)
-        terms["lora_params_fp32"] = t * 4 / n
-        terms["lora_grads_fp32"] = t * 4 / n
-        terms["optimizer_states"] = t * (state_bytes or 8) / n
-        trainable_grad = t * 4 / n
+        # Under fp16, kit casts them back to fp32 (modeling.settle_adapter_dtype): loss scaling needs it.
+        ab, name = (2, "bf16") if quantized and qlora_bf16_adapters and precision == "bf16" else (4, "fp32")
+        terms[f"lora_params_{name}"] = t * ab / n
+        terms[f"lora_grads_{name}"] = t * ab / n
+        terms["optimizer_states"] = t * (state_bytes or 2 * ab) / n
+        trainable_grad = t * ab / n
     if world_size > 1 and sharding == "none":
         terms["ddp_buckets"] = trainable_grad  # DDP's flat gradient buckets duplicate the grads
     if sharding == "fsdp":
@@ -138,24 +178,27 @@ def estimate(model, cfg, precision: str, per_device_batch: int, gradient_checkpo
 
     # Activations and logits.
     tokens = per_device_batch * cfg.seq_len
-    layer = layer_activation_bytes(model, bp, cfg.method, cfg.lora.target_modules) * tokens
+    layer = layer_activation_bytes(model, bp, cfg.method, cfg.lora.target_modules, quantized=quantized,
+                                   autocast=autocast) * tokens
     hidden = model.hidden * tokens * bp
-    logits = _logits_terms(tokens * model.vocab, bp, kbit_upcast)
+    if fused_lm_head:
+        logits, head = _fused_head_terms(tokens, model.hidden, model.vocab, bp), "loss tiles"
+    else:
+        logits, head = _logits_terms(tokens * model.vocab, bp, kbit_upcast), "logits"
     layers_here = model.layers / n
     if gradient_checkpointing:
         terms["activations_checkpointed"] = (layers_here + 1) * hidden  # each layer's input, kept for backward
-        layer_phase = {"layer_recompute": layer + 4 * hidden}  # one layer's activations and their grads
-        if quantized:
-            w = max(a * b for a, b in model.linear_shapes().values())
-            layer_phase["dequant_buffer"] = 2 * w * bp  # bitsandbytes dequantizes a weight per matmul
+        # One layer's activations and their grads. bitsandbytes' dequantized weight (one per matmul,
+        # freed at once) did not show in the H200 measurements of QLoRA through kit's script.
+        layer_phase = {"layer_recompute": layer + 4 * hidden}
         if sum(layer_phase.values()) > sum(logits.values()):
             terms.update(layer_phase)
-            notes.append(f"the logits ({_gib(sum(logits.values()))}) are freed before layers are "
+            notes.append(f"the {head} ({_gib(sum(logits.values()))}) are freed before layers are "
                          "recomputed: the recompute phase is the peak")
         else:
             terms.update(logits)
             notes.append(f"one layer's recomputed activations ({_gib(sum(layer_phase.values()))}) come "
-                         "after the logits are freed: not at the peak")
+                         f"after the {head} are freed: not at the peak")
     else:
         terms["activations"] = layers_here * layer + hidden
         terms.update(logits)
@@ -178,6 +221,13 @@ def _logits_terms(entries: int, bp: int, kbit_upcast: bool) -> dict[str, float]:
     if kbit_upcast:
         terms["log_softmax_grad_fp32"] = 4 * entries
     return terms
+
+
+def _fused_head_terms(tokens: int, hidden: int, vocab: int, bp: int) -> dict[str, float]:
+    """The tiled loss: one logits tile, the gathered hidden states it reads, their fp32 gradient."""
+    return {"loss_tile": min(tokens, FUSED_TILE[0]) * min(vocab, FUSED_TILE[1]) * bp,
+            "loss_hidden_copy": tokens * hidden * bp,
+            "loss_hidden_grad": tokens * hidden * (4 + bp)}
 
 
 def _gib(b: float) -> str:

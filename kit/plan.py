@@ -72,8 +72,11 @@ def batch_for_world(cfg, per_device_batch: int, world_size: int) -> tuple[int, i
     return per_device_batch, g // (per_device_batch * world_size), g
 
 
-def make_plan(facts, cfg, nproc: int | None = None) -> Plan:
+def make_plan(facts, cfg, nproc: int | None = None, *, replica_only: bool = False) -> Plan:
     """Plan `cfg` on the machine `facts` describes (a Facts or its dict); `nproc` limits the GPUs used.
+
+    `replica_only` leaves out sharding and model parallelism: only plans that kit's train_ddp.py
+    can run (one full replica per GPU), with the cheapest change that makes one fit.
 
     Raises:
         CannotTrain: the hardware cannot run it or it does not fit (`.plan` holds the "none" plan).
@@ -117,16 +120,19 @@ def make_plan(facts, cfg, nproc: int | None = None) -> Plan:
             plan.reasons.append("bitsandbytes is not installed there: `pip install bitsandbytes` before training.")
     plan.optimizer = _optimizer(cfg, facts)
     budget = _budget(usable, plan.reasons)
-    fit = _fit(model, cfg, plan.precision, quantized, plan.optimizer, n, budget)
+    loop = _training_loop(facts)
+    fit = _fit(model, cfg, plan.precision, quantized, plan.optimizer, n, budget, loop=loop, replica_only=replica_only)
     plan.memory["budget_bytes"] = budget
     if fit is None:
         gc = cfg.gradient_checkpointing != "off"  # show what the smallest replica would need
         est = memory.estimate(model, cfg, plan.precision, cfg.per_device_batch or 1, gc, quantized,
-                              world_size=n, optimizer=plan.optimizer)
+                              world_size=n, optimizer=plan.optimizer, **loop)
         plan.memory.update(per_gpu_bytes=est.total_bytes, allocated_bytes=est.allocated_bytes, terms=est.terms,
                            notes=[f"one replica at micro-batch {cfg.per_device_batch or 1}"] + est.notes)
-        _refuse(plan, f"{cfg.model} ({cfg.method}, seq_len {cfg.seq_len}) does not fit on {n}× {gpu['name']}: "
-                      + _cheaper_change(model, cfg, plan.precision, plan.optimizer, n, budget, gpu["name"]))
+        how = " with one full replica per GPU (kit's train_ddp.py does not shard yet)" if replica_only and n > 1 else ""
+        _refuse(plan, f"{cfg.model} ({cfg.method}, seq_len {cfg.seq_len}) does not fit on {n}× {gpu['name']}{how}: "
+                      + _cheaper_change(model, cfg, plan.precision, plan.optimizer, n, budget, gpu["name"], loop,
+                                        replica_only))
     strategy, world, pdb, gc, est = fit
     plan.strategy, plan.device, plan.gradient_checkpointing = strategy, "cuda", gc
     plan.nproc = world
@@ -134,6 +140,11 @@ def make_plan(facts, cfg, nproc: int | None = None) -> Plan:
     plan.memory.update(per_gpu_bytes=est.total_bytes, allocated_bytes=est.allocated_bytes, terms=est.terms,
                        notes=est.notes)
     plan.reasons += _strategy_reasons(strategy, n, gpu["name"], est, budget, model, cfg, gc, quantized, plan)
+    if strategy not in ("single", "ddp"):
+        plan.reasons.append("kit's train_ddp.py runs one full replica per GPU and does not shard yet, so `kit render` "
+                            "refuses this plan; for a script it can write, "
+                            + _cheaper_change(model, cfg, plan.precision, plan.optimizer, n, budget, gpu["name"], loop,
+                                              replica_only=True) + ".")
     plan.backend = _backend(cfg, facts, gpu, strategy, plan.reasons)
     plan.launch = _launch(strategy, world, usable, facts, gpu)
     return plan
@@ -189,7 +200,8 @@ def _cpu_plan(facts, cfg, model, plan: Plan, nproc) -> Plan:
     plan.precision = "bf16" if cfg.precision == "bf16" else "fp32"
     plan.optimizer = "adamw_torch" if cfg.optimizer in ("auto", "adamw_8bit", "paged_adamw_8bit") else cfg.optimizer
     ram = facts.ram_bytes or 8 * GIB  # ranks on a CPU share the machine's memory
-    fit = _fit(model, cfg, plan.precision, False, plan.optimizer, plan.nproc, ram // plan.nproc, device="cpu")
+    fit = _fit(model, cfg, plan.precision, False, plan.optimizer, plan.nproc, ram // plan.nproc, device="cpu",
+               loop=_training_loop(facts))
     if fit is None:
         _refuse(plan, f"{cfg.model} at seq_len {cfg.seq_len} needs more than the {ram / GIB:.1f} GiB of RAM here "
                       f"for {plan.nproc} process(es): use a GPU machine, fewer processes or shorter sequences")
@@ -236,14 +248,21 @@ def _optimizer(cfg, facts) -> str:
     return "adamw_8bit" if cfg.method == "full" and has_bnb else "adamw_torch"
 
 
-def _fit(model, cfg, precision, quantized, optimizer, n, budget, device="cuda"):
+def _training_loop(facts) -> dict:
+    """How the generated script trains, as memory.estimate's keywords: TRL's SFTTrainer under
+    autocast, bf16 LoRA weights on a 4-bit base, and the tiled loss where its version has it."""
+    return {"autocast": True, "qlora_bf16_adapters": True,
+            "fused_lm_head": memory.fuses_lm_head((facts.packages or {}).get("trl"))}
+
+
+def _fit(model, cfg, precision, quantized, optimizer, n, budget, device="cuda", loop=None, replica_only=False):
     """First (strategy, world, per_device_batch, checkpointing, estimate) that fits, or None."""
     if n == 1:
         strategies = [("single", 1, "none")]
     elif device == "cpu":  # gloo DDP only: sharding buys nothing when every rank shares the same RAM
         strategies = [("ddp", n, "none")]
     else:
-        strategies = [("ddp", n, "none"), ("fsdp", n, "fsdp"), ("model_parallel", 1, "layers")]
+        strategies = [("ddp", n, "none")] + ([] if replica_only else [("fsdp", n, "fsdp"), ("model_parallel", 1, "layers")])
     if cfg.gradient_checkpointing != "auto":
         gcs = [cfg.gradient_checkpointing == "on"]
     else:
@@ -256,14 +275,19 @@ def _fit(model, cfg, precision, quantized, optimizer, n, budget, device="cuda"):
         for b in batches:
             for gc in gcs:
                 est = memory.estimate(model, cfg, precision, b, gc, quantized, world_size=n,
-                                      sharding=sharding, optimizer=optimizer, device=device)
+                                      sharding=sharding, optimizer=optimizer, device=device, **(loop or {}))
                 if est.total_bytes <= budget:
                     return strategy, world, b, gc, est
     return None
 
 
-def _cheaper_change(model, cfg, precision, optimizer, n, budget, gpu_name) -> str:
-    """The first change, cheapest first, that would make the job fit, as a sentence."""
+def _cheaper_change(model, cfg, precision, optimizer, n, budget, gpu_name, loop=None, replica_only=False) -> str:
+    """The cheapest change that would make the job fit, as a sentence.
+
+    Changes, cheapest for the user first: gradient checkpointing (slower steps), micro-batch 1 (the
+    global batch is kept by accumulation), LoRA instead of full, QLoRA, then shorter sequences.
+    One change alone when one suffices; else the cheapest ones together, then shorter sequences.
+    """
     options = []
     if cfg.gradient_checkpointing == "off":
         options.append(("gradient_checkpointing=on", {"gradient_checkpointing": "on"}))
@@ -273,23 +297,31 @@ def _cheaper_change(model, cfg, precision, optimizer, n, budget, gpu_name) -> st
         options.append(("method=lora", {"method": "lora"}))
     if cfg.method != "qlora" and not model.prequantized:
         options.append(("method=qlora", {"method": "qlora"}))
+
+    def attempt(changes):
+        trial = copy.deepcopy(cfg)
+        for _, change in changes:
+            for k, val in change.items():
+                setattr(trial, k, val)
+        try:
+            fit = _fit(model, trial, precision, trial.method == "qlora" or bool(model.prequantized), optimizer, n,
+                       budget, loop=loop, replica_only=replica_only)
+        except UsageError:
+            return None
+        if fit is None:
+            return None
+        return (f"cheapest change that fits: {' and '.join(label for label, _ in changes)} (strategy {fit[0]}, "
+                f"micro-batch {fit[2]}: estimated {fit[4].total_bytes / GIB:.1f} GiB per GPU of {budget / GIB:.1f} GiB)")
+
+    candidates = [[option] for option in options] + [options[:k] for k in range(2, len(options) + 1)]
     seq = cfg.seq_len // 2
     while seq >= 128:
-        options.append((f"seq_len={seq}", {"seq_len": seq, "method": "qlora" if cfg.method != "full" else "full"}))
+        candidates.append(options + [(f"seq_len={seq}", {"seq_len": seq})])
         seq //= 2
-    for label, change in options:
-        trial = copy.deepcopy(cfg)
-        for k, val in change.items():
-            setattr(trial, k, val)
-        try:
-            fit = _fit(model, trial, precision, trial.method == "qlora" or bool(model.prequantized), optimizer, n, budget)
-        except UsageError:
-            continue
-        if fit:
-            if label.startswith("seq_len") and cfg.method != trial.method:
-                label = f"method=qlora and {label}"
-            return (f"cheapest change that fits: {label} (strategy {fit[0]}, micro-batch {fit[2]}: estimated "
-                    f"{fit[4].total_bytes / GIB:.1f} GiB per GPU of {budget / GIB:.1f} GiB)")
+    for changes in candidates:
+        found = attempt(changes)
+        if found:
+            return found
     return (f"nothing kit can change fits {n}× {gpu_name} ({budget / GIB:.1f} GiB each): pick a GPU with more "
             "memory, more GPUs, or a smaller model")
 
