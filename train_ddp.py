@@ -145,6 +145,7 @@ def main(argv: list[str]) -> int:
             processing_class=tokenizer,
             callbacks=job.callbacks(model, dataset),  # saves, deadline, upload, speed and memory
         )
+        modeling.settle_adapter_dtype(trainer.model, plan)  # fp16 loss scaling needs fp32 LoRA weights
         trainer.train(resume_from_checkpoint=job.resume_from)
         code = job.finish(trainer)  # rank 0: last upload (blocking, with a timeout), outcome line
         ok = True

@@ -124,6 +124,28 @@ def _load_unsloth(cfg, plan, ctx):
     return model, tokenizer
 
 
+def settle_adapter_dtype(model, plan) -> int:
+    """Make the trainable weights fp32 when training in fp16; returns how many were cast.
+
+    TRL's SFTTrainer casts LoRA weights on a 4-bit base to bf16 (the QLoRA paper's choice). That
+    is fine under bf16, but fp16 AMP (T4, V100) scales the loss, and its GradScaler cannot unscale
+    bf16 gradients: the first step fails with "_amp_foreach_non_finite_check_and_unscale_cuda not
+    implemented for 'BFloat16'" (seen on the H200 with precision=fp16). fp32 weights also keep
+    small updates that fp16 or bf16 would round away. Call after building the trainer, before
+    `train()` creates the optimizer.
+    """
+    if plan.precision != "fp16":
+        return 0
+    import torch
+
+    cast = 0
+    for param in model.parameters():
+        if param.requires_grad and param.dtype != torch.float32:
+            param.data = param.data.float()
+            cast += 1
+    return cast
+
+
 def trainable_summary(model) -> str:
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)

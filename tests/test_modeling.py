@@ -1,0 +1,38 @@
+"""kit.modeling on the tiny default model: LoRA wrapping and the adapter dtype fp16 training needs."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from kit import config, modeling
+from tests.scripts import ROOT
+
+
+@pytest.fixture
+def lora_model():
+    cfg = config.load(str(ROOT / "configs" / "default.yaml"), [])
+    model = AutoModelForCausalLM.from_pretrained(ROOT / "models" / "tiny-qwen3", dtype=torch.float32)
+    model = modeling.add_lora(model, cfg, SimpleNamespace(backend="transformers"))
+    # What TRL's SFTTrainer does to LoRA weights on a 4-bit base (the QLoRA paper's bf16 adapters);
+    # the 4-bit base itself needs a GPU, so only the cast is reproduced here.
+    for p in model.parameters():
+        if p.requires_grad:
+            p.data = p.data.to(torch.bfloat16)
+    return model
+
+
+def test_fp16_training_gets_fp32_lora_weights(lora_model):
+    # On the H200 with precision=fp16 (the T4 path) bf16 adapters failed the first step:
+    # "_amp_foreach_non_finite_check_and_unscale_cuda" not implemented for 'BFloat16'.
+    frozen = {n: p.dtype for n, p in lora_model.named_parameters() if not p.requires_grad}
+    trainable = [p for p in lora_model.parameters() if p.requires_grad]
+    assert modeling.settle_adapter_dtype(lora_model, SimpleNamespace(precision="fp16")) == len(trainable) > 0
+    assert all(p.dtype == torch.float32 for p in trainable)
+    assert {n: p.dtype for n, p in lora_model.named_parameters() if not p.requires_grad} == frozen
+
+
+def test_bf16_training_keeps_trls_bf16_adapters(lora_model):
+    assert modeling.settle_adapter_dtype(lora_model, SimpleNamespace(precision="bf16")) == 0
+    assert all(p.dtype == torch.bfloat16 for p in lora_model.parameters() if p.requires_grad)
