@@ -80,5 +80,6 @@ def test_plans_the_script_cannot_run_are_refused(tmp_path):
     r = kit("render", "--config", "configs/default.yaml", "model=Qwen/Qwen3-8B", "method=lora", "seq_len=512",
             "gradient_checkpointing=auto", "per_device_batch=null", "global_batch=null", "--gpus", "2xT4", "-o", str(out))
     assert r.returncode == 3, r.stderr
-    assert "the plan needs fsdp" in r.stderr and "does not do yet" in r.stderr
+    assert "with one full replica per GPU (kit's train_ddp.py does not shard yet)" in r.stderr
+    assert "cheapest change that fits: method=qlora (strategy ddp" in r.stderr  # a change to a script it can write
     assert not out.exists()

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from kit import config, render
-from kit.errors import CannotTrain, UsageError
+from kit.errors import UsageError
 
 RENDERABLE = ("single", "ddp")  # what the script template can run: one full replica per rank
 
@@ -45,13 +45,11 @@ def render_for(cfg, config_path: str, facts: dict, gpus_spec: str | None = None)
     """(script text, plan) for `cfg` on the machine `facts` describes."""
     from kit.plan import make_plan
 
-    plan = make_plan(facts, cfg)
-    if plan.strategy not in RENDERABLE:
-        # The template loads one full replica per rank; a sharded or split plan would run out of
-        # memory there. Say so now, not an hour into a session.
-        raise CannotTrain(f"the plan needs {plan.strategy} ({plan.reasons[-1] if plan.reasons else ''}), which "
-                          "kit's train_ddp.py does not do yet: use method=qlora, a shorter seq_len or bigger GPUs "
-                          "(see `kit plan`)")
+    # The template runs one full replica per rank: plan only what it can run, so a job that fits
+    # only sharded is refused now, with the cheapest change that makes a replica fit, rather than
+    # running out of memory an hour into a session.
+    plan = make_plan(facts, cfg, replica_only=True)
+    assert plan.strategy in RENDERABLE, plan.strategy
     planned = plan.to_dict()
     planned["gpu_name"] = plan.gpu
     return render.render(cfg, planned, config_path, machine_words(facts, gpus_spec)), plan
