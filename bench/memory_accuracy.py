@@ -52,6 +52,30 @@ HOLDOUT = [
 ]
 
 
+def planned_allocated_gib(row: dict) -> float:
+    """What `kit plan` estimates today (allocated_bytes, GiB) for one row of a results file."""
+    from kit import config, hardware
+    from kit.plan import make_plan
+
+    cfg = config.load(None, [f"model={row['hub_id']}", f"method={row['method']}", f"seq_len={row['seq_len']}",
+                             f"per_device_batch={row['batch']}", f"global_batch={row['batch']}",
+                             f"gradient_checkpointing={'on' if row['gradient_checkpointing'] else 'off'}",
+                             "lora.r=16", "lora.alpha=32", "precision=bf16"])
+    return make_plan(hardware.synthesize("1xH200"), cfg).memory["allocated_bytes"] / GIB
+
+
+def reestimate(path: Path) -> int:
+    """Print kit's current estimate for every row of an earlier run, against what was measured."""
+    worst = 0.0
+    for r in json.loads(path.read_text())["rows"]:
+        est = planned_allocated_gib(r)
+        err = 100 * (est - r["measured_gib"]) / r["measured_gib"]
+        worst = max(worst, abs(err))
+        print(f"{r['name']:<34} measured {r['measured_gib']:7.2f} GiB  estimated now {est:7.2f} GiB  {err:+6.1f} %")
+    print(f"worst {worst:.1f} % (target ±{100 * TARGET:.0f} %)")
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="/tmp/kit-models", help="where the random-weight models are made")
@@ -60,7 +84,10 @@ def main() -> int:
     p.add_argument("--set", choices=("calibration", "holdout"), default="calibration", help="which rows to run")
     p.add_argument("--rows", default=None, help="comma-separated row numbers of the set to run (default: all)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "memory_accuracy_h200.json"))
+    p.add_argument("--reestimate", metavar="FILE", help="no GPU: today's estimate against the measurements in FILE")
     a = p.parse_args()
+    if a.reestimate:
+        return reestimate(Path(a.reestimate))
 
     import torch
 

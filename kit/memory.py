@@ -5,8 +5,15 @@
     est.terms          # {"weights_4bit": ..., "logits_fp32": ..., "cuda_context": ..., ...}
     est.total_bytes    # sum of the terms
 
-Calibrated on one H200 (Qwen3 shapes, LoRA r16 all-linear, seq 2048, batch 4, checkpointing on,
-transformers Trainer + PEFT + bitsandbytes, `torch.cuda.max_memory_allocated`):
+Calibrated on one H200 in two settings. What `kit plan` uses, the generated script (TRL 1.15's
+SFTTrainer under autocast, bf16 QLoRA adapters, the tiled loss that never holds the logits),
+measured by bench/memory_accuracy.py through `max_memory_allocated` over real steps: 8 calibration
+and 7 held-out configurations (Qwen3 0.6B–8B, QLoRA and bf16 LoRA, seq 512–4096, batch 1–8,
+checkpointing on and off): the fitted ones within 4.8 %, the held-out ones within 3.1 %
+(bench/results/memory_accuracy_h200*.json; `python bench/memory_accuracy.py --reestimate FILE`).
+
+And the defaults (`autocast=False`, `fused_lm_head=False`): a plain transformers Trainer + PEFT
+and a plain PyTorch loop, LoRA r16 all-linear, seq 2048, batch 4, checkpointing on:
 
     run                                   measured   `allocated_bytes` here
     8B QLoRA (no prepare_model_for_kbit)  22.5 GiB   22.5 GiB
@@ -14,10 +21,10 @@ transformers Trainer + PEFT + bitsandbytes, `torch.cuda.max_memory_allocated`):
     8B bf16 LoRA                          32.1 GiB   32.1 GiB
     0.6B QLoRA (logits dominate)          16.1 GiB   15.0 GiB
 
-and, bf16 LoRA in a plain PyTorch loop on the same H200 (kit's author, 2026-12-02), 8B and 0.6B at
-seq 512–4096, batch 1–8, checkpointing on and off: all nine within 1 % (tests/test_memory.py).
+and nine bf16 LoRA runs in a plain loop, 8B and 0.6B at seq 512–4096, batch 1–8, checkpointing
+on and off, within 1 % (tests/test_memory.py).
 
-Two things the measurements taught: the logits cost 12 bytes per (token × vocab) entry (the 16-bit
+Two things the measurements taught: full logits cost 12 bytes per (token × vocab) entry (the 16-bit
 logits the model returns, the fp32 log-softmax the loss saves, its fp32 gradient and the 16-bit
 gradient), and with checkpointing they are freed before the first layer is recomputed, so the peak
 is the larger of the two phases, not their sum. Attention is SDPA/flash: no seq² term.
