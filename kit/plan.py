@@ -11,16 +11,16 @@ plan (reasons include the cheapest change that would fit), so `kit plan --json` 
 
 from __future__ import annotations
 
-import copy
 from dataclasses import asdict, dataclass, field
 
 from kit import memory, models, verdicts
 from kit.errors import CannotTrain, UsageError
+from kit.fit import CHECKPOINTING_FROM_PARAMS, batch_for_world, cheaper_change, fit, training_loop
 
 GIB = 2**30
-AUTO_BATCHES = (8, 4, 2, 1)
 CPU_MAX_PARAMS = 1e9
-CHECKPOINTING_FROM_PARAMS = 1e9
+
+__all__ = ["Plan", "batch_for_world", "make_plan"]
 
 
 @dataclass
@@ -46,30 +46,6 @@ class Plan:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def batch_for_world(cfg, per_device_batch: int, world_size: int) -> tuple[int, int, int]:
-    """(per_device, grad_accum, global) keeping cfg.global_batch across world sizes.
-
-    Without a global batch in the config, global = per_device × world. A micro-batch the planner
-    picked shrinks to divide the global batch; one the config fixed must divide it.
-
-    Raises:
-        UsageError: global_batch is not a multiple of per_device × world_size.
-    """
-    if cfg.global_batch is None:
-        return per_device_batch, 1, per_device_batch * world_size
-    g = cfg.global_batch
-    if g % world_size:
-        raise UsageError(f"global_batch {g} is not a multiple of the {world_size} GPU(s)/processes: pick a "
-                         f"multiple of {world_size}")
-    if cfg.per_device_batch is None:
-        per_device_batch = max(b for b in range(1, per_device_batch + 1) if (g // world_size) % b == 0)
-    if g % (per_device_batch * world_size):
-        raise UsageError(f"global_batch {g} is not a multiple of per_device_batch {per_device_batch} × "
-                         f"{world_size} GPU(s) = {per_device_batch * world_size}: pick a global_batch that is, "
-                         "or leave per_device_batch null")
-    return per_device_batch, g // (per_device_batch * world_size), g
 
 
 def make_plan(facts, cfg, nproc: int | None = None, *, replica_only: bool = False) -> Plan:
@@ -120,10 +96,10 @@ def make_plan(facts, cfg, nproc: int | None = None, *, replica_only: bool = Fals
             plan.reasons.append("bitsandbytes is not installed there: `pip install bitsandbytes` before training.")
     plan.optimizer = _optimizer(cfg, facts)
     budget = _budget(usable, plan.reasons)
-    loop = _training_loop(facts)
-    fit = _fit(model, cfg, plan.precision, quantized, plan.optimizer, n, budget, loop=loop, replica_only=replica_only)
+    loop = training_loop(facts)
+    found = fit(model, cfg, plan.precision, quantized, plan.optimizer, n, budget, loop=loop, replica_only=replica_only)
     plan.memory["budget_bytes"] = budget
-    if fit is None:
+    if found is None:
         gc = cfg.gradient_checkpointing != "off"  # show what the smallest replica would need
         est = memory.estimate(model, cfg, plan.precision, cfg.per_device_batch or 1, gc, quantized,
                               world_size=n, optimizer=plan.optimizer, **loop)
@@ -131,9 +107,9 @@ def make_plan(facts, cfg, nproc: int | None = None, *, replica_only: bool = Fals
                            notes=[f"one replica at micro-batch {cfg.per_device_batch or 1}"] + est.notes)
         how = " with one full replica per GPU (kit's train_ddp.py does not shard yet)" if replica_only and n > 1 else ""
         _refuse(plan, f"{cfg.model} ({cfg.method}, seq_len {cfg.seq_len}) does not fit on {n}× {gpu['name']}{how}: "
-                      + _cheaper_change(model, cfg, plan.precision, plan.optimizer, n, budget, gpu["name"], loop,
+                      + cheaper_change(model, cfg, plan.precision, plan.optimizer, n, budget, gpu["name"], loop,
                                         replica_only))
-    strategy, world, pdb, gc, est = fit
+    strategy, world, pdb, gc, est = found
     plan.strategy, plan.device, plan.gradient_checkpointing = strategy, "cuda", gc
     plan.nproc = world
     plan.per_device_batch, plan.grad_accum, plan.global_batch = batch_for_world(cfg, pdb, world)
@@ -143,7 +119,7 @@ def make_plan(facts, cfg, nproc: int | None = None, *, replica_only: bool = Fals
     if strategy not in ("single", "ddp"):
         plan.reasons.append("kit's train_ddp.py runs one full replica per GPU and does not shard yet, so `kit render` "
                             "refuses this plan; for a script it can write, "
-                            + _cheaper_change(model, cfg, plan.precision, plan.optimizer, n, budget, gpu["name"], loop,
+                            + cheaper_change(model, cfg, plan.precision, plan.optimizer, n, budget, gpu["name"], loop,
                                               replica_only=True) + ".")
     plan.backend = _backend(cfg, facts, gpu, strategy, plan.reasons)
     plan.launch = _launch(strategy, world, usable, facts, gpu)
@@ -200,12 +176,12 @@ def _cpu_plan(facts, cfg, model, plan: Plan, nproc) -> Plan:
     plan.precision = "bf16" if cfg.precision == "bf16" else "fp32"
     plan.optimizer = "adamw_torch" if cfg.optimizer in ("auto", "adamw_8bit", "paged_adamw_8bit") else cfg.optimizer
     ram = facts.ram_bytes or 8 * GIB  # ranks on a CPU share the machine's memory
-    fit = _fit(model, cfg, plan.precision, False, plan.optimizer, plan.nproc, ram // plan.nproc, device="cpu",
-               loop=_training_loop(facts))
-    if fit is None:
+    found = fit(model, cfg, plan.precision, False, plan.optimizer, plan.nproc, ram // plan.nproc, device="cpu",
+                loop=training_loop(facts))
+    if found is None:
         _refuse(plan, f"{cfg.model} at seq_len {cfg.seq_len} needs more than the {ram / GIB:.1f} GiB of RAM here "
                       f"for {plan.nproc} process(es): use a GPU machine, fewer processes or shorter sequences")
-    plan.strategy, _, b, plan.gradient_checkpointing, est = fit
+    plan.strategy, _, b, plan.gradient_checkpointing, est = found
     plan.per_device_batch, plan.grad_accum, plan.global_batch = batch_for_world(cfg, b, plan.nproc)
     plan.memory.update(per_gpu_bytes=est.total_bytes, allocated_bytes=est.allocated_bytes,
                        budget_bytes=ram // plan.nproc, terms=est.terms, notes=est.notes)
@@ -246,84 +222,6 @@ def _optimizer(cfg, facts) -> str:
     # LoRA's optimizer state is tiny; 8-bit Adam pays off only for full fine-tuning.
     has_bnb = bool((facts.packages or {}).get("bitsandbytes"))
     return "adamw_8bit" if cfg.method == "full" and has_bnb else "adamw_torch"
-
-
-def _training_loop(facts) -> dict:
-    """How the generated script trains, as memory.estimate's keywords: TRL's SFTTrainer under
-    autocast, bf16 LoRA weights on a 4-bit base, and the tiled loss where its version has it."""
-    return {"autocast": True, "qlora_bf16_adapters": True,
-            "fused_lm_head": memory.fuses_lm_head((facts.packages or {}).get("trl"))}
-
-
-def _fit(model, cfg, precision, quantized, optimizer, n, budget, device="cuda", loop=None, replica_only=False):
-    """First (strategy, world, per_device_batch, checkpointing, estimate) that fits, or None."""
-    if n == 1:
-        strategies = [("single", 1, "none")]
-    elif device == "cpu":  # gloo DDP only: sharding buys nothing when every rank shares the same RAM
-        strategies = [("ddp", n, "none")]
-    else:
-        strategies = [("ddp", n, "none")] + ([] if replica_only else [("fsdp", n, "fsdp"), ("model_parallel", 1, "layers")])
-    if cfg.gradient_checkpointing != "auto":
-        gcs = [cfg.gradient_checkpointing == "on"]
-    else:
-        gcs = [False, True] if model.params < CHECKPOINTING_FROM_PARAMS else [True]
-    for strategy, world, sharding in strategies:
-        batches = [cfg.per_device_batch] if cfg.per_device_batch else list(AUTO_BATCHES)
-        if cfg.global_batch is not None:
-            batch_for_world(cfg, batches[0], world)  # raises UsageError when it cannot divide
-            batches = [b for b in batches if cfg.global_batch % (b * world) == 0]
-        for b in batches:
-            for gc in gcs:
-                est = memory.estimate(model, cfg, precision, b, gc, quantized, world_size=n,
-                                      sharding=sharding, optimizer=optimizer, device=device, **(loop or {}))
-                if est.total_bytes <= budget:
-                    return strategy, world, b, gc, est
-    return None
-
-
-def _cheaper_change(model, cfg, precision, optimizer, n, budget, gpu_name, loop=None, replica_only=False) -> str:
-    """The cheapest change that would make the job fit, as a sentence.
-
-    Changes, cheapest for the user first: gradient checkpointing (slower steps), micro-batch 1 (the
-    global batch is kept by accumulation), LoRA instead of full, QLoRA, then shorter sequences.
-    One change alone when one suffices; else the cheapest ones together, then shorter sequences.
-    """
-    options = []
-    if cfg.gradient_checkpointing == "off":
-        options.append(("gradient_checkpointing=on", {"gradient_checkpointing": "on"}))
-    if cfg.per_device_batch and cfg.per_device_batch > 1:
-        options.append(("per_device_batch=1 (keep the global batch with accumulation)", {"per_device_batch": 1}))
-    if cfg.method == "full":
-        options.append(("method=lora", {"method": "lora"}))
-    if cfg.method != "qlora" and not model.prequantized:
-        options.append(("method=qlora", {"method": "qlora"}))
-
-    def attempt(changes):
-        trial = copy.deepcopy(cfg)
-        for _, change in changes:
-            for k, val in change.items():
-                setattr(trial, k, val)
-        try:
-            fit = _fit(model, trial, precision, trial.method == "qlora" or bool(model.prequantized), optimizer, n,
-                       budget, loop=loop, replica_only=replica_only)
-        except UsageError:
-            return None
-        if fit is None:
-            return None
-        return (f"cheapest change that fits: {' and '.join(label for label, _ in changes)} (strategy {fit[0]}, "
-                f"micro-batch {fit[2]}: estimated {fit[4].total_bytes / GIB:.1f} GiB per GPU of {budget / GIB:.1f} GiB)")
-
-    candidates = [[option] for option in options] + [options[:k] for k in range(2, len(options) + 1)]
-    seq = cfg.seq_len // 2
-    while seq >= 128:
-        candidates.append(options + [(f"seq_len={seq}", {"seq_len": seq})])
-        seq //= 2
-    for changes in candidates:
-        found = attempt(changes)
-        if found:
-            return found
-    return (f"nothing kit can change fits {n}× {gpu_name} ({budget / GIB:.1f} GiB each): pick a GPU with more "
-            "memory, more GPUs, or a smaller model")
 
 
 def _strategy_reasons(strategy, n, gpu_name, est, budget, model, cfg, gc, quantized, plan) -> list[str]:
