@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 
+
 def query_gpus(unknown: dict) -> tuple[list, str | None, str | None]:
     """Every visible GPU, from NVML, else nvidia-smi, else amd-smi, else rocm-smi.
 

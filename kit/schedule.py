@@ -93,20 +93,14 @@ def check_store(cfg) -> str | None:
     """
     if not cfg.store:
         return None
-    from kit.store import DirStore, open_store
+    from kit.store import open_store
 
-    if cfg.store.startswith("hf://"):
-        if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
-            raise StoreError(f"store {cfg.store} is on the Hub, but HF_HUB_OFFLINE is set: unset it, or use a "
-                             "directory store")
-        if auth.find_token() is None:
-            from kit.store.hub import NO_TOKEN
-
-            raise StoreError(f"store {cfg.store}: {NO_TOKEN}")
+    if cfg.store.startswith("hf://") and os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        raise StoreError(f"store {cfg.store} is on the Hub, but HF_HUB_OFFLINE is set: unset it, or use a "
+                         "directory store")
     store = open_store(cfg.store)
+    store.check_writable()  # training must be able to publish there
     store.latest_valid()
-    if isinstance(store, DirStore):
-        store._writable_dir(store.root)  # training must be able to publish there
     return store.describe()
 
 

@@ -19,7 +19,8 @@ import pytest
 
 from kit import platforms
 from kit.errors import UsageError
-from kit.probe import cache_dir, load_facts
+from kit.probe import load_facts
+from kit.torch_build import cache_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -279,6 +279,9 @@ def test_missing_and_invalid_tokens(hub, tmp_path):
     anon = HubStore(REPO, endpoint=hub.url)
     with pytest.raises(StoreError, match=NO_TOKEN):
         anon.publish(make_ckpt(tmp_path, 2), 2, keep=1)
+    with pytest.raises(StoreError, match=NO_TOKEN):
+        anon.check_writable()  # what `kit schedule` asks before it starts a run
+    HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url).check_writable()
     with pytest.raises(StoreError, match="no token was given \\(401\\)"):
         anon.latest_valid()  # the repo is private
     with pytest.raises(StoreError, match="token rejected .* \\(401\\)"):
@@ -322,6 +325,9 @@ def test_unwritable_store_dir(tmp_path):
     assert err.value.exit_code == 4
     with pytest.raises(StoreError, match="not writable"):
         store.write_text("job.json", "{}")
+    with pytest.raises(StoreError, match="not writable"):
+        store.check_writable()
+    DirStore(tmp_path / "fine").check_writable()
 
 
 def test_vanilla_without_trainer_state_is_ignored_with_a_warning(tmp_path, caplog):

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 
 from kit import config
-from kit.report import plan_to_text
 from kit.errors import CannotTrain, UsageError
+from kit.report import plan_to_text
 
 GIB = 2**30
 

@@ -85,6 +85,10 @@ class Store(ABC):
     @abstractmethod
     def describe(self) -> str: ...
 
+    @abstractmethod
+    def check_writable(self) -> None:
+        """Raise StoreError when a training run could not publish here (checked before one starts)."""
+
     def _deep_check(self, cand: Candidate, manifest: dict, snap: Snapshot) -> tuple[bool, str]:
         """Backends that can hash cheaply (a local directory) check the bytes here."""
         return True, ""

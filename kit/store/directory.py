@@ -18,8 +18,16 @@ from pathlib import Path
 
 from kit.errors import StoreError
 from kit.manifest import verify_files
-from kit.store.base import (CKPT_DIR, Candidate, Snapshot, Store, _swap_into, local_files, record_path,
-                            steps_to_delete)
+from kit.store.base import (
+    CKPT_DIR,
+    Candidate,
+    Snapshot,
+    Store,
+    _swap_into,
+    local_files,
+    record_path,
+    steps_to_delete,
+)
 
 log = logging.getLogger("kit.store")
 _CHUNK = 1 << 20
@@ -64,6 +72,9 @@ class DirStore(Store):
                 raise StoreError(f"{path} vanished from {self.describe()} during the fetch") from err
 
     # ---- writing ------------------------------------------------------------------------------
+    def check_writable(self) -> None:
+        self._writable_dir(self.root)
+
     def _writable_dir(self, path: Path) -> Path:
         try:
             path.mkdir(parents=True, exist_ok=True)

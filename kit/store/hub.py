@@ -21,8 +21,16 @@ from huggingface_hub.utils import _http as hf_http
 
 from kit.auth import find_token, redact
 from kit.errors import StoreError, UsageError
-from kit.store.base import (CKPT_DIR, Snapshot, StaleHead, Store, TransientStoreError, local_files, record_path,
-                            steps_to_delete)
+from kit.store.base import (
+    CKPT_DIR,
+    Snapshot,
+    StaleHead,
+    Store,
+    TransientStoreError,
+    local_files,
+    record_path,
+    steps_to_delete,
+)
 
 log = logging.getLogger("kit.store")
 
@@ -111,6 +119,9 @@ class HubStore(Store):
         if code in (408, 429) or (code is not None and code >= 500):
             return TransientStoreError(f"{action} on {where} failed: HTTP {code}")
         return StoreError(f"{action} on {where} failed: HTTP {code}: {redact(_first_line(err), self._token)[:200]}")
+
+    def check_writable(self) -> None:
+        self._need_token()  # whether the token may write shows at the first commit (403, one line)
 
     def _need_token(self) -> None:
         if not self._token:
