@@ -15,13 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 from kit import memory, models, verdicts
 from kit.errors import CannotTrain, UsageError
-from kit.fit import (
-    CHECKPOINTING_FROM_PARAMS,
-    batch_for_world,
-    cheaper_change,
-    fit,
-    training_loop,
-)
+from kit.fit import CHECKPOINTING_FROM_PARAMS, batch_for_world, cheaper_change, fit, training_loop
 
 GIB = 2**30
 CPU_MAX_PARAMS = 1e9
