@@ -156,11 +156,16 @@ def _duration(seconds) -> str:
 
 
 def session_line(i: int, rec: dict) -> str:
-    """`#2  2026-12-02 13:20Z  host  40 → 200 of 200  complete  (12 s, 2 processes)`."""
+    """`#2  2026-12-02 13:20Z  host  40 → 200 of 200  complete  (12 s, 2 processes, ~7,080 tokens/s, peak 10.1 GiB)`."""
     span = (rec.get("ended") or 0) - (rec.get("started") or 0) if rec.get("ended") else None
+    extra = [_duration(span), f"{rec.get('world_size', '?')} processes"]
+    if isinstance(rec.get("tokens_per_s"), (int, float)):
+        extra.append(f"~{rec['tokens_per_s']:,.0f} tokens/s")
+    if isinstance(rec.get("peak_allocated_bytes"), (int, float)):
+        extra.append(f"peak {rec['peak_allocated_bytes'] / 2**30:.1f} GiB")
     return (f"#{i}  {_when(rec.get('started'))}  {rec.get('host', '?')}  {rec.get('start_step', '?')} → "
             f"{rec.get('end_step', '?')} of {rec.get('max_steps', '?')}  {rec.get('outcome', '?')}  "
-            f"({_duration(span)}, {rec.get('world_size', '?')} processes)")
+            f"({', '.join(extra)})")
 
 
 def format_text(s: dict) -> str:

@@ -42,6 +42,7 @@ def test_local_sessions_with_a_torn_last_line(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     recs = sessions((0, 40, "paused"), (40, 90, "paused"))
+    recs[1].update(tokens_per_s=7086.8, peak_allocated_bytes=10.11 * 2**30)  # what the script measured
     torn = '{"host": "x", "sta'
     (out / "kit_sessions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in reversed(recs)) + torn)
     s = status.gather(config.load(None, [f"output_dir={out}", "max_steps=200"]))
@@ -49,6 +50,7 @@ def test_local_sessions_with_a_torn_last_line(tmp_path):
     text = status.format_text(s).splitlines()
     assert text[3] == "sessions     2"
     assert text[4].startswith("             #1  2026-") and "0 → 40 of 200  paused  (20 min, 2 processes)" in text[4]
+    assert text[5].endswith("40 → 90 of 200  paused  (20 min, 2 processes, ~7,087 tokens/s, peak 10.1 GiB)")
     assert all(len(line.split()[0]) <= 12 for line in text if line[:1] != " ")
 
 
