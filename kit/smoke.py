@@ -27,14 +27,19 @@ def _snapshot(params) -> dict[str, torch.Tensor]:
 
 class Smoke(TrainerCallback):
     def __init__(self, model, method: str):
-        named = list(model.named_parameters())
-        self.method = method
+        self.method, self.model = method, model
+        self.trainable: dict[str, torch.Tensor] = {}
+        self.frozen: dict[str, torch.Tensor] = {}
+        self.logs: list[dict] = []
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        # The weights training starts from: after the trainer and kit have set them up (TRL casts
+        # QLoRA adapters to bf16, kit back to fp32 under fp16), so a cast never counts as a step.
+        named = list(self.model.named_parameters())
         self.trainable = _snapshot((n, p) for n, p in named if p.requires_grad)
         frozen = [(n, p) for n, p in named if not p.requires_grad]
         step = max(1, len(frozen) // SAMPLE_FROZEN)
         self.frozen = _snapshot(frozen[::step][:SAMPLE_FROZEN])
-        self.model = model
-        self.logs: list[dict] = []
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         self.logs.append(dict(logs or {}))

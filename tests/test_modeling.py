@@ -36,3 +36,15 @@ def test_fp16_training_gets_fp32_lora_weights(lora_model):
 def test_bf16_training_keeps_trls_bf16_adapters(lora_model):
     assert modeling.settle_adapter_dtype(lora_model, SimpleNamespace(precision="bf16")) == 0
     assert all(p.dtype == torch.bfloat16 for p in lora_model.parameters() if p.requires_grad)
+
+
+def test_smoke_compares_against_the_weights_training_starts_from(lora_model):
+    # Built before the trainer, as Job.callbacks does; then the script casts the adapters (fp16).
+    # A dtype change is not learning: with no optimizer step the rung must fail, not pass.
+    from kit.smoke import Smoke
+
+    smoke = Smoke(lora_model, "lora")
+    modeling.settle_adapter_dtype(lora_model, SimpleNamespace(precision="fp16"))
+    smoke.on_train_begin(args=None, state=None, control=None)
+    rungs = {name: passed for name, passed, _ in smoke.rungs()}
+    assert rungs["LoRA weights changed"] is False and rungs["frozen base weights unchanged"] is True
