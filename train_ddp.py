@@ -88,14 +88,14 @@ def main(argv: list[str]) -> int:
     args = runtime.parse_args(argv, CONFIG_PATH)
     cfg = runtime.settings(SETTINGS, args)
     ctx = dist.init()  # LOCAL_RANK -> this rank's device; nccl on GPUs, gloo on the CPU
-    ok = False
+    ok, code = False, 1
     try:
         plan = runtime.plan_for(ctx, cfg, PLAN)
         job = Job(cfg, ctx, plan, smoke=args.smoke, force=args.force)
         job.start()  # rank 0 finds the newest complete checkpoint (local, then store); all ranks agree
         if job.complete:
-            ok = True
-            return 0
+            ok, code = True, 0
+            return code
 
         set_seed(cfg.seed)  # the same LoRA init on every rank and in every run
         model, tokenizer = modeling.load(cfg, plan, ctx)  # 4-bit loads pinned to device_map={"": local_rank}
@@ -151,7 +151,9 @@ def main(argv: list[str]) -> int:
         ok = True
         return code
     finally:
-        dist.teardown(ok)  # barrier only when this rank finished cleanly, then destroy_process_group
+        # Barrier only when this rank finished cleanly, destroy_process_group, and under torchrun
+        # exit with `code` at once: interpreter teardown can hang a finished gloo rank.
+        dist.teardown(ok, exit_code=code)
 
 
 if __name__ == "__main__":

@@ -5,18 +5,19 @@ in a notebook cell: without a process group every helper acts as the only rank (
 `get_world_size_and_rank` does the same).
 
     ctx = dist.init()            # pins the device from LOCAL_RANK, starts nccl (GPU) or gloo (CPU)
-    ok = False
+    ok, code = False, 1
     try:
-        ...train...
+        code = ...train...
         ok = True
     finally:
-        dist.teardown(ok)        # barrier only if this rank got here cleanly, then destroy
+        dist.teardown(ok, code)  # barrier only if this rank got here cleanly, destroy, exit with code
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -108,12 +109,18 @@ def any_true(flags: list[bool], device: torch.device) -> list[bool]:
     return [bool(v) for v in t.tolist()]
 
 
-def teardown(ok: bool) -> None:
+def teardown(ok: bool, exit_code: int | None = None) -> None:
     """Leave the process group. Always call it, from a `finally`.
 
     `ok`: this rank finished cleanly. Only then do we wait at a barrier for the others; a rank
     that failed must not wait for peers that may be stuck in a collective with it. It exits
     non-zero, and torchrun then stops the whole job instead of letting it hang.
+
+    `exit_code`: with `ok` in a distributed run, the process ends right here with this code, its
+    output flushed, without the interpreter's teardown. That teardown can hang a rank whose work
+    is done: the gloo process group still referenced by DDP is destroyed while its peer has gone
+    (pytorch/pytorch#75097). Seen here about once in a hundred 2-rank CPU runs: the checkpoint and
+    the session record written, "complete" printed, and the process never exiting.
     """
     if not (tdist.is_available() and tdist.is_initialized()):
         return
@@ -122,3 +129,7 @@ def teardown(ok: bool) -> None:
             barrier()
     finally:
         tdist.destroy_process_group()
+    if ok and exit_code is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code)

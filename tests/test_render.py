@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 
@@ -27,9 +28,9 @@ def test_the_script_reads_like_the_flow_it_runs():
     assert "ddp_find_unused_parameters=False" in text and 'gradient_checkpointing_kwargs={"use_reentrant": False}' in text
     assert "fp16=plan.precision == \"fp16\"" in text
     order = [text.index(s) for s in ("dist.init()", "modeling.load(", "modeling.add_lora(", "data.prepare(",
-                                     "SFTTrainer(", "trainer.train(", "job.finish(", "dist.teardown(ok)")]
+                                     "SFTTrainer(", "trainer.train(", "job.finish(", "dist.teardown(ok, exit_code=code)")]
     assert order == sorted(order)
-    assert "finally:\n        dist.teardown(ok)" in text
+    assert re.search(r"finally:\n(        #.*\n)*        dist\.teardown\(ok, exit_code=code\)", text)
 
 
 def test_render_is_deterministic_and_never_overwrites_without_force(tmp_path):

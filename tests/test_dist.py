@@ -1,0 +1,49 @@
+"""kit.dist.teardown under a real torchrun with 2 gloo ranks: how a finished job leaves."""
+
+from __future__ import annotations
+
+import textwrap
+
+from tests.scripts import ROOT, run, torchrun_cmd
+
+SCRIPT = """
+import sys
+sys.path.insert(0, {root!r})
+from kit import dist
+
+ctx = dist.init()
+ok, code = False, 1
+try:
+    print(f"rank {{ctx.rank}} of {{ctx.world_size}} on {{ctx.backend}}", end="")  # no newline: must be flushed
+    if {fail!r} and ctx.rank == 1:
+        raise RuntimeError("rank 1 failed on purpose")
+    code = {code}
+    ok = True
+finally:
+    dist.teardown(ok, exit_code=code)
+print("after teardown")  # only a process that was not ended by teardown gets here
+"""
+
+
+def _job(tmp_path, code: int, fail: bool = False):
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(SCRIPT.format(root=str(ROOT), code=code, fail=fail)))
+    return run(torchrun_cmd(script), timeout=120)
+
+
+def test_a_clean_finish_exits_with_its_code_and_flushed_output(tmp_path):
+    # The exit code a finished job chose (0, or 1 for a failed smoke check) is what torchrun
+    # returns, and what was printed is not lost to the immediate exit.
+    done = _job(tmp_path, code=0)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "rank 0 of 2 on gloo" in done.stdout and "rank 1 of 2 on gloo" in done.stdout
+    assert "after teardown" not in done.stdout
+    assert "destroy_process_group() was not called" not in done.stderr
+    assert _job(tmp_path, code=5).returncode != 0
+
+
+def test_a_failed_rank_is_not_ended_quietly(tmp_path):
+    # The failing rank's exception propagates (its traceback is the user's clue), and the job fails.
+    done = _job(tmp_path, code=0, fail=True)
+    assert done.returncode != 0
+    assert "rank 1 failed on purpose" in done.stderr
