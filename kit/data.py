@@ -39,7 +39,6 @@ class Prepared:
     eval_duplicates: int
     mean_tokens: float  # per train example, after truncation to seq_len
 
-
     def summary(self) -> str:
         n_eval = 0 if self.eval is None else len(self.eval)
         return (f"data: {len(self.train)} train / {n_eval} eval examples of {self.mean_tokens:.0f} tokens on average, "

@@ -165,8 +165,9 @@ class Job:
         outcome = "paused" if paused else "complete"
         if self.ctx.is_main:
             measured = self._meter.summary()
-            if meter_words(measured):
-                self.log(meter_words(measured))
+            words = meter_words(measured)
+            if words:
+                self.log(words)
             if self.sync is not None:
                 self.sync.close(timeout=FINAL_UPLOAD_TIMEOUT_S)
             self._record(step, outcome, measured)
