@@ -3,10 +3,14 @@
     kit schedule --config configs/default.yaml --store hf://me/ha-ckpts --nproc 2
     kit schedule --config configs/default.yaml --loop --every 30 --max-runs 20
     kit schedule --config configs/default.yaml --print-cron
+    kit schedule --kaggle me/kit-resume --config configs/qwen3-8b-qlora-kaggle-t4x2.yaml --loop
 
 Each run executes notebooks/resume.ipynb in a real kernel, keeps its output notebook as
 runs/<UTC timestamp>-<n>.ipynb and prints one outcome line. The store must be reachable before
 anything runs (exit 4 otherwise). A token is never accepted as a parameter (exit 2).
+
+With `--kaggle USER/SLUG` each run is a Kaggle session instead: the run notebook is pushed with
+the official `kaggle` package, polled, and its output fetched into runs/ (`kit/scheduling/`).
 """
 
 from __future__ import annotations
@@ -36,11 +40,22 @@ def add_arguments(parser) -> None:
                              "(a guard against a hung run; default: none)")
     parser.add_argument("--store", default=None, metavar="STORE",
                         help="checkpoint store, hf://owner/name or a directory (default: the config's)")
-    parser.add_argument("--nproc", type=int, default=1, metavar="N",
-                        help="processes per run: torchrun with N > 1, plain python with 1 (default: 1)")
+    parser.add_argument("--nproc", type=int, default=None, metavar="N",
+                        help="processes per run: torchrun with N > 1, plain python with 1 (default: 1; 2 "
+                             "with --kaggle, one per T4)")
     parser.add_argument("--print-cron", action="store_true",
                         help="only print a crontab line and a systemd service/timer pair for this schedule")
     parser.add_argument("-v", "--verbose", action="store_true", help="stream each run's cell output")
+    kaggle = parser.add_argument_group("on Kaggle (needs `pip install kit[kaggle]` and Kaggle API credentials)")
+    kaggle.add_argument("--kaggle", metavar="USER/SLUG", default=None,
+                        help="run each session as a version of this private Kaggle notebook on 2×T4")
+    kaggle.add_argument("--kit-repo", metavar="URL", default=None,
+                        help="where the Kaggle session clones kit from (default: this checkout's `origin`)")
+    kaggle.add_argument("--max-gpu-hours", type=float, default=30.0, metavar="H",
+                        help="stop before a session would take the week's GPU hours past H (default: 30, "
+                             "Kaggle's weekly quota)")
+    kaggle.add_argument("--poll", type=float, default=None, metavar="SECONDS",
+                        help="ask Kaggle for the session's status this often (default: 10 s, backing off to 60 s)")
 
 
 def _repeat_command(args) -> list[str]:
@@ -52,7 +67,7 @@ def _repeat_command(args) -> list[str]:
         cmd += ["--config", args.config]
     if args.notebook != DEFAULT_NOTEBOOK:
         cmd += ["--notebook", args.notebook]
-    cmd += ["--runs-dir", args.runs_dir, "--nproc", str(args.nproc)]
+    cmd += ["--runs-dir", args.runs_dir, "--nproc", str(args.nproc or 1)]
     if args.time_budget is not None:
         cmd += ["--time-budget", f"{args.time_budget:g}"]
     if args.run_timeout is not None:
@@ -72,8 +87,18 @@ def run(args) -> int:
                         ("--time-budget", args.time_budget), ("--run-timeout", args.run_timeout)):
         if value is not None and value <= 0:
             raise UsageError(f"{name} must be positive, got {value:g}")
+    for name, value in (("--max-gpu-hours", args.max_gpu_hours), ("--poll", args.poll)):
+        if value is not None and value <= 0:
+            raise UsageError(f"{name} must be positive, got {value:g}")
+    if args.kaggle:
+        from kit.scheduling import kaggle_api
+
+        kaggle_api.check_slug(args.kaggle)
+        kaggle_api.require_credentials()  # none: one line, exit 2, before anything else
     overrides = list(args.overrides or []) + ([f"store={args.store}"] if args.store else [])
     cfg = config.load(args.config, overrides)  # bad keys/values fail here, before any run
+    if args.kaggle:
+        return _run_kaggle(args, cfg)
     runs_dir = Path(args.runs_dir)
     units = schedule.unattended(_repeat_command(args), Path.cwd(), args.every, runs_dir)
     if args.print_cron:
@@ -92,7 +117,7 @@ def run(args) -> int:
         "config": args.config or "",
         "time_budget_minutes": args.time_budget,
         "store": args.store,
-        "nproc": args.nproc,
+        "nproc": args.nproc or 1,
         "overrides": shlex.join(args.overrides or []),
     }
     run_timeout_s = None if args.run_timeout is None else max(1, round(args.run_timeout * 60))
@@ -100,3 +125,49 @@ def run(args) -> int:
                          run_timeout_s=run_timeout_s)
     return schedule.loop(plan, repeat=args.loop, every_minutes=args.every, max_runs=args.max_runs,
                          verbose=args.verbose)
+
+
+def _git(*argv: str) -> str | None:
+    import subprocess
+
+    import kit
+
+    try:
+        done = subprocess.run(["git", "-C", str(Path(kit.__file__).resolve().parent.parent), *argv],
+                              capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def _run_kaggle(args, cfg) -> int:
+    """Prepare the run notebook, then push → poll → fetch → decide, once or until a stop rule."""
+    from kit import schedule, status
+    from kit.errors import UsageError
+    from kit.scheduling import kaggle_notebook, kaggle_run
+
+    if not (cfg.store or "").startswith("hf://"):
+        raise UsageError(f"--kaggle needs a Hub store (store=hf://USER/NAME), not {cfg.store!r}: a Kaggle "
+                         "session's files are gone when it ends")
+    repo = args.kit_repo or _git("remote", "get-url", "origin")
+    commit = _git("rev-parse", "HEAD")
+    if not repo or not commit:
+        raise UsageError("--kit-repo: this kit is not a git checkout with an `origin` remote; say where the "
+                         "Kaggle session clones kit from (--kit-repo https://github.com/YOU/kit)")
+    if _git("status", "--porcelain", "--untracked-files=no"):
+        print(f"warning: uncommitted changes are not on Kaggle: the session runs kit {commit[:12]}", flush=True)
+    where = schedule.check_store(cfg)  # unreachable or refused: exit 4 before any push
+    extra = [f"time_budget_minutes={args.time_budget:g}"] if args.time_budget is not None else []
+    runs_dir = Path(args.runs_dir)
+    folder = kaggle_notebook.write(runs_dir / "kaggle-push", args.kaggle, repo=repo, commit=commit,
+                                   config_yaml=config.dump_yaml(cfg), overrides=extra, nproc=args.nproc or 2)
+    print(f"schedule: Kaggle notebook {args.kaggle} (kit {commit[:12]} from {repo}) → {runs_dir}/; store: {where}; "
+          f"{'until complete' if args.loop else 'one session'}", flush=True)
+
+    def progress() -> tuple[int | None, bool]:
+        facts = status.gather(cfg)
+        return facts["latest_step"], facts["complete"]
+
+    job = kaggle_run.KaggleJob(ref=args.kaggle, folder=folder, runs_dir=runs_dir, progress=progress,
+                               poll_s=(args.poll,) if args.poll else kaggle_run.POLL_S)
+    return kaggle_run.loop(job, repeat=args.loop, max_hours=args.max_gpu_hours)
