@@ -78,7 +78,10 @@ def require_credentials() -> str:
 
 def _api():
     require_credentials()
-    from kaggle.api.kaggle_api_extended import KaggleApi
+    try:
+        from kaggle.api.kaggle_api_extended import KaggleApi
+    except ImportError as err:
+        raise UsageError(f"the kaggle package is not usable here ({err}): pip install 'kit[kaggle]'") from None
 
     api = KaggleApi()
     api.authenticate()
