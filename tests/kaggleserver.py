@@ -16,7 +16,10 @@ this server (requests honours it, and sends the full URL, which we parse), and
 A push saves a version and starts its "kernel": papermill runs the pushed notebook in a fresh
 working folder (Kaggle's /kaggle/working) with ``kernel_env`` (the session's environment: a
 Kaggle secret HF_TOKEN is an env var here), on the CPU. ``cut_after_s[n]`` kills version n's
-whole process tree with SIGKILL after that many seconds: a session cut without warning. What
+whole process tree with SIGKILL that many seconds after its first checkpoint reached the store
+(its log says ``store: step N published``): a session cut without warning, at a moment that
+varies, but after it made progress — a cut during setup is the "no progress" case, tested on its
+own. ``run_timeout_s`` is the session's hard time limit (Kaggle's 12 h). What
 this does not emulate: the queue (a version runs at once), the log's JSON format (plain text
 here), subfolders of the output (top-level files only), real accelerators.
 """
@@ -36,6 +39,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit
 
+PUBLISHED = "published: "  # kit's log line when a checkpoint reached the store
 QUOTA_MESSAGE = "You have used all of your weekly GPU quota. It resets on Saturday."
 
 
@@ -132,17 +136,22 @@ class KaggleServer:
         out = source.with_name("executed.ipynb")
         cmd = [sys.executable, "-m", "papermill", str(source), str(out), "--cwd", str(version.work),
                "--kernel", "python3", "--log-output", "--no-progress-bar"]
-        limit = self.cut_after_s.get(version.number, self.run_timeout_s)
         log_path = source.with_name("log.txt")
         with open(log_path, "w") as log:
             proc = subprocess.Popen(cmd, env=self.kernel_env, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)
-            try:
-                rc = proc.wait(limit)
-            except subprocess.TimeoutExpired:
-                kill_tree(proc.pid)
-                proc.wait()
-                rc, version.cut = None, True
+            rc, anchor = None, None
+            while (rc := proc.poll()) is None:
+                now = time.time()
+                if anchor is None and version.number in self.cut_after_s and PUBLISHED in log_path.read_text(errors="replace"):
+                    anchor = now
+                if now - version.started > self.run_timeout_s or (
+                        anchor is not None and now - anchor > self.cut_after_s[version.number]):
+                    kill_tree(proc.pid)
+                    proc.wait()
+                    rc, version.cut = None, True
+                    break
+                time.sleep(0.05)
         version.log = log_path.read_text(errors="replace")
         with self.lock:
             version.ended = time.time()

@@ -1,0 +1,227 @@
+"""`kit schedule --kaggle` end to end: the real `kaggle` client (the official package) talks to
+tests/kaggleserver.py, whose kernels run the pushed notebook with papermill on the CPU, training
+the tiny default into a Hub store on tests/hubserver.py. A whole job runs over sessions cut with
+kill -9 at varying moments; then the ways a schedule stops, and every bad input.
+
+The Kaggle endpoint cannot be configured in the client (it is https://api.kaggle.com, or
+http://localhost with KAGGLE_API_ENVIRONMENT=LOCALHOST): the test server is reached as an HTTP
+proxy for that localhost URL (see tests/kaggleserver.py). Nothing else is emulated on the way.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.hubserver import WRITE_TOKEN, HubServer
+from tests.kaggleserver import QUOTA_MESSAGE, KaggleServer
+from tests.scripts import FAST, ROOT, cpu_env, train
+from tests.test_resume import assert_same_training
+
+pytest.importorskip("papermill")
+pytest.importorskip("kaggle")
+
+JOB = ["max_steps=400", "save_steps=20", "keep_checkpoints=2", *FAST]
+USER, KEY = "me", "kaggle-key-1"
+REF = f"{USER}/kit-resume"
+
+
+def kaggle_env(tmp: Path, hub_url: str, kaggle: KaggleServer | None, **extra) -> dict:
+    """The scheduler's machine: Kaggle credentials of its own (never the user's real ~/.kaggle)."""
+    env = cpu_env(HF_ENDPOINT=hub_url, HF_TOKEN=WRITE_TOKEN, HF_HUB_OFFLINE="0", HF_HUB_DISABLE_TELEMETRY="1",
+                  KAGGLE_CONFIG_DIR=str(tmp / "kaggle-config"), KAGGLE_USERNAME=USER, KAGGLE_KEY=KEY,
+                  **(kaggle.client_env() if kaggle else {}))
+    env.pop("KAGGLE_API_TOKEN", None)
+    env.update(extra)
+    return env
+
+
+def session_env(hub_url: str, token: str | None = WRITE_TOKEN) -> dict:
+    """A Kaggle session's environment: the attached secret HF_TOKEN (or none), no Kaggle credentials."""
+    env = cpu_env(HF_ENDPOINT=hub_url, HF_HUB_OFFLINE="0", HF_HUB_DISABLE_TELEMETRY="1")
+    for name in ("HF_TOKEN", "KAGGLE_USERNAME", "KAGGLE_KEY", "KAGGLE_API_TOKEN", "HTTP_PROXY", "http_proxy"):
+        env.pop(name, None)
+    if token:
+        env["HF_TOKEN"] = token
+    return env
+
+
+def schedule(tmp: Path, env: dict, *extra: str, ref: str = REF, store: str = "hf://me/kaggle-job",
+             timeout: float = 900) -> subprocess.CompletedProcess:
+    args = ["schedule", "--kaggle", ref, "--config", "configs/default.yaml", "--kit-repo", str(ROOT),
+            "--runs-dir", str(tmp / "runs"), "--poll", "0.5", "--nproc", "1", *extra, *JOB,
+            f"store={store}", f"output_dir={tmp / 'local-out'}"]
+    return subprocess.run([sys.executable, "-m", "kit", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def whole_job(tmp_path_factory):
+    """Three sessions cut with kill -9 at seeded random moments, then a fourth that completes."""
+    tmp = tmp_path_factory.mktemp("kaggle-job")
+    rng = random.Random(16)
+    cuts = {n: round(rng.uniform(0.3, 2.5), 2) for n in (1, 2, 3)}
+    with HubServer(tokens={WRITE_TOKEN: "write"}) as hub, \
+            KaggleServer(tmp / "kaggle", users={USER: KEY}, kernel_env=session_env(hub.url), cut_after_s=cuts) as k:
+        done = schedule(tmp, kaggle_env(tmp, hub.url, k), "--loop")
+        yield {"run": done, "server": k, "tmp": tmp, "cuts": cuts}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("kaggle-reference") / "run"
+    r = train([f"output_dir={out}", *JOB], nproc=1)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out / "checkpoint-400"
+
+
+def test_a_job_cut_three_times_runs_to_completion_on_kaggle(whole_job, reference):
+    r, k = whole_job["run"], whole_job["server"]
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert [v.cut for v in k.versions] == [True, True, True, False], r.stdout
+    assert [v.state for v in k.versions] == ["ERROR", "ERROR", "ERROR", "COMPLETE"]
+    lines = [line for line in r.stdout.splitlines() if ": outcome: " in line]
+    assert len(lines) == 4 and "complete: step 400 of 400" in lines[-1], r.stdout
+    assert r.stdout.rstrip().splitlines()[-1].startswith("done: complete"), r.stdout
+    # The same training as one uninterrupted run: nothing skipped or repeated, the same adapter.
+    assert_same_training(reference, k.versions[-1].work / "out" / "checkpoint-400")
+
+
+def test_every_push_is_private_on_two_t4_with_internet_and_carries_no_token(whole_job):
+    k = whole_job["server"]
+    assert len(k.pushes) == 4
+    for body in k.pushes:
+        assert body["slug"] == REF and body["kernelType"] == "notebook" and body["language"] == "python"
+        assert body["isPrivate"] is True and body["enableInternet"] is True and body["enableGpu"] is True
+        assert body["machineShape"] == "NvidiaTeslaT4"
+        assert WRITE_TOKEN not in json.dumps(body)
+    runs = whole_job["tmp"] / "runs"
+    assert all(WRITE_TOKEN not in p.read_text(errors="replace") for p in runs.rglob("*") if p.is_file())
+
+
+def test_each_sessions_output_and_hours_are_kept(whole_job):
+    runs = whole_job["tmp"] / "runs"
+    outputs = sorted(p for p in runs.iterdir() if p.is_dir() and p.name != "kaggle-push")
+    assert len(outputs) == 4
+    assert json.loads((outputs[-1] / "kit-outcome.json").read_text())["outcome"] == "complete: step 400 of 400"
+    hours = [json.loads(line) for line in (runs / "kaggle-sessions.jsonl").read_text().splitlines()]
+    assert [h["state"] for h in hours] == ["error", "error", "error", "complete"]
+    assert all(0 < h["hours"] < 0.5 for h in hours)
+
+
+# -- the stop rules -------------------------------------------------------------------------
+@pytest.fixture
+def hub():
+    with HubServer(tokens={WRITE_TOKEN: "write"}) as server:
+        yield server
+
+
+def test_a_session_without_the_token_stops_the_schedule_at_once(tmp_path, hub):
+    with KaggleServer(tmp_path / "k", users={USER: KEY}, kernel_env=session_env(hub.url, token=None)) as k:
+        r = schedule(tmp_path, kaggle_env(tmp_path, hub.url, k), "--loop")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert len(k.versions) == 1  # no second push burning quota
+    assert "stopped: the session had no Hugging Face token: attach a Kaggle secret named HF_TOKEN" in r.stdout
+    assert "Traceback" not in r.stderr
+
+
+def test_a_kernel_error_before_any_progress_stops_with_its_reason(tmp_path, hub):
+    with KaggleServer(tmp_path / "k", users={USER: KEY}, kernel_env=session_env(hub.url)) as k:
+        r = schedule(tmp_path, kaggle_env(tmp_path, hub.url, k), "--loop", "--kit-repo", str(tmp_path / "no-kit"))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert len(k.versions) == 1
+    assert "stopped: the session made no progress (the store stayed at step None): failed: kernel error" in r.stdout
+    assert "its log ends:" in r.stdout
+
+
+def test_the_weekly_quota_counted_by_the_schedule_stops_it_before_a_push(tmp_path, hub):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    import time
+
+    (runs / "kaggle-sessions.jsonl").write_text(json.dumps({"ended": time.time() - 3600, "hours": 11.9}) + "\n")
+    with KaggleServer(tmp_path / "k", users={USER: KEY}, kernel_env=session_env(hub.url)) as k:
+        r = schedule(tmp_path, kaggle_env(tmp_path, hub.url, k), "--loop", "--max-gpu-hours", "20")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert k.pushes == []
+    assert "stopped: the GPU quota is nearly spent: 11.90 h used of --max-gpu-hours 20" in r.stdout
+
+
+def test_kaggles_own_quota_refusal_is_one_line_exit_4(tmp_path, hub):
+    with KaggleServer(tmp_path / "k", users={USER: KEY}, kernel_env=session_env(hub.url), quota_s=0) as k:
+        r = schedule(tmp_path, kaggle_env(tmp_path, hub.url, k), "--loop")
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert r.stderr.strip() == f"error: Kaggle API rejected the push: {QUOTA_MESSAGE}"
+    assert k.versions == []
+
+
+# -- bad input: one line, exit 2 or 4, no push loop -----------------------------------------
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("ref", ["kit-resume", "me/kit/resume", "me/Kit_Resume", "me/abc", "/x"])
+def test_a_slug_that_is_not_user_slug_is_refused(tmp_path, ref):
+    r = schedule(tmp_path, kaggle_env(tmp_path, "http://127.0.0.1:9", None), ref=ref)
+    assert r.returncode == 2 and r.stderr.startswith(f"error: --kaggle {ref!r} is not USER/SLUG"), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_no_kaggle_credentials_is_a_usage_error(tmp_path):
+    env = kaggle_env(tmp_path, "http://127.0.0.1:9", None)
+    del env["KAGGLE_USERNAME"], env["KAGGLE_KEY"]
+    r = schedule(tmp_path, env)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().startswith("error: no Kaggle credentials: create an API token")
+
+
+def test_refused_credentials_are_one_line_exit_4(tmp_path, hub):
+    with KaggleServer(tmp_path / "k", users={USER: "another-key"}, kernel_env=session_env(hub.url)) as k:
+        r = schedule(tmp_path, kaggle_env(tmp_path, hub.url, k))
+    assert r.returncode == 4, r.stderr
+    assert r.stderr.strip().startswith("error: Kaggle API refused the credentials (HTTP 401: Unauthenticated)")
+    assert KEY not in r.stdout + r.stderr and k.versions == []
+
+
+def test_an_access_token_is_accepted_through_introspection(tmp_path, hub):
+    with KaggleServer(tmp_path / "k", tokens={"KGAT_0123456789abcdef": USER}, kernel_env=session_env(hub.url, None)) as k:
+        env = kaggle_env(tmp_path, hub.url, k, KAGGLE_API_TOKEN="KGAT_0123456789abcdef")
+        del env["KAGGLE_USERNAME"], env["KAGGLE_KEY"]
+        r = schedule(tmp_path, env)
+    assert len(k.versions) == 1, r.stdout + r.stderr  # pushed with the token (then stopped: no HF token there)
+    assert "KGAT_0123456789abcdef" not in r.stdout + r.stderr
+
+
+def test_a_rejected_push_shows_kaggles_message(tmp_path, hub):
+    with KaggleServer(tmp_path / "k", users={USER: KEY}, kernel_env=session_env(hub.url)) as k:
+        k.reject_next = (400, "Notebook title must be at least 5 characters")
+        r = schedule(tmp_path, kaggle_env(tmp_path, hub.url, k), "--loop")
+    assert r.returncode == 4, r.stderr
+    assert r.stderr.strip() == ("error: Kaggle API rejected push: HTTP 400: Notebook title must be at least 5 "
+                                "characters")
+    assert len(k.pushes) == 1 and k.versions == []
+
+
+def test_an_unreachable_kaggle_api_is_one_line_exit_4(tmp_path, hub):
+    port = closed_port()
+    env = kaggle_env(tmp_path, hub.url, None, KAGGLE_API_ENVIRONMENT="LOCALHOST",
+                     HTTP_PROXY=f"http://127.0.0.1:{port}", http_proxy=f"http://127.0.0.1:{port}",
+                     NO_PROXY="127.0.0.1", no_proxy="127.0.0.1")
+    r = schedule(tmp_path, env, "--loop")
+    assert r.returncode == 4, r.stderr
+    assert r.stderr.strip().startswith("error: Kaggle API unreachable during push: ")
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_directory_store_is_refused_for_kaggle(tmp_path):
+    r = schedule(tmp_path, kaggle_env(tmp_path, "http://127.0.0.1:9", None), store=str(tmp_path / "store"))
+    assert r.returncode == 2
+    assert "--kaggle needs a Hub store (store=hf://USER/NAME)" in r.stderr
