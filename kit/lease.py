@@ -2,9 +2,19 @@
 
 Hub: ``kit/lease.json`` is committed with ``parent_commit`` = the head we read it at; of two
 racers only one commit lands, the other gets 412, re-reads and sees the winner. Directory: an
-``O_CREAT|O_EXCL`` lock file ``kit/lease.lock`` holding the same record. A lease whose heartbeat
-is older than ``ttl_s`` is stale and taken over with a warning (the holder's session was cut).
-Timestamps are wall-clock UTC, so machines with badly skewed clocks can misjudge staleness.
+``O_CREAT|O_EXCL`` lock file ``kit/lease.lock`` holding the same record.
+
+The holder heartbeats every ``heartbeat_s`` (60 s); a lease that missed ``missed`` heartbeats in a
+row (3: no heartbeat for 180 s) is stale and taken over with a warning — the holder's session was
+cut. Each record says its own cadence (``ttl_s`` = heartbeat_s × missed), and a newcomer judges it
+by that, so a holder on a slower cadence is never taken over early. A live holder that could not
+heartbeat that long (a Hub outage) finds at its next heartbeat that the compare-and-swap lost, and
+stops writing (``lost``). The heartbeat is paced for the Hub's ~128 commits/hour per repo: 60 of
+them, the rest for checkpoints. Timestamps are wall-clock UTC, so machines with clocks skewed by
+minutes can misjudge staleness.
+
+A record also carries the holder's ``progress`` (its step, and when its training began), so the
+session that takes over from a cut one can say how far that one got (``took_over``).
 """
 
 from __future__ import annotations
@@ -26,6 +36,8 @@ log = logging.getLogger("kit.lease")
 LEASE_NAME = "lease.json"
 LOCK_NAME = "lease.lock"
 _CAS_ATTEMPTS = 5
+HEARTBEAT_S = 60.0  # 60 commits/h of the Hub's ~128 per repo
+MISSED_HEARTBEATS = 3  # a cut session is taken over 3 × 60 = 180 s after its last heartbeat
 ACQUIRE_BACKOFF_S = (1, 2, 4, 8, None)  # None: the last attempt
 
 
@@ -56,13 +68,20 @@ def _iso(t: float) -> str:
 
 
 class Lease:
-    """``Lease(store, holder).acquire()``, then ``keep_alive()`` (or ``heartbeat()`` well within
-    ``ttl_s``), and ``release()`` at the end. Without heartbeats the lease goes stale after ``ttl_s``
-    and another session may take the store over."""
+    """``Lease(store, holder).acquire()``, then ``keep_alive()`` (a heartbeat every ``heartbeat_s``),
+    and ``release()`` at the end. Without heartbeats the lease goes stale after ``missed`` of them
+    (``ttl_s``) and another session may take the store over. ``ttl_s`` alone means a heartbeat
+    every ttl_s / 3."""
 
-    def __init__(self, store: Store, holder: str | None = None, ttl_s: float = 600):
-        self.store, self.ttl_s = store, ttl_s
+    def __init__(self, store: Store, holder: str | None = None, ttl_s: float | None = None,
+                 heartbeat_s: float = HEARTBEAT_S, missed: int = MISSED_HEARTBEATS):
+        if ttl_s is not None:
+            heartbeat_s, missed = ttl_s / 3, 3
+        self.store, self.heartbeat_s, self.missed = store, heartbeat_s, missed
+        self.ttl_s = heartbeat_s * missed
         self.holder = holder or default_holder()
+        self.progress: dict = {}  # the job's step etc., carried by each heartbeat
+        self.took_over: dict | None = None  # the record of a cut holder this lease replaced
         self.id = uuid.uuid4().hex
         self.since: float | None = None
         self.held = False
@@ -73,25 +92,28 @@ class Lease:
     def _record(self) -> dict:
         now = time.time()
         return {"holder": self.holder, "id": self.id, "since": self.since or now, "heartbeat": now,
-                "ttl_s": self.ttl_s}
+                "ttl_s": self.ttl_s, "heartbeat_s": self.heartbeat_s, "progress": dict(self.progress)}
 
     def _judge(self, other: dict | None) -> bool:
         """True when ``other`` does not block us (absent, ours, released or stale); raises when it does."""
         if not other or other.get("released") or other.get("id") == self.id:
             return True
         age = time.time() - float(other.get("heartbeat", 0))
+        ttl = _number(other.get("ttl_s")) or self.ttl_s  # the holder's own cadence
         if _dead_here(other.get("holder", "")):
             log.warning("%s: taking over the lease of %s: that process no longer runs on this host",
                         self.store.describe(), other.get("holder"))
+            self.took_over = other
             return True
-        if age > self.ttl_s:
-            log.warning("%s: taking over the stale lease of %s (heartbeat %.0f s ago, ttl %.0f s)",
-                        self.store.describe(), other.get("holder"), age, self.ttl_s)
+        if age > ttl:
+            log.warning("%s: taking over the stale lease of %s (last heartbeat %.0f s ago; stale after %.0f s)",
+                        self.store.describe(), other.get("holder"), age, ttl)
+            self.took_over = other
             return True
         raise StoreError(
             f"store {self.store.describe()} is leased by {other.get('holder')} since "
             f"{_iso(float(other.get('since', 0)))} (heartbeat {age:.0f} s ago); wait or take over after "
-            f"{self.ttl_s / 60:.0f} min without a heartbeat (in {self.ttl_s - age:.0f} s)")
+            f"{ttl:.0f} s without a heartbeat (in {ttl - age:.0f} s)")
 
     def acquire(self) -> "Lease":
         """Take the lease, or raise StoreError naming who holds it."""
@@ -126,13 +148,13 @@ class Lease:
             self._hub_write(check=self._check_ours)
 
     def keep_alive(self, interval_s: float | None = None) -> None:
-        """Heartbeat from a daemon thread every ``interval_s`` (default ttl/3) until ``release()``.
+        """Heartbeat from a daemon thread every ``interval_s`` (default ``heartbeat_s``) until ``release()``.
 
         Failures are logged; a lease taken over by another session is kept in ``self.lost``.
         """
         if self._keeper is not None:
             return
-        interval = interval_s or self.ttl_s / 3
+        interval = interval_s or self.heartbeat_s
         self._stop.clear()
 
         def beat() -> None:
@@ -239,6 +261,10 @@ class Lease:
         tmp = path.with_name(f".{LOCK_NAME}.{self.id}.tmp")
         tmp.write_text(json.dumps(record))
         os.replace(tmp, path)
+
+
+def _number(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
 def _parse(text: str | bytes | None) -> dict | None:

@@ -31,7 +31,7 @@ def test_second_holder_is_refused_with_holder_and_age(store_factory):
         Lease(store_factory(), "host-y pid 9").acquire()
     msg = str(err.value)
     assert "is leased by host-x pid 123 since 20" in msg and "heartbeat 0 s ago" in msg
-    assert "take over after 10 min" in msg and err.value.exit_code == 4
+    assert "take over after 180 s without a heartbeat" in msg and err.value.exit_code == 4
     a.heartbeat()
     a.release()
     b = Lease(store_factory(), "host-y pid 9").acquire()
@@ -51,8 +51,9 @@ def test_stale_lease_is_taken_over_with_a_warning(store_factory, caplog):
     old = Lease(store_factory(), "cut-session", ttl_s=0.3).acquire()
     time.sleep(0.5)
     with caplog.at_level(logging.WARNING, "kit.lease"):
-        new = Lease(store_factory(), "new-session", ttl_s=0.3).acquire()
+        new = Lease(store_factory(), "new-session").acquire()  # judged by the cut holder's own 0.3 s
     assert "taking over the stale lease of cut-session" in caplog.text
+    assert new.took_over["holder"] == "cut-session" and new.took_over["ttl_s"] == pytest.approx(0.3)
     with pytest.raises(StoreError, match="lost to new-session"):
         old.heartbeat()
     assert not old.held
@@ -60,6 +61,24 @@ def test_stale_lease_is_taken_over_with_a_warning(store_factory, caplog):
     with pytest.raises(StoreError, match="leased by new-session"):
         Lease(store_factory(), "third", ttl_s=600).acquire()
     new.release()
+
+
+def test_a_lease_is_judged_by_its_holders_cadence_not_the_newcomers(store_factory):
+    slow = Lease(store_factory(), "slow-holder", heartbeat_s=2, missed=3).acquire()  # stale after 6 s
+    time.sleep(0.5)
+    with pytest.raises(StoreError, match="leased by slow-holder.*take over after 6 s without a heartbeat"):
+        Lease(store_factory(), "impatient", heartbeat_s=0.05, missed=3).acquire()
+    slow.release()
+
+
+def test_the_default_takes_over_after_three_missed_heartbeats_of_a_minute(store_factory):
+    lease = Lease(store_factory(), "me")
+    assert (lease.heartbeat_s, lease.missed, lease.ttl_s) == (60, 3, 180)
+    lease.acquire()
+    record = json.loads(lease.store.read_text("lease.json") if not isinstance(lease.store, DirStore)
+                        else (lease.store.root / "kit" / "lease.lock").read_text())
+    assert record["ttl_s"] == 180 and record["heartbeat_s"] == 60
+    lease.release()
 
 
 def test_heartbeat_before_acquire_is_an_error(store_factory):
@@ -161,3 +180,50 @@ def test_hub_lease_gives_up_when_the_repo_keeps_moving(hub, monkeypatch):
     hub.inject("status", status=412, times=100, method="POST", path="/commit/")
     with pytest.raises(StoreError, match="kept changing"):
         Lease(store, "x").acquire()
+
+
+HOLDER = """
+import sys, time
+from kit.lease import Lease
+from kit.store.hub import HubStore
+lease = Lease(HubStore(sys.argv[3], token=sys.argv[2], endpoint=sys.argv[1]), "host-a pid 1",
+              heartbeat_s=0.5, missed=3).acquire()
+lease.keep_alive()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_after_a_kill_9_another_host_takes_over_after_three_missed_heartbeats(hub):
+    """A real holder process heartbeats every 0.5 s and is killed with SIGKILL; a session on another
+    host is refused while the heartbeats are fresh and gets the lease about 3 × 0.5 s after the last."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.scripts import ROOT
+
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, hub.url, WRITE_TOKEN, REPO], stdout=subprocess.PIPE,
+                              text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        time.sleep(1.6)  # several heartbeats: still alive, so refused
+        with pytest.raises(StoreError, match="leased by host-a pid 1"):
+            Lease(HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url), "host-b pid 2").acquire()
+        holder.send_signal(signal.SIGKILL)
+        killed = time.time()
+        holder.wait()
+    finally:
+        holder.kill()
+    while True:
+        try:
+            lease = Lease(HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url), "host-b pid 2").acquire()
+            break
+        except StoreError:
+            assert time.time() - killed < 10, "not taken over within 10 s of the kill"
+            time.sleep(0.1)
+    took = time.time() - killed
+    since_beat = time.time() - lease.took_over["heartbeat"]
+    assert 1.5 <= since_beat and took <= 1.5 + 2.0, (took, since_beat)  # 3 × 0.5 s, plus the Hub's latency
+    lease.release()
