@@ -113,12 +113,17 @@ class Meter(TrainerCallback):
 
     WARMUP_STEPS = 2
 
-    def __init__(self, device, tokens_per_step: float):
+    def __init__(self, device, tokens_per_step: float, on_step=None):
         self.device, self.tokens_per_step = device, tokens_per_step
+        self.on_step = on_step  # called with the global step at the start and after each step
         self.step_ends: list[float] = []
         self.first_step = None
+        self.began_at: float | None = None  # wall clock: the end of this session's setup
 
     def on_train_begin(self, args, state, control, **kwargs):
+        self.began_at = time.time()
+        if self.on_step is not None:
+            self.on_step(state.global_step)
         self.step_ends = [time.perf_counter()]
         self.first_step = state.global_step + 1
         if self.device.type == "cuda":
@@ -128,6 +133,8 @@ class Meter(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         self.step_ends.append(time.perf_counter())
+        if self.on_step is not None:
+            self.on_step(state.global_step)
 
     def summary(self) -> dict:
         durations = [b - a for a, b in zip(self.step_ends, self.step_ends[1:])]

@@ -83,6 +83,8 @@ class RunConfig:
     save_steps: int = _f(50, "save a checkpoint every this many optimizer steps")
     save_every_minutes: float = _f(30.0, "also save when this many minutes passed since the last save")
     keep_checkpoints: int = _f(3, "checkpoints kept locally and in the store")
+    lease_heartbeat_seconds: float = _f(60.0, "refresh the store's lease this often; a cut session's lease is "
+                                        "taken over after 3 missed heartbeats (each one is a Hub commit)")
     time_budget_minutes: float | None = _f(None, "stop cleanly before this many minutes; null = platform default")
     seed: int = _f(42, "random seed")
     logging_steps: int = _f(10, "log loss every this many steps")
@@ -94,7 +96,7 @@ _SECTIONS = {"lora": LoraConfig, "data": DataConfig}
 # (type accepted, allows None). bool is an int subclass, so it is refused for int/float fields.
 # learning_rate may be 0: a smoke run with it must be able to show "LoRA weights unchanged".
 _POSITIVE = {"seq_len", "per_device_batch", "global_batch", "epochs", "max_steps",
-             "save_steps", "save_every_minutes", "keep_checkpoints", "time_budget_minutes",
+             "save_steps", "save_every_minutes", "keep_checkpoints", "lease_heartbeat_seconds", "time_budget_minutes",
              "logging_steps", "eval_steps", "lora.r", "lora.alpha"}
 _NON_NEGATIVE = {"warmup_steps", "weight_decay", "max_grad_norm", "learning_rate"}
 _CHOICES = {"method": METHODS, "backend": BACKENDS, "data.format": FORMATS, "optimizer": OPTIMIZERS,

@@ -36,6 +36,8 @@ class Job:
         self.started = time.time()
         self._control = self._checkpoints = self._smoke = self._meter = None
         self._max_steps = None
+        self._device_facts: dict | None = None
+        self.stored_step: int | None = None  # the newest checkpoint this session got into the store
 
     # -- words ------------------------------------------------------------------------------
     def log(self, message: str) -> None:
@@ -109,8 +111,10 @@ class Job:
             raise StoreError(f"store {self.cfg.store} is on the Hub, but HF_HUB_OFFLINE is set: unset it, "
                              "or use a directory store")
         self.store = open_store(self.cfg.store)
-        self.lease = Lease(self.store).acquire()
+        self.lease = Lease(self.store, heartbeat_s=self.cfg.lease_heartbeat_seconds).acquire()
         self.lease.keep_alive()
+        if self.lease.took_over:
+            self._record_cut(self.lease.took_over)
         atexit.register(self._release)  # also on a crash; only kill -9 leaves the lease to go stale
         from huggingface_hub.utils import disable_progress_bars
 
@@ -119,6 +123,10 @@ class Job:
         self.log(f"store: {self.store.describe()}")
 
     def _sync_event(self, event: dict) -> None:
+        if event["event"] == "published":
+            self.stored_step = max(self.stored_step or 0, event["step"])
+            if self.lease is not None:
+                self.lease.progress["stored_step"] = self.stored_step
         if event["event"] in ("published", "superseded", "failed", "retrying"):
             self.log(f"store: step {event['step']} {event['event']}: {event['detail']}")
 
@@ -142,7 +150,7 @@ class Job:
         self._control = Control(self.ctx, self.deadline, self.cfg.save_every_minutes, self.signals,
                                 self._save_cost_s)
         self._checkpoints = Checkpoints(self.ctx, config.fingerprint(self.cfg), self.sync)
-        self._meter = Meter(self.ctx.device, self.plan.global_batch * dataset.mean_tokens)
+        self._meter = Meter(self.ctx.device, self.plan.global_batch * dataset.mean_tokens, self._on_step)
         out = [self._control, self._checkpoints, self._meter]
         if self.smoke:
             from kit.smoke import Smoke
@@ -150,6 +158,30 @@ class Job:
             self._smoke = Smoke(model, self.cfg.method)
             out.append(self._smoke)
         return out
+
+    def _on_step(self, step: int) -> None:
+        # What the next heartbeat carries: a session cut with kill -9 writes no record, so the one
+        # that takes its lease over writes it from this (`_record_cut`).
+        if self.lease is not None:
+            first = "step" not in self.lease.progress
+            began = self._meter.began_at if self._meter else None
+            self.lease.progress.update(step=step, started=self.started, start_step=self.decision.step or 0,
+                                       setup_s=round(began - self.started, 1) if began else None,
+                                       max_steps=self._max_steps, **self._devices())
+            if first:
+                self.lease.beat_soon()
+
+    def _devices(self) -> dict:
+        if self._device_facts is None:
+            device = self.ctx.device
+            name = device.type
+            if device.type == "cuda":
+                import torch
+
+                name = torch.cuda.get_device_name(device)
+            self._device_facts = {"gpu_name": name, "gpu_count": self.ctx.world_size if device.type == "cuda" else 0,
+                                  "world_size": self.ctx.world_size}
+        return self._device_facts
 
     # -- finish -----------------------------------------------------------------------------
     def finish(self, trainer) -> int:
@@ -181,9 +213,34 @@ class Job:
         return 0
 
     def _record(self, step: int, outcome: str, measured: dict | None = None) -> None:
+        began = self._meter.began_at if self._meter else None
         record = {"host": socket.gethostname(), "started": self.started, "ended": time.time(),
                   "start_step": self.decision.step, "end_step": step, "max_steps": self._max_steps,
-                  "world_size": self.ctx.world_size, "outcome": outcome, **(measured or {})}
+                  "world_size": self.ctx.world_size, "outcome": outcome,
+                  "setup_s": round(began - self.started, 1) if began else None,
+                  "stored_step": self.stored_step if self.store is not None else step,
+                  **self._devices(), **(measured or {})}
+        self._append_record(record)
+
+    def _record_cut(self, lease: dict) -> None:
+        """Record the session whose lease we took over: it was cut (kill -9) and recorded nothing.
+
+        Its last heartbeat is all we know: ``ended`` and ``end_step`` are as of then, at most one
+        heartbeat interval (``lease_heartbeat_seconds``) before the cut.
+        """
+        progress = lease.get("progress") or {}
+        if not isinstance(progress, dict) or "step" not in progress:
+            return  # a lease from before training began (or an older kit): nothing to account
+        record = {"host": str(lease.get("holder", "?")).rpartition(" pid ")[0] or "?",
+                  "started": progress.get("started"), "ended": lease.get("heartbeat"),
+                  "start_step": progress.get("start_step"), "end_step": progress.get("step"),
+                  "max_steps": progress.get("max_steps"), "world_size": progress.get("world_size"),
+                  "outcome": "cut", "setup_s": progress.get("setup_s"),
+                  "stored_step": progress.get("stored_step"), "gpu_name": progress.get("gpu_name"),
+                  "gpu_count": progress.get("gpu_count"), "from": "its last lease heartbeat"}
+        self._append_record(record)
+
+    def _append_record(self, record: dict) -> None:
         line = json.dumps(record) + "\n"
         os.makedirs(self.cfg.output_dir, exist_ok=True)
         with open(os.path.join(self.cfg.output_dir, "kit_sessions.jsonl"), "a") as f:

@@ -87,6 +87,7 @@ class Lease:
         self.held = False
         self.lost: StoreError | None = None  # set by the keep-alive thread when the lease was taken
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._keeper: threading.Thread | None = None
 
     def _record(self) -> dict:
@@ -156,9 +157,14 @@ class Lease:
             return
         interval = interval_s or self.heartbeat_s
         self._stop.clear()
+        self._wake.clear()
 
         def beat() -> None:
-            while not self._stop.wait(interval) and self.held:
+            while self.held:
+                self._wake.wait(interval)
+                self._wake.clear()
+                if self._stop.is_set() or not self.held:
+                    return
                 try:
                     self.heartbeat()
                 except StoreError as err:
@@ -170,9 +176,15 @@ class Lease:
         self._keeper = threading.Thread(target=beat, name="kit-lease", daemon=True)
         self._keeper.start()
 
+    def beat_soon(self) -> None:
+        """Heartbeat now rather than at the next interval (e.g. when training begins, so the
+        record carries this session's progress from its first step on)."""
+        self._wake.set()
+
     def release(self) -> None:
         """Give the lease up (only if it is still ours)."""
         self._stop.set()
+        self._wake.set()
         if self._keeper is not None and self._keeper is not threading.current_thread():
             self._keeper.join(5)
         self._keeper = None

@@ -89,7 +89,7 @@ def loss_curve(ckpt_or_state, out_png) -> Path:
     return _save(fig, out_png)
 
 
-def progress(sessions: list[dict], out_png, max_steps: int | None = None) -> Path:
+def progress(sessions: list[dict], out_png, max_steps: int | None = None, goodput: dict | None = None) -> Path:
     """Draw step against wall time: one segment per session, cutoffs and resumes marked.
 
     Args:
@@ -97,6 +97,7 @@ def progress(sessions: list[dict], out_png, max_steps: int | None = None) -> Pat
             max_steps, outcome), in any order.
         out_png: where to write the PNG.
         max_steps: the goal, drawn as a dashed line (default: the records' max_steps).
+        goodput: `kit.goodput.ledger()` of these sessions: adds a panel of goodput per session.
     Raises:
         UsageError: no session has been recorded yet.
     """
@@ -111,7 +112,12 @@ def progress(sessions: list[dict], out_png, max_steps: int | None = None) -> Pat
         return datetime.fromtimestamp(x, tz=timezone.utc)
 
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8, 4))
+    rows = [r for r in (goodput or {}).get("sessions", []) if r.get("goodput") is not None]
+    if rows:
+        fig, (ax, bars) = plt.subplots(2, 1, figsize=(8, 6.5), gridspec_kw={"height_ratios": [3, 2]})
+        _goodput_bars(bars, rows, goodput)
+    else:
+        fig, ax = plt.subplots(figsize=(8, 4))
     labelled: set[str] = set()
 
     def mark(x, y, style, label, **kw):
@@ -148,4 +154,25 @@ def progress(sessions: list[dict], out_png, max_steps: int | None = None) -> Pat
     locator = mdates.AutoDateLocator()
     ax.xaxis.set_major_locator(locator)
     ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+    if rows:
+        fig.tight_layout()
     return _save(fig, out_png)
+
+
+def _goodput_bars(ax, rows: list[dict], led: dict) -> None:
+    """Per session: the share of its time that trained steps that stayed, setup, and steps lost."""
+    xs = list(range(1, len(rows) + 1))
+    spans = [r["span_s"] for r in rows]
+    good = [100 * r["goodput"] for r in rows]
+    setup = [100 * (r["setup_s"] or 0) / s for r, s in zip(rows, spans)]
+    lost = [100 * r["time_lost_s"] / s for r, s in zip(rows, spans)]
+    ax.bar(xs, good, color="tab:green", label="useful training")
+    ax.bar(xs, setup, bottom=good, color="tab:orange", label="setup")
+    ax.bar(xs, lost, bottom=[g + u for g, u in zip(good, setup)], color="tab:red", label="steps lost at the cut")
+    ax.set_xticks(xs, [f"#{x}" for x in xs])
+    ax.set_ylim(0, 100)
+    ax.set_ylabel("% of the session")
+    total = led.get("goodput")
+    ax.set_title(f"goodput per session (job: {100 * total:.1f} %)" if total is not None else "goodput per session")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.grid(alpha=0.3, axis="y")

@@ -17,7 +17,7 @@ import logging
 import time
 from pathlib import Path
 
-from kit import resume
+from kit import goodput, resume
 from kit.errors import StoreError
 
 log = logging.getLogger("kit.status")
@@ -55,6 +55,7 @@ def gather(cfg, now: float | None = None) -> dict:
         progress=(min(1.0, (latest or 0) / max_steps) if max_steps else None),
         warnings=warnings + facts.get("warnings", []),
     )
+    facts["goodput"] = goodput.ledger(facts["sessions"], max_steps=max_steps, latest_step=latest)
     return facts
 
 
@@ -155,7 +156,7 @@ def _duration(seconds) -> str:
     return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
-def session_line(i: int, rec: dict) -> str:
+def session_line(i: int, rec: dict, ledger_row: dict | None = None) -> str:
     """`#2  2026-12-02 13:20Z  host  40 → 200 of 200  complete  (12 s, 2 processes, ~7,080 tokens/s, peak 10.1 GiB)`."""
     span = (rec.get("ended") or 0) - (rec.get("started") or 0) if rec.get("ended") else None
     extra = [_duration(span), f"{rec.get('world_size', '?')} processes"]
@@ -163,6 +164,10 @@ def session_line(i: int, rec: dict) -> str:
         extra.append(f"~{rec['tokens_per_s']:,.0f} tokens/s")
     if isinstance(rec.get("peak_allocated_bytes"), (int, float)):
         extra.append(f"peak {rec['peak_allocated_bytes'] / 2**30:.1f} GiB")
+    if isinstance(rec.get("setup_s"), (int, float)):
+        extra.append(f"setup {_duration(rec['setup_s'])}")
+    if ledger_row and ledger_row.get("steps_lost"):
+        extra.append(f"{ledger_row['steps_lost']} steps lost")
     return (f"#{i}  {_when(rec.get('started'))}  {rec.get('host', '?')}  {rec.get('start_step', '?')} → "
             f"{rec.get('end_step', '?')} of {rec.get('max_steps', '?')}  {rec.get('outcome', '?')}  "
             f"({', '.join(extra)})")
@@ -184,7 +189,12 @@ def format_text(s: dict) -> str:
     rows.append(("progress", progress + (" — complete" if s["complete"] else "")))
     sessions = s["sessions"]
     rows.append(("sessions", str(len(sessions)) if sessions else "none recorded"))
-    rows += [("", session_line(i, r)) for i, r in enumerate(sessions, 1)]
+    ledger = s.get("goodput") or {}
+    by_session = iter(ledger.get("sessions", []))
+    rows += [("", session_line(i, r, None if r.get("outcome") == "already complete" else next(by_session, None)))
+             for i, r in enumerate(sessions, 1)]
+    if goodput.words(ledger):
+        rows.append(("goodput", goodput.words(ledger)))
     lease = s["lease"]
     if lease is not None:
         if lease["holder"] is None:

@@ -17,7 +17,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object: latest_step, max_steps, "
                         "complete, checkpoints, sessions, lease, store")
     parser.add_argument("--plot", metavar="PNG",
-                        help="also draw progress across sessions (step against wall time) into PNG")
+                        help="also draw progress across sessions (step against wall time) and "
+                        "goodput per session into PNG")
 
 
 def run(args) -> int:
@@ -28,7 +29,8 @@ def run(args) -> int:
     if args.plot:
         from kit import plots
 
-        facts["plot"] = str(plots.progress(facts["sessions"], args.plot, facts["max_steps"]))
+        facts["plot"] = str(plots.progress(facts["sessions"], args.plot, facts["max_steps"],
+                                                   facts["goodput"]))
     if args.json:
         print(json.dumps(facts, indent=2))
     else:
