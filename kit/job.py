@@ -37,6 +37,7 @@ class Job:
         self._control = self._checkpoints = self._smoke = self._meter = None
         self._max_steps = None
         self._device_facts: dict | None = None
+        self._rate_checked = False
         self.stored_step: int | None = None  # the newest checkpoint this session got into the store
 
     # -- words ------------------------------------------------------------------------------
@@ -127,7 +128,7 @@ class Job:
             self.stored_step = max(self.stored_step or 0, event["step"])
             if self.lease is not None:
                 self.lease.progress["stored_step"] = self.stored_step
-        if event["event"] in ("published", "superseded", "failed", "retrying"):
+        if event["event"] in ("published", "superseded", "failed", "retrying", "paced"):
             self.log(f"store: step {event['step']} {event['event']}: {event['detail']}")
 
     # -- training ---------------------------------------------------------------------------
@@ -170,6 +171,16 @@ class Job:
                                        max_steps=self._max_steps, **self._devices())
             if first:
                 self.lease.beat_soon()
+        if self.store is not None and not self._rate_checked and self._meter and len(self._meter.step_ends) > 12:
+            self._rate_checked = True  # once, from the first steps' speed (the log says it before the cut does)
+            from kit.store.pacing import checkpoint_rate_warning
+
+            ends = self._meter.step_ends
+            per_hour = self.store.commits_per_hour()
+            words = per_hour and checkpoint_rate_warning(self.cfg.save_steps, (ends[-1] - ends[2]) / (len(ends) - 3),
+                                                         self.cfg.lease_heartbeat_seconds, per_hour)
+            if words:
+                self.log(f"warning: {words}")
 
     def _devices(self) -> dict:
         if self._device_facts is None:

@@ -74,6 +74,7 @@ class BackgroundSync:
         self._pending: _Job | None = None
         self._inflight: _Job | None = None
         self._closing = False
+        self._paced_step: int | None = None
         self._thread = threading.Thread(target=self._run, name="kit-sync", daemon=True)
         self._thread.start()
 
@@ -164,6 +165,15 @@ class BackgroundSync:
                     self._cv.wait()
                 if self._pending is None:
                     return
+                # The store's commit budget (the Hub's ~128/h): hold the queued checkpoint back;
+                # a newer one submitted meanwhile supersedes it. The last one, at close, goes at once.
+                wait = 0.0 if self._closing else self.store.commit_wait_s()
+                if wait > 0:
+                    if self._pending.step != self._paced_step:  # say it once per checkpoint held back
+                        self._paced_step = self._pending.step
+                        self._emit("paced", self._pending.step, f"held up to {wait:.0f} s: the store's commit budget")
+                    self._cv.wait(wait)
+                    continue
                 job, self._pending, self._inflight = self._pending, None, self._pending
             try:
                 self._publish(job)

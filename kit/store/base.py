@@ -85,6 +85,14 @@ class Store(ABC):
     @abstractmethod
     def describe(self) -> str: ...
 
+    def commit_wait_s(self) -> float:
+        """Seconds to hold a checkpoint commit back so the store's own rate limit is kept (0: none)."""
+        return 0.0
+
+    def commits_per_hour(self) -> float | None:
+        """How many commits an hour this store takes; None: no such limit."""
+        return None
+
     @abstractmethod
     def check_writable(self) -> None:
         """Raise StoreError when a training run could not publish here (checked before one starts)."""

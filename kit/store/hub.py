@@ -21,6 +21,7 @@ from huggingface_hub.utils import _http as hf_http
 
 from kit.auth import find_token, redact
 from kit.errors import StoreError, UsageError
+from kit.store.pacing import CommitPacer
 from kit.store.base import (
     CKPT_DIR,
     Snapshot,
@@ -81,6 +82,7 @@ class HubStore(Store):
         self._token = token if token is not None else find_token()
         self.api = HfApi(endpoint=self.endpoint, token=self._token or False)
         self._repo_ready = False
+        self.pacer = CommitPacer()  # the Hub's ~128 commits/h per repo
         use_timeouts(timeout_s)
 
     def __repr__(self) -> str:
@@ -199,7 +201,14 @@ class HubStore(Store):
         with self._errors(f"writing {path}"):
             info = self.api.create_commit(self.repo_id, [CommitOperationAdd(path, text.encode())],
                                           commit_message=f"kit: update {path}", parent_commit=parent)
+        self.pacer.note()
         return info.oid
+
+    def commit_wait_s(self) -> float:
+        return self.pacer.wait_s()
+
+    def commits_per_hour(self) -> float | None:
+        return self.pacer.per_hour
 
     def publish(self, local_ckpt_dir: Path, step: int, keep: int) -> None:
         """Upload ``local_ckpt_dir`` as ``checkpoints/checkpoint-{step}`` and prune, in ONE commit."""
@@ -217,6 +226,7 @@ class HubStore(Store):
             try:
                 with self._errors(f"publishing step {step}"):
                     self.api.create_commit(self.repo_id, ops, commit_message=message, parent_commit=snap.version)
+                self.pacer.note()
                 return
             except StaleHead:
                 log.info("%s moved while publishing step %d; re-reading (attempt %d)",
