@@ -14,7 +14,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from kit import dist, manifest
+from kit import dist, manifest, save_cadence
 
 
 class StopSignals:
@@ -45,9 +45,13 @@ class StopSignals:
 class Control(TrainerCallback):
     """Save by wall time, always save the last step, and stop before the deadline or on a signal."""
 
-    def __init__(self, ctx, deadline, save_every_minutes: float, signals: StopSignals, save_cost_s):
+    def __init__(self, ctx, deadline, save_every_minutes: float | str, signals: StopSignals, save_cost_s,
+                 say=None):
         self.ctx, self.deadline, self.signals = ctx, deadline, signals
-        self.save_every_s = save_every_minutes * 60
+        self.auto = save_every_minutes == "auto"  # from the measured save cost (kit.save_cadence)
+        self.save_every_s = save_cadence.CEILING_S if self.auto else save_every_minutes * 60
+        self.say = say
+        self._said_every_s: float | None = None
         self.save_cost_s = save_cost_s  # callable: measured seconds a save + upload takes
         self.last_save = time.monotonic()
         self.last_step_end = None
@@ -64,7 +68,7 @@ class Control(TrainerCallback):
         self.last_step_end = now
         near = self.deadline.near(self.step_s + self.save_cost_s())
         stop, save = dist.any_true(
-            [near or self.signals.received is not None, now - self.last_save >= self.save_every_s],
+            [near or self.signals.received is not None, now - self.last_save >= self._every_s()],
             self.ctx.device)
         if state.global_step >= state.max_steps:
             control.should_save = True  # the final checkpoint always exists, so the store shows "complete"
@@ -79,6 +83,17 @@ class Control(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         self.last_save = time.monotonic()
+
+    def _every_s(self) -> float:
+        if not self.auto:
+            return self.save_every_s
+        cost = self.save_cost_s()
+        self.save_every_s = save_cadence.interval_s(cost)
+        said = self._said_every_s
+        if cost and self.say and (said is None or abs(self.save_every_s - said) > 0.25 * said):
+            self._said_every_s = self.save_every_s  # said again only when it moved by a quarter
+            self.say(save_cadence.words(self.save_every_s, cost))
+        return self.save_every_s
 
 
 class Checkpoints(TrainerCallback):

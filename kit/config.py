@@ -81,7 +81,8 @@ class RunConfig:
     output_dir: str = _f("outputs/run", "local directory for checkpoints and the final adapter")
     store: str | None = _f(None, "checkpoint store: hf://owner/name, a directory, or null for output_dir only")
     save_steps: int = _f(50, "save a checkpoint every this many optimizer steps")
-    save_every_minutes: float = _f(30.0, "also save when this many minutes passed since the last save")
+    save_every_minutes: float | str = _f(30.0, "also save when this many minutes passed since the last save; "
+                                         "auto = from the measured save + upload time and the risk of a cut")
     keep_checkpoints: int = _f(3, "checkpoints kept locally and in the store")
     lease_heartbeat_seconds: float = _f(60.0, "refresh the store's lease this often; a cut session's lease is "
                                         "taken over after 3 missed heartbeats (each one is a Hub commit)")
@@ -126,6 +127,14 @@ def _unknown(key: str, known, prefix: str, source: str) -> UsageError:
     return UsageError(f"unknown config key {key!r}{where}{hint}")
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _check_value(key: str, f: dataclasses.Field, value, source: str):
     """Return `value` converted to the field's type, or raise UsageError naming key and value."""
     where = f" in {source}" if source else ""
@@ -141,6 +150,10 @@ def _check_value(key: str, f: dataclasses.Field, value, source: str):
             return "on" if value else "off"
         value = str(value).lower()
         value = {"true": "on", "false": "off", "yes": "on", "no": "off"}.get(value, value)
+    elif key == "save_every_minutes" and isinstance(value, str) and not _is_number(value):
+        if value.strip().lower() != "auto":
+            raise UsageError(f"config key {key!r}{where} must be a number of minutes or auto, got {value!r}")
+        return "auto"
     elif key == "lora.target_modules":
         if isinstance(value, str):
             return value

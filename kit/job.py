@@ -149,7 +149,7 @@ class Job:
 
     def callbacks(self, model, dataset) -> list:
         self._control = Control(self.ctx, self.deadline, self.cfg.save_every_minutes, self.signals,
-                                self._save_cost_s)
+                                self._save_cost_s, say=self.log)
         self._checkpoints = Checkpoints(self.ctx, config.fingerprint(self.cfg), self.sync)
         self._meter = Meter(self.ctx.device, self.plan.global_batch * dataset.mean_tokens, self._on_step)
         out = [self._control, self._checkpoints, self._meter]
