@@ -46,17 +46,19 @@ class Control(TrainerCallback):
     """Save by wall time, always save the last step, and stop before the deadline or on a signal."""
 
     def __init__(self, ctx, deadline, save_every_minutes: float | str, signals: StopSignals, save_cost_s,
-                 say=None):
+                 say=None, halt=None):
         self.ctx, self.deadline, self.signals = ctx, deadline, signals
         self.auto = save_every_minutes == "auto"  # from the measured save cost (kit.save_cadence)
         self.save_every_s = save_cadence.CEILING_S if self.auto else save_every_minutes * 60
         self.say = say
+        self.halt = halt  # callable: a reason to stop at once without saving (the lease was lost), or None
         self._said_every_s: float | None = None
         self.save_cost_s = save_cost_s  # callable: measured seconds a save + upload takes
         self.last_save = time.monotonic()
         self.last_step_end = None
         self.step_s = 0.0
         self.stop_reason: str | None = None
+        self.halted = False
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.last_save = self.last_step_end = time.monotonic()
@@ -67,9 +69,15 @@ class Control(TrainerCallback):
         self.step_s = took if self.step_s == 0 else max(took, 0.8 * self.step_s + 0.2 * took)
         self.last_step_end = now
         near = self.deadline.near(self.step_s + self.save_cost_s())
-        stop, save = dist.any_true(
-            [near or self.signals.received is not None, now - self.last_save >= self._every_s()],
+        halt = self.halt() if self.halt else None
+        stop, save, halted = dist.any_true(
+            [near or self.signals.received is not None, now - self.last_save >= self._every_s(), halt is not None],
             self.ctx.device)
+        if halted:  # another session owns the store now: writing more checkpoints would fight it
+            control.should_training_stop, control.should_save = True, False
+            self.stop_reason = halt or "the store's lease was lost (rank 0)"
+            self.halted = True
+            return control
         if state.global_step >= state.max_steps:
             control.should_save = True  # the final checkpoint always exists, so the store shows "complete"
         if save:

@@ -149,7 +149,7 @@ class Job:
 
     def callbacks(self, model, dataset) -> list:
         self._control = Control(self.ctx, self.deadline, self.cfg.save_every_minutes, self.signals,
-                                self._save_cost_s, say=self.log)
+                                self._save_cost_s, say=self.log, halt=self._lease_lost)
         self._checkpoints = Checkpoints(self.ctx, config.fingerprint(self.cfg), self.sync)
         self._meter = Meter(self.ctx.device, self.plan.global_batch * dataset.mean_tokens, self._on_step)
         out = [self._control, self._checkpoints, self._meter]
@@ -159,6 +159,10 @@ class Job:
             self._smoke = Smoke(model, self.cfg.method)
             out.append(self._smoke)
         return out
+
+    def _lease_lost(self) -> str | None:
+        lost = self.lease.lost if self.lease is not None else None
+        return f"lease lost: {lost}" if lost else None
 
     def _on_step(self, step: int) -> None:
         # What the next heartbeat carries: a session cut with kill -9 writes no record, so the one
@@ -204,6 +208,15 @@ class Job:
                 self.log(line)
             return 0 if ok else 1
         step = trainer.state.global_step
+        if self._control.halted:  # another session took the store over: leave it to that one
+            if self.ctx.is_main:
+                if self.sync is not None:
+                    self.sync.drop_pending()
+                    self.sync.close(timeout=FINAL_UPLOAD_TIMEOUT_S)
+                self.lease = None  # not ours: nothing to release
+                print(f"error: stopped at step {step}: {self._control.stop_reason}; this session writes "
+                      "nothing more to the store", file=sys.stderr, flush=True)
+            return 4
         paused = self._control.stop_reason is not None and step < trainer.state.max_steps
         outcome = "paused" if paused else "complete"
         if self.ctx.is_main:

@@ -244,8 +244,11 @@ def unattended(command: list[str], cwd: Path, every_minutes: float, runs_dir: Pa
 
 def loop(plan: Plan, *, repeat: bool, every_minutes: float, max_runs: int | None, verbose: bool = False,
          say=print, sleep=time.sleep) -> int:
-    """Run until complete (or once). Returns 0 when every run paused or completed, 1 on a failed run."""
-    n = 0
+    """Run until complete (or once). Returns 0 when every run paused or completed, 1 on a failed run
+    or one that made no progress (the stop rules of `kit.scheduling.stops`, as on Kaggle)."""
+    from kit.scheduling import stops
+
+    n, before = 0, None
     with RunsLock(plan.runs_dir):
         while True:
             n += 1
@@ -253,6 +256,12 @@ def loop(plan: Plan, *, repeat: bool, every_minutes: float, max_runs: int | None
             say(f"run {n}: outcome: {outcome}  ({out})", flush=True)
             if is_failure(outcome):
                 return 1
+            after = stops.step_of(outcome)
+            decision = stops.decide(stops.Session(outcome, before, after), used_hours=0.0)
+            if isinstance(decision, stops.Stop) and not decision.ok:
+                say(f"stopped: {decision.reason}", flush=True)
+                return 1
+            before = after
             if is_done(outcome) or not repeat or (max_runs is not None and n >= max_runs):
                 if repeat and not is_done(outcome):
                     say(f"stopped after --max-runs {max_runs}; the job is not complete yet", flush=True)

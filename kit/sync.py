@@ -109,6 +109,15 @@ class BackgroundSync:
                         "(the upload in flight continues)", old.step, step)
             self._emit("superseded", old.step, f"replaced by step {step} before its upload started")
 
+    def drop_pending(self) -> None:
+        """Forget the queued checkpoint (not the one uploading now): the store is no longer ours."""
+        with self._cv:
+            if self._pending is not None:
+                self.superseded.append(self._pending.step)
+                shutil.rmtree(self._pending.staged, ignore_errors=True)
+                self._pending = None
+                self._cv.notify_all()
+
     def wait(self, timeout: float | None = None) -> bool:
         """Block until everything submitted is published (or failed). False on timeout.
 

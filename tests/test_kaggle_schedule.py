@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -27,7 +28,8 @@ from tests.test_resume import assert_same_training
 pytest.importorskip("papermill")
 pytest.importorskip("kaggle")
 
-JOB = ["max_steps=400", "save_steps=20", "keep_checkpoints=2", *FAST]
+# A heartbeat every 0.5 s: a session cut with kill -9 is recorded (by the next one) to within 0.5 s.
+JOB = ["max_steps=400", "save_steps=20", "keep_checkpoints=2", "lease_heartbeat_seconds=0.5", *FAST]
 USER, KEY = "me", "kaggle-key-1"
 REF = f"{USER}/kit-resume"
 
@@ -69,8 +71,13 @@ def whole_job(tmp_path_factory):
     cuts = {n: round(rng.uniform(0.3, 2.5), 2) for n in (1, 2, 3)}
     with HubServer(tokens={WRITE_TOKEN: "write"}) as hub, \
             KaggleServer(tmp / "kaggle", users={USER: KEY}, kernel_env=session_env(hub.url), cut_after_s=cuts) as k:
-        done = schedule(tmp, kaggle_env(tmp, hub.url, k), "--loop")
-        yield {"run": done, "server": k, "tmp": tmp, "cuts": cuts}
+        env = kaggle_env(tmp, hub.url, k)
+        done = schedule(tmp, env, "--loop")
+        shown = subprocess.run([sys.executable, "-m", "kit", "status", "--config", "configs/default.yaml", *JOB,
+                                "store=hf://me/kaggle-job", "--json", "--plot", str(tmp / "progress.png")],
+                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert shown.returncode == 0, shown.stderr
+        yield {"run": done, "server": k, "tmp": tmp, "cuts": cuts, "status": json.loads(shown.stdout)}
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +120,25 @@ def test_each_sessions_output_and_hours_are_kept(whole_job):
     hours = [json.loads(line) for line in (runs / "kaggle-sessions.jsonl").read_text().splitlines()]
     assert [h["state"] for h in hours] == ["error", "error", "error", "complete"]
     assert all(0 < h["hours"] < 0.5 for h in hours)
+
+
+def test_the_ledger_accounts_for_every_session_and_the_steps_each_cut_lost(whole_job):
+    facts, k = whole_job["status"], whole_job["server"]
+    sessions = facts["sessions"]
+    assert [s["outcome"] for s in sessions] == ["cut", "cut", "cut", "complete"], sessions
+    led = facts["goodput"]
+    for cut, after, version in zip(sessions, sessions[1:], k.versions):
+        # Each cut session is recorded as of its last heartbeat; its log says how far it really got.
+        reached = max(int(m) for m in re.findall(r"(\d+)/400 \[", version.log))
+        assert cut["end_step"] <= reached <= cut["end_step"] + 40, (cut, reached)
+        assert after["start_step"] == cut["stored_step"] <= cut["end_step"]
+    rows = led["sessions"]
+    assert [r["steps_lost"] for r in rows[:3]] == [c["end_step"] - n["start_step"] for c, n in zip(sessions, sessions[1:])]
+    assert led["steps_recomputed"] == sum(r["steps_lost"] for r in rows)
+    assert led["gpu_hours"] == pytest.approx(sum(s["ended"] - s["started"] for s in sessions) / 3600)
+    assert sum(r["steps_done"] for r in rows) - led["steps_recomputed"] == 400
+    assert 0 < led["goodput"] < 1 and led["hours_left"] == 0 and led["sessions_needed"] == 0
+    assert (whole_job["tmp"] / "progress.png").stat().st_size > 10_000
 
 
 # -- the stop rules -------------------------------------------------------------------------

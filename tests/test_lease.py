@@ -227,3 +227,36 @@ def test_after_a_kill_9_another_host_takes_over_after_three_missed_heartbeats(hu
     since_beat = time.time() - lease.took_over["heartbeat"]
     assert 1.5 <= since_beat and took <= 1.5 + 2.0, (took, since_beat)  # 3 × 0.5 s, plus the Hub's latency
     lease.release()
+
+
+def test_a_job_whose_lease_was_taken_over_stops_and_writes_nothing_more(tmp_path):
+    """Real train_ddp.py into a Hub store; mid-run another session's record replaces its lease (as a
+    takeover after missed heartbeats would): at its next heartbeat the job stops, exit 4, and no
+    checkpoint after that reaches the store."""
+    import subprocess
+    import sys
+
+    from tests.hubserver import HubServer
+    from tests.scripts import FAST, ROOT, SCRIPT, cpu_env
+
+    with HubServer(tokens={WRITE_TOKEN: "write"}) as server:
+        env = cpu_env(HF_ENDPOINT=server.url, HF_TOKEN=WRITE_TOKEN, HF_HUB_OFFLINE="0", HF_HUB_DISABLE_TELEMETRY="1")
+        log = tmp_path / "log"
+        with open(log, "w") as out:
+            proc = subprocess.Popen([sys.executable, str(SCRIPT), f"output_dir={tmp_path / 'out'}", "store=hf://me/lost",
+                                     "max_steps=5000", "save_steps=10", "lease_heartbeat_seconds=0.3", *FAST],
+                                    cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+            deadline = time.time() + 240
+            while " published: " not in log.read_text():
+                assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+                time.sleep(0.05)
+            store = HubStore("hf://me/lost", token=WRITE_TOKEN, endpoint=server.url)
+            store.write_text("lease.json", json.dumps({"holder": "other-host pid 7", "id": "theirs", "since": time.time(),
+                                                       "heartbeat": time.time(), "ttl_s": 600}))
+            taken = max(store.list_steps())
+            assert proc.wait(120) == 4, log.read_text()[-3000:]
+        text = log.read_text()
+        assert "lease lost: lease on hf://me/lost was lost to other-host pid 7" in text
+        assert "this session writes nothing more to the store" in text and "Traceback" not in text
+        assert max(store.list_steps()) <= taken + 10  # at most the one upload already under way
+        assert json.loads(store.read_text("lease.json"))["id"] == "theirs"  # never overwritten by the loser

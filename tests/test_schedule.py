@@ -240,3 +240,19 @@ def test_run_timeout_interrupts_training_which_pauses_cleanly(tmp_path):
     step = int(line.split("paused at step ")[1].split()[0])
     assert (store / "checkpoints" / f"checkpoint-{step}" / "kit_manifest.json").is_file()
     assert "--run-timeout 0.35" in r.stdout  # the cron/systemd command keeps it
+
+
+def test_the_local_loop_stops_when_a_run_made_no_progress(tmp_path, monkeypatch):
+    """The stop rule shared with --kaggle. A real run that pauses twice at the same step cannot be
+    made to order, so papermill's part (`execute`, tested above) is replaced by its outcomes."""
+    from kit import schedule
+
+    outcomes = iter(["paused at step 40 of 200", "paused at step 40 of 200", "complete: step 200 of 200"])
+    monkeypatch.setattr(schedule, "execute", lambda plan, n, verbose=False: (next(outcomes), tmp_path / f"{n}.ipynb"))
+    said = []
+    plan = schedule.Plan(notebook=tmp_path / "nb.ipynb", runs_dir=tmp_path / "runs", parameters={})
+    code = schedule.loop(plan, repeat=True, every_minutes=0.01, max_runs=None, say=lambda *a, **k: said.append(a[0]),
+                         sleep=lambda s: None)
+    assert code == 1
+    assert said[-1] == ("stopped: the session made no progress (the store stayed at step 40): "
+                        "paused at step 40 of 200")
