@@ -96,7 +96,7 @@ def test_a_kill_9_is_recorded_by_the_next_session_with_the_steps_it_lost(tmp_pat
     assert cut["outcome"] == "cut" and cut["from"] == "its last lease heartbeat"
     assert done["outcome"] == "complete" and done["start_step"] == cut["stored_step"]
     # The cut record is as of the last heartbeat: at most one heartbeat (0.3 s) behind the kill.
-    assert cut["end_step"] <= reached <= cut["end_step"] + 40, (cut, reached)
+    assert cut["end_step"] - 2 <= reached <= cut["end_step"] + 40, (cut, reached)  # tqdm's line lags a step
     assert cut["setup_s"] > 0 and cut["started"] < cut["ended"]
     led = facts["goodput"]
     assert led["sessions"][0]["steps_lost"] == cut["end_step"] - done["start_step"] > 0
