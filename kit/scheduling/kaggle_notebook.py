@@ -121,9 +121,9 @@ def notebook(*, repo: str, commit: str, config_yaml: str, overrides: list[str], 
     return {"nbformat": 4, "nbformat_minor": 5,
             "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
                          "language_info": {"name": "python"}},
-            "cells": [{"cell_type": "markdown", "metadata": {}, "source": intro},
-                      _code(settings, ["parameters"]), _code(_TOKEN_CELL), _code(_KIT_CELL),
-                      _code(_TRAIN_CELL), _code(_OUTCOME_CELL)]}
+            "cells": [dict(cell, id=f"kit-{i}") for i, cell in enumerate([
+                {"cell_type": "markdown", "metadata": {}, "source": intro}, _code(settings, ["parameters"]),
+                _code(_TOKEN_CELL), _code(_KIT_CELL), _code(_TRAIN_CELL), _code(_OUTCOME_CELL)])]}
 
 
 def metadata(ref: str) -> dict:
