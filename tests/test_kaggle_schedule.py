@@ -253,3 +253,25 @@ def test_a_directory_store_is_refused_for_kaggle(tmp_path):
     r = schedule(tmp_path, kaggle_env(tmp_path, "http://127.0.0.1:9", None), store=str(tmp_path / "store"))
     assert r.returncode == 2
     assert "--kaggle needs a Hub store (store=hf://USER/NAME)" in r.stderr
+
+
+def test_a_session_already_running_is_waited_for_never_pushed_over(tmp_path, hub):
+    """Started elsewhere (the web UI, another machine): the schedule waits for it and pushes nothing."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import time; time.sleep(2)")])
+    with KaggleServer(tmp_path / "k", users={USER: KEY}, kernel_env=session_env(hub.url)) as k:
+        k.start({"text": nbformat.writes(nb)})
+        r = schedule(tmp_path, kaggle_env(tmp_path, hub.url, k))
+    assert k.pushes == [] and len(k.versions) == 1, r.stdout + r.stderr
+    assert f"{REF} is already running; waiting for that session instead of pushing" in r.stdout
+    assert "the session made no progress" in r.stdout and r.returncode == 1  # it was not a kit session
+
+
+def test_a_second_schedule_of_the_same_runs_folder_refuses(tmp_path, hub):
+    from kit.scheduling.runs_lock import RunsLock
+
+    with KaggleServer(tmp_path / "k", users={USER: KEY}, kernel_env=session_env(hub.url)) as k, \
+            RunsLock(tmp_path / "runs"):
+        r = schedule(tmp_path, kaggle_env(tmp_path, hub.url, k))
+    assert r.returncode == 2 and "another `kit schedule`" in r.stderr and k.pushes == []

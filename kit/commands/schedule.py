@@ -142,9 +142,8 @@ def _git(*argv: str) -> str | None:
 
 def _run_kaggle(args, cfg) -> int:
     """Prepare the run notebook, then push → poll → fetch → decide, once or until a stop rule."""
-    from kit import schedule, status
+    from kit import schedule
     from kit.errors import UsageError
-    from kit.scheduling import kaggle_notebook, kaggle_run
 
     if not (cfg.store or "").startswith("hf://"):
         raise UsageError(f"--kaggle needs a Hub store (store=hf://USER/NAME), not {cfg.store!r}: a Kaggle "
@@ -159,6 +158,14 @@ def _run_kaggle(args, cfg) -> int:
     where = schedule.check_store(cfg)  # unreachable or refused: exit 4 before any push
     extra = [f"time_budget_minutes={args.time_budget:g}"] if args.time_budget is not None else []
     runs_dir = Path(args.runs_dir)
+    with schedule.RunsLock(runs_dir):  # a second schedule of this runs folder (a cron tick) refuses at once
+        return _kaggle_sessions(args, cfg, runs_dir, repo, commit, where, extra)
+
+
+def _kaggle_sessions(args, cfg, runs_dir: Path, repo: str, commit: str, where: str, extra: list[str]) -> int:
+    from kit import status
+    from kit.scheduling import kaggle_notebook, kaggle_run
+
     folder = kaggle_notebook.write(runs_dir / "kaggle-push", args.kaggle, repo=repo, commit=commit,
                                    config_yaml=config.dump_yaml(cfg), overrides=extra, nproc=args.nproc or 2)
     print(f"schedule: Kaggle notebook {args.kaggle} (kit {commit[:12]} from {repo}) → {runs_dir}/; store: {where}; "

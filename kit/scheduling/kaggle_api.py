@@ -25,9 +25,10 @@ SLUG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,49}/[a-z0-9][a-z0-9-]{3,49}$"
 
 
 class KaggleError(KitError):
-    """The Kaggle API refused, rejected or did not answer a call."""
+    """The Kaggle API refused, rejected or did not answer a call (``status``: the HTTP status, if any)."""
 
     exit_code = 4
+    status: int | None = None
 
 
 @dataclass
@@ -131,7 +132,9 @@ def _call(what: str, fn, timeout_s: float = CALL_TIMEOUT_S):
     if isinstance(err, requests.ConnectionError | requests.Timeout):
         raise KaggleError(f"Kaggle API unreachable during {what}: {type(err).__name__}; check the network") from None
     if isinstance(err, requests.HTTPError | ValueError):
-        raise KaggleError(f"Kaggle API rejected {what}: {_message(err)}") from None
+        rejected = KaggleError(f"Kaggle API rejected {what}: {_message(err)}")
+        rejected.status = status
+        raise rejected from None
     if isinstance(err, SystemExit):  # the package exits when authentication fails
         raise KaggleError(f"Kaggle API: authentication failed during {what}") from None
     raise err
@@ -150,6 +153,16 @@ def status(ref: str, timeout_s: float = CALL_TIMEOUT_S) -> Status:
     name = getattr(response.status, "name", str(response.status)).lower()
     state = {"cancel_requested": "cancelRequested", "cancel_acknowledged": "cancelAcknowledged"}.get(name, name)
     return Status(state, response.failure_message or None)
+
+
+def current(ref: str, timeout_s: float = CALL_TIMEOUT_S) -> Status | None:
+    """The latest version's status, or None when the notebook has no version yet (404)."""
+    try:
+        return status(ref, timeout_s)
+    except KaggleError as err:
+        if err.status == 404:
+            return None
+        raise
 
 
 def output(ref: str, into: Path, timeout_s: float = CALL_TIMEOUT_S) -> list[Path]:

@@ -66,8 +66,15 @@ def run_session(job: KaggleJob, n: int, *, say=print, sleep=time.sleep, clock=ti
     """Push, wait for the kernel to end, fetch its output. Returns (session, complete, log tail)."""
     before, _ = job.progress()
     started = clock()
-    version = kaggle_api.push(job.folder)
-    say(f"session {n}: pushed {job.ref} (version {version}); waiting for it to run", flush=True)
+    running = kaggle_api.current(job.ref)
+    if running is not None and running.state in ("queued", "running"):
+        # Started elsewhere (the web UI, another machine's schedule): wait for it, never push over it.
+        version = None
+        say(f"session {n}: {job.ref} is already {running.state}; waiting for that session instead of pushing",
+            flush=True)
+    else:
+        version = kaggle_api.push(job.folder)
+        say(f"session {n}: pushed {job.ref} (version {version}); waiting for it to run", flush=True)
     waits = list(job.poll_s)
     while True:
         state = kaggle_api.status(job.ref)
