@@ -275,3 +275,10 @@ def test_a_second_schedule_of_the_same_runs_folder_refuses(tmp_path, hub):
             RunsLock(tmp_path / "runs"):
         r = schedule(tmp_path, kaggle_env(tmp_path, hub.url, k))
     assert r.returncode == 2 and "another `kit schedule`" in r.stderr and k.pushes == []
+
+
+def test_print_cron_for_kaggle_only_prints_a_tick_that_schedules_one_session(tmp_path):
+    r = schedule(tmp_path, kaggle_env(tmp_path, "http://127.0.0.1:9", None), "--print-cron", "--max-gpu-hours", "20")
+    assert r.returncode == 0, r.stderr
+    assert f"--kaggle {REF} --max-gpu-hours 20" in r.stdout and "--loop" not in r.stdout
+    assert not (tmp_path / "runs" / "kaggle-push").exists()

@@ -67,7 +67,10 @@ def _repeat_command(args) -> list[str]:
         cmd += ["--config", args.config]
     if args.notebook != DEFAULT_NOTEBOOK:
         cmd += ["--notebook", args.notebook]
-    cmd += ["--runs-dir", args.runs_dir, "--nproc", str(args.nproc or 1)]
+    if args.kaggle:  # each tick waits for its session; the runs folder's lock skips a tick meanwhile
+        cmd += ["--kaggle", args.kaggle, "--max-gpu-hours", f"{args.max_gpu_hours:g}"]
+        cmd += ["--kit-repo", args.kit_repo] if args.kit_repo else []
+    cmd += ["--runs-dir", args.runs_dir, "--nproc", str(args.nproc or (2 if args.kaggle else 1))]
     if args.time_budget is not None:
         cmd += ["--time-budget", f"{args.time_budget:g}"]
     if args.run_timeout is not None:
@@ -97,13 +100,13 @@ def run(args) -> int:
         kaggle_api.require_credentials()  # none: one line, exit 2, before anything else
     overrides = list(args.overrides or []) + ([f"store={args.store}"] if args.store else [])
     cfg = config.load(args.config, overrides)  # bad keys/values fail here, before any run
-    if args.kaggle:
-        return _run_kaggle(args, cfg)
     runs_dir = Path(args.runs_dir)
     units = schedule.unattended(_repeat_command(args), Path.cwd(), args.every, runs_dir)
     if args.print_cron:
         print(units)
         return 0
+    if args.kaggle:
+        return _run_kaggle(args, cfg)
     if args.verbose:  # papermill streams cell output through its logger
         import logging
 
