@@ -215,7 +215,8 @@ def test_refused_credentials_are_one_line_exit_4(tmp_path, hub):
     with KaggleServer(tmp_path / "k", users={USER: "another-key"}, kernel_env=session_env(hub.url)) as k:
         r = schedule(tmp_path, kaggle_env(tmp_path, hub.url, k))
     assert r.returncode == 4, r.stderr
-    assert r.stderr.strip().startswith("error: Kaggle API refused the credentials (HTTP 401: Unauthenticated)")
+    assert r.stderr.strip() == ("error: Kaggle API refused the credentials (HTTP 401: Unauthenticated) during status: "
+                                "check KAGGLE_API_TOKEN or kaggle.json")
     assert KEY not in r.stdout + r.stderr and k.versions == []
 
 
@@ -245,7 +246,7 @@ def test_an_unreachable_kaggle_api_is_one_line_exit_4(tmp_path, hub):
                      NO_PROXY="127.0.0.1", no_proxy="127.0.0.1")
     r = schedule(tmp_path, env, "--loop")
     assert r.returncode == 4, r.stderr
-    assert r.stderr.strip().startswith("error: Kaggle API unreachable during push: ")
+    assert r.stderr.strip().startswith("error: Kaggle API unreachable during status: ")
     assert len(r.stderr.strip().splitlines()) == 1
 
 
@@ -282,3 +283,15 @@ def test_print_cron_for_kaggle_only_prints_a_tick_that_schedules_one_session(tmp
     assert r.returncode == 0, r.stderr
     assert f"--kaggle {REF} --max-gpu-hours 20" in r.stdout and "--loop" not in r.stdout
     assert not (tmp_path / "runs" / "kaggle-push").exists()
+
+
+def test_a_refused_access_token_is_one_line_without_the_packages_help_page(tmp_path, hub):
+    with KaggleServer(tmp_path / "k", tokens={"KGAT_good": USER}, kernel_env=session_env(hub.url)) as k:
+        env = kaggle_env(tmp_path, hub.url, k, KAGGLE_API_TOKEN="KGAT_expired")
+        del env["KAGGLE_USERNAME"], env["KAGGLE_KEY"]
+        r = schedule(tmp_path, env)
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert r.stderr.strip() == ("error: Kaggle API refused the credentials during status (KAGGLE_API_TOKEN): check "
+                                "KAGGLE_API_TOKEN or kaggle.json")
+    assert "Authentication required" not in r.stdout and "KGAT_expired" not in r.stdout + r.stderr
+    assert k.pushes == []

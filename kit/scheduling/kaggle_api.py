@@ -12,6 +12,8 @@ or `KAGGLE_USERNAME` + `KAGGLE_KEY`, `KAGGLE_CONFIG_DIR`). They are never printe
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import threading
@@ -111,7 +113,10 @@ def _call(what: str, fn, timeout_s: float = CALL_TIMEOUT_S):
 
     def target() -> None:
         try:
-            result["value"] = fn(_api())
+            # The package prints a page of help (at import, too) when it rejects the credentials.
+            with contextlib.redirect_stdout(io.StringIO()):
+                api = _api()
+            result["value"] = fn(api)
         except BaseException as err:  # handed to the caller's thread, which decides
             result["error"] = err
 
@@ -125,9 +130,11 @@ def _call(what: str, fn, timeout_s: float = CALL_TIMEOUT_S):
         return result.get("value")
     if isinstance(err, KitError):
         raise err
-    status = getattr(getattr(err, "response", None), "status_code", None)
+    # kernels_status/output turn a 401/403 into a ValueError about the slug: the HTTP error is its context.
+    http = err if getattr(err, "response", None) is not None else err.__context__
+    status = getattr(getattr(http, "response", None), "status_code", None)
     if status in (401, 403):
-        raise KaggleError(f"Kaggle API refused the credentials ({_message(err)}) during {what}: check "
+        raise KaggleError(f"Kaggle API refused the credentials ({_message(http)}) during {what}: check "
                           "KAGGLE_API_TOKEN or kaggle.json") from None
     if isinstance(err, requests.ConnectionError | requests.Timeout):
         raise KaggleError(f"Kaggle API unreachable during {what}: {type(err).__name__}; check the network") from None
@@ -135,8 +142,9 @@ def _call(what: str, fn, timeout_s: float = CALL_TIMEOUT_S):
         rejected = KaggleError(f"Kaggle API rejected {what}: {_message(err)}")
         rejected.status = status
         raise rejected from None
-    if isinstance(err, SystemExit):  # the package exits when authentication fails
-        raise KaggleError(f"Kaggle API: authentication failed during {what}") from None
+    if isinstance(err, SystemExit):  # the package exits when no credentials of it work
+        raise KaggleError(f"Kaggle API refused the credentials during {what} ({credentials_source()}): check "
+                          "KAGGLE_API_TOKEN or kaggle.json") from None
     raise err
 
 
