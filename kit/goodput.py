@@ -73,7 +73,8 @@ def ledger(sessions: list[dict], *, max_steps: int | None, latest_step: int | No
 
 
 def words(led: dict) -> str | None:
-    """`91.2 % goodput: 1.31 of 1.44 GPU h trained steps that stayed; 14 steps recomputed; 42 s of setup; ~2.1 h left (1 more session)`."""
+    """One line, e.g. `91.2 % goodput: 1.31 of 1.44 GPU h trained steps that stayed; 14 steps recomputed;
+    42 s of setup; ~2.10 h left at the latest speed (1 more session of 12 h)`."""
     if led.get("goodput") is None:
         return None
     out = (f"{100 * led['goodput']:.1f} % goodput: {led['useful_gpu_hours']:.2f} of {led['gpu_hours']:.2f} GPU h "

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from kit import auth
 from kit.errors import StoreError, UsageError
-from kit.scheduling.papermill_run import DONE, OUTCOME_RE, Plan, execute, is_done, is_failure, outcome_of, run_path  # noqa: F401
+from kit.scheduling.papermill_run import (  # noqa: F401  (re-exported: kit.schedule is the entry point)
+    DONE, OUTCOME_RE, Plan, execute, is_done, is_failure, outcome_of, run_path)
 from kit.scheduling.runs_lock import LOCK_NAME, RunsLock  # noqa: F401
 from kit.scheduling.unattended import python_command, unattended  # noqa: F401
 

@@ -143,7 +143,8 @@ class KaggleServer:
             rc, anchor = None, None
             while (rc := proc.poll()) is None:
                 now = time.time()
-                if anchor is None and version.number in self.cut_after_s and PUBLISHED in log_path.read_text(errors="replace"):
+                if (anchor is None and version.number in self.cut_after_s
+                        and PUBLISHED in log_path.read_text(errors="replace")):
                     anchor = now
                 if now - version.started > self.run_timeout_s or (
                         anchor is not None and now - anchor > self.cut_after_s[version.number]):

@@ -62,7 +62,8 @@ def _log_tail(folder: Path, ref: str, outcome: dict | None) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-40:]) if log.exists() else ""
 
 
-def run_session(job: KaggleJob, n: int, *, say=print, sleep=time.sleep, clock=time.time) -> tuple[stops.Session, bool, str]:
+def run_session(job: KaggleJob, n: int, *, say=print, sleep=time.sleep,
+                clock=time.time) -> tuple[stops.Session, bool, str]:
     """Push, wait for the kernel to end, fetch its output. Returns (session, complete, log tail)."""
     before, _ = job.progress()
     started = clock()
