@@ -128,6 +128,8 @@ class Job:
             self.stored_step = max(self.stored_step or 0, event["step"])
             if self.lease is not None:
                 self.lease.progress["stored_step"] = self.stored_step
+                # So a cut right after this is recorded from here; at most one extra beat per half interval.
+                self.lease.beat_soon(unless_within_s=self.lease.heartbeat_s / 2)
         if event["event"] in ("published", "superseded", "failed", "retrying", "paced"):
             self.log(f"store: step {event['step']} {event['event']}: {event['detail']}")
 

@@ -88,6 +88,7 @@ class Lease:
         self.lost: StoreError | None = None  # set by the keep-alive thread when the lease was taken
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self._last_beat = 0.0
         self._keeper: threading.Thread | None = None
 
     def _record(self) -> dict:
@@ -147,6 +148,7 @@ class Lease:
             self._dir_replace(self._record())
         else:
             self._hub_write(check=self._check_ours)
+        self._last_beat = time.time()
 
     def keep_alive(self, interval_s: float | None = None) -> None:
         """Heartbeat from a daemon thread every ``interval_s`` (default ``heartbeat_s``) until ``release()``.
@@ -176,10 +178,12 @@ class Lease:
         self._keeper = threading.Thread(target=beat, name="kit-lease", daemon=True)
         self._keeper.start()
 
-    def beat_soon(self) -> None:
-        """Heartbeat now rather than at the next interval (e.g. when training begins, so the
-        record carries this session's progress from its first step on)."""
-        self._wake.set()
+    def beat_soon(self, unless_within_s: float = 0.0) -> None:
+        """Heartbeat now rather than at the next interval (when training begins, or a checkpoint
+        reached the store, so the record carries it) — unless the last one is younger than
+        ``unless_within_s``. The next timed heartbeat then counts from this one."""
+        if time.time() - self._last_beat >= unless_within_s:
+            self._wake.set()
 
     def release(self) -> None:
         """Give the lease up (only if it is still ours)."""

