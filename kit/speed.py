@@ -1,17 +1,22 @@
 """Planning for speed: how rows share a micro-batch, which kernels, which AdamW — each with why.
 
 Pure functions of (config, GPU facts); `kit.plan.make_plan` calls them and carries the answers as
-data (`Plan.batching`, `Plan.kernels`, `Plan.optimizer`). Every "auto" choice here is one that the
-H200 benchmark showed to pay (bench/results/speed_h200.json, `python bench/speed.py`); where
-nothing was measured (a T4, ROCm, the CPU) the choice is the safe one and the reason says so.
+data (`Plan.batching`, `Plan.kernels`, `Plan.optimizer`). An "auto" choice turns a speed-up on only
+where the H200 benchmark showed it to pay (bench/results/speed_h200.json, `python bench/speed.py`):
+padding-free batches on NVIDIA GPUs (a T4 by the same SDPA path, unmeasured there); Liger's kernels
+measured 1.29× but stay opt-in until their loss curve is checked; fused AdamW and torch.compile
+were not measured, so neither is chosen. Where nothing was measured (ROCm, the CPU, Unsloth's
+trainer) the choice is TRL's default and the reason says so.
 
 Batching, for data whose rows are of unequal length (chat, instructions):
 - `padded`: each micro-batch padded to its longest row (TRL's default); time goes to pad tokens.
 - `grouped`: rows of similar length batched together (transformers' LengthGroupedSampler); any GPU.
 - `padding_free`: the micro-batch's rows laid end to end, no pad tokens; position_ids restart at
   each row and transformers builds a block-diagonal mask from them for SDPA (on a T4 too: SDPA's
-  memory-efficient kernel takes a mask), so rows never attend to each other. Same rows per step as
-  padded, so the same loss curve; tested on the CPU against padded batches.
+  memory-efficient kernel takes a mask; FlashAttention 2/3, which would need no mask, is not in
+  the H200's image nor on a T4), so rows never attend to each other. Same rows per step as padded,
+  so the same loss curve; tested on the CPU against padded batches (tests/test_batching.py). The
+  mask makes the whole micro-batch one attention problem, so long rows lose: `settle_batching`.
 - `packed`: rows packed into seq_len-long sequences (best-fit decreasing, whole rows), batched
   padding-free: the most tokens per step, but a step then holds many more rows than global_batch
   says, so the number of optimizer steps per epoch drops. Opt-in only.
