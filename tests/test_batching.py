@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kit import config, data
-from tests.scripts import FAST, ROOT, train
+from tests.scripts import FAST, ROOT, losses, train
 
 TINY = ROOT / "models" / "tiny-qwen3"
 
@@ -98,11 +98,18 @@ def test_pack_keeps_every_row_whole_and_its_loss_mask(tmp_path, tiny):
     assert packed.mean_tokens == pytest.approx(sum(lengths) / len(packed.train))
 
 
-def test_generated_script_trains_with_packed_and_padding_free_batches(tmp_path):
-    for batching in ("packed", "padding_free"):
+def test_generated_script_same_losses_padding_free_as_padded_and_packed_trains(tmp_path):
+    trace = {}
+    for batching in ("padded", "padding_free", "packed"):
         out = tmp_path / batching
-        r = train([f"output_dir={out}", "max_steps=3", "save_steps=3", f"batching={batching}", *FAST], nproc=1)
+        r = train([f"output_dir={out}", "max_steps=4", "save_steps=4", f"batching={batching}", *FAST], nproc=1)
         log = r.stdout + r.stderr
         assert r.returncode == 0, log[-3000:]
-        assert "[kit] complete: step 3 of 3" in log
+        assert "[kit] complete: step 4 of 4" in log
         assert ("train rows packed into" in log) == (batching == "packed")
+        trace[batching] = losses(out / "checkpoint-4")
+    # The same batches without their pad tokens: the same loss at every step, to float32 noise.
+    assert [s for s, _ in trace["padding_free"]] == [s for s, _ in trace["padded"]] == [1, 2, 3, 4]
+    for (_, a), (_, b) in zip(trace["padding_free"], trace["padded"]):
+        assert a == pytest.approx(b, abs=1e-4)
+    assert trace["packed"] != trace["padded"]  # more rows per step: its own curve
