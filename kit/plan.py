@@ -125,8 +125,12 @@ def make_plan(facts, cfg, nproc: int | None = None, *, replica_only: bool = Fals
                             + cheaper_change(model, cfg, plan.precision, plan.optimizer, n, budget, gpu["name"], loop,
                                               replica_only=True) + ".")
     plan.backend = _backend(cfg, facts, gpu, strategy, plan.reasons)
-    if plan.backend == "unsloth":
-        plan.batching = speed.unsloth_batching(cfg, plan.batching, plan.reasons)
+    if plan.backend == "unsloth" and speed.unsloth_batching(cfg, plan.batching, plan.reasons) != plan.batching:
+        plan.batching = "padded"  # and the estimate without the padding-free mask (Unsloth is single-GPU here)
+        est = memory.estimate(model, cfg, plan.precision, pdb, gc, quantized, world_size=world,
+                              optimizer=plan.optimizer, **{**loop, "batching": plan.batching})
+        plan.memory.update(per_gpu_bytes=est.total_bytes, allocated_bytes=est.allocated_bytes, terms=est.terms,
+                           notes=est.notes)
     plan.kernels = speed.kernels(cfg, facts, gpu, plan.backend, model.model_type, plan.reasons)
     plan.launch = _launch(strategy, world, usable, facts, gpu)
     return plan

@@ -77,10 +77,11 @@ def settle_batching(cfg, planned: str, mean_tokens: float, seq_len: int, notes: 
     """At launch, with the data in hand: padding-free batches only for short rows.
 
     All of a padding-free micro-batch is one sequence under one mask, so SDPA's attention work grows
-    with the square of its tokens, where padded rows cost each row's own square. On rows that fill
-    seq_len that made a step 1.67× slower on the H200 (a packed step of 8,192 tokens: 1.92 s against
-    1.15 s padded); on chat rows averaging 0.28 of seq_len padding-free paid 1.15×. Rows averaging
-    more than SHORT_ROWS of seq_len therefore go back to padded batches, when "auto" chose.
+    with the square of its tokens, where padded rows cost each row's own square. On the H200 a packed
+    step of 8,192 tokens took 1.92 s against 1.15 s for 4 padded rows that fill seq_len (so rows that
+    long would lose about that much; inferred, not run padding-free), while on chat rows averaging
+    0.28 of seq_len padding-free paid 1.15×. SHORT_ROWS, a third, lies between those two points: rows
+    averaging more than that go back to padded batches, when "auto" chose.
     """
     if cfg.batching != "auto" or planned != "padding_free" or mean_tokens <= SHORT_ROWS * seq_len:
         return planned

@@ -42,6 +42,8 @@ def test_auto_batching_is_padded_where_nothing_was_measured():
     plan = make_plan(with_unsloth, cfg(*QWEN8_QLORA))
     assert plan.backend == "unsloth" and plan.batching == "padded"
     assert "with backend unsloth" in _reason(plan, "batching padded")
+    assert "packed_attention_mask" not in plan.memory["terms"]  # the estimate follows the final choice
+    assert not any("padding_free" in n for n in plan.memory["notes"])
 
 
 @pytest.mark.parametrize("value", ["padded", "grouped", "padding_free", "packed"])
