@@ -16,6 +16,11 @@ gradient checkpointing, one GPU, each configuration a fresh process, alone on th
   times (warm-up steps included, the same for every row); padding fraction = pad tokens / tokens
   computed, from the batches that sampler forms over the same rows.
 
+Not yet measured (bench/results/speed_h200.json says why), for the next session with a GPU:
+    python bench/speed.py --part fill --only plain,liger,fused_adamw,unsloth --out …   # Liger's loss check
+    python bench/speed.py --part chat --only padded,padding_free,grouped,packed_liger --out …
+(`unsloth` needs Unsloth importable, as bench/throughput.py --unsloth does.)
+
 Losses: the per-step training losses of each run are kept; padded and padding_free see the same
 batches, so their curves are compared step by step; the others by their epoch mean.
 """
@@ -91,7 +96,8 @@ def main() -> int:
         data = make_long_text(Path(a.models) / "long.jsonl")
         base = common_overrides(model, data, work / "x", method="qlora", seq=SEQ, batch=BATCH, gc=True, steps=a.steps)
         configs = {"plain": [], "liger": ["kernels=liger"], "fused_adamw": ["optimizer=adamw_torch_fused"],
-                   "fp16": ["precision=fp16"], "fp16_liger": ["precision=fp16", "kernels=liger"]}
+                   "fp16": ["precision=fp16"], "fp16_liger": ["precision=fp16", "kernels=liger"],
+                   "unsloth": ["backend=unsloth"]}
         chat = None
     else:
         from transformers import AutoTokenizer
@@ -109,7 +115,9 @@ def main() -> int:
             "max_steps=null", "epochs=1", "data.format=messages"]
         configs = {"padded": ["batching=padded"], "grouped": ["batching=grouped"],
                    "padding_free": ["batching=padding_free"], "packed": ["batching=packed"],
-                   "padding_free_liger": ["batching=padding_free", "kernels=liger"]}
+                   "padding_free_liger": ["batching=padding_free", "kernels=liger"],
+                   "packed_liger": ["batching=packed", "kernels=liger"],
+                   "unsloth": ["backend=unsloth", "batching=padded"]}
     if a.dry_run:
         base = [o for o in base if o not in ("method=qlora", "precision=bf16", "gradient_checkpointing=on")] + [
             "method=lora", "precision=fp32", "gradient_checkpointing=off"]
