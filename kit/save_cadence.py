@@ -30,7 +30,7 @@ def interval_s(save_cost_s: float, cut_every_s: float = CUT_EVERY_S, floor_s: fl
 
 def words(every_s: float, save_cost_s: float, cut_every_s: float = CUT_EVERY_S) -> str:
     """`save every 12.6 min: a save + upload takes 20 s (2.6 % of the time); a cut without warning …`."""
-    return (f"save_every_minutes auto: every {every_s / 60:.1f} min — a save + upload takes {save_cost_s:.1f} s "
+    return (f"save_every_minutes auto: every {every_s / 60:.1f} min — a save + upload takes {save_cost_s:.3g} s "
             f"({100 * save_cost_s / every_s:.1f} % of the time); a cut without warning loses "
             f"{every_s / 120:.1f} min on average (assuming one every {cut_every_s / 3600:g} h); the session's "
             "deadline saves anyway")
