@@ -11,7 +11,8 @@ Run it (from the folder that holds the `kit` package):
 The run saves a checkpoint every save_steps steps and every save_every_minutes minutes, pushes it
 to the store in the background (rank 0 only), and stops cleanly before the session's deadline.
 Run the same command again to resume where it stopped, from the local output_dir or the store.
-Re-render after editing the config: python -m kit render --config configs/default.yaml -o train_ddp.py
+Re-render after editing the config (the command that wrote this file):
+    python -m kit render --config configs/default.yaml --gpus 2xT4 -o train_ddp.py --force
 """
 
 import os

@@ -194,6 +194,10 @@ def from_dict(d: dict | None, source: str = "") -> RunConfig:
 
 def set_value(cfg: RunConfig, key: str, value, source: str = "") -> None:
     """Set dotted `key` (e.g. `lora.r`) on cfg after checking it; a whole section may be a dict."""
+    from kit.auth import refuse_token
+
+    # Settings are written into train_ddp.py, checkpoints and the store: a token never is.
+    refuse_token(value, f"config key {key!r}" + (f" in {source}" if source else ""))
     top, _, rest = key.partition(".")
     fields = _fields(RunConfig)
     if top not in fields:

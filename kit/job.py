@@ -40,7 +40,9 @@ class Job:
     # -- words ------------------------------------------------------------------------------
     def log(self, message: str) -> None:
         if self.ctx.is_main:
-            print(f"[kit] {message}", flush=True)
+            from kit.auth import redact
+
+            print(f"[kit] {redact(message)}", flush=True)
 
     # -- start ------------------------------------------------------------------------------
     @property
