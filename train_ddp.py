@@ -22,7 +22,7 @@ from transformers import set_seed
 from trl import SFTConfig, SFTTrainer
 
 from kit import data, dist, modeling, runtime
-from kit.errors import KitError
+from kit.errors import KitError, exit_words
 from kit.job import Job
 
 CONFIG_PATH = "configs/default.yaml"
@@ -162,5 +162,5 @@ if __name__ == "__main__":
         sys.exit(main(sys.argv[1:]))
     except KitError as e:  # bad config, data, store or hardware: one line and its exit code
         if os.environ.get("RANK", "0") == "0":
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {e}{exit_words(e.exit_code)}", file=sys.stderr)
         sys.exit(e.exit_code)

@@ -42,3 +42,21 @@ class StoreError(KitError):
     """The checkpoint store is unreachable, refuses us, or holds something unusable."""
 
     exit_code = EXIT_STORE
+
+
+def under_torchrun() -> bool:
+    """Whether this process is a rank that torchrun (torch.distributed.run) started."""
+    import os
+
+    return "TORCHELASTIC_RUN_ID" in os.environ or "TORCHELASTIC_RESTART_COUNT" in os.environ
+
+
+def exit_words(code: int) -> str:
+    """What to add to a rank's last line so kit's exit code survives torchrun.
+
+    torchrun turns any non-zero rank exit into its own exit 1 and a ChildFailedError report;
+    kit's code (2 usage/config, 3 cannot train, 4 store) then shows only inside that report.
+    """
+    if not under_torchrun():
+        return ""
+    return f" [kit exit {code}; torchrun exits 1 and reports it below as a ChildFailedError]"

@@ -44,10 +44,11 @@ def gather(cfg, now: float | None = None) -> dict:
         facts = _from_store(cfg, now)
     else:
         facts = _from_output_dir(cfg, warnings)
-    # The same rule as resume.choose: the config's max_steps wins, so status agrees with the job.
+    # The same rule as resume.choose, so status, the script and schedule name one target.
     state_max_steps = facts.pop("state_max_steps", None)
-    max_steps = cfg.max_steps or state_max_steps or _last_max_steps(facts["sessions"])
     latest = facts["latest_step"]
+    recorded = max((m for m in (state_max_steps, _last_max_steps(facts["sessions"])) if m), default=None)
+    max_steps = resume.current_target(cfg.max_steps, latest, recorded)
     facts.update(
         output_dir=cfg.output_dir,
         max_steps=max_steps,
@@ -163,6 +164,8 @@ def session_line(i: int, rec: dict) -> str:
         extra.append(f"~{rec['tokens_per_s']:,.0f} tokens/s")
     if isinstance(rec.get("peak_allocated_bytes"), (int, float)):
         extra.append(f"peak {rec['peak_allocated_bytes'] / 2**30:.1f} GiB")
+    elif isinstance(rec.get("peak_rss_bytes"), (int, float)):
+        extra.append(f"peak RAM {rec['peak_rss_bytes'] / 2**30:.1f} GiB")
     return (f"#{i}  {_when(rec.get('started'))}  {rec.get('host', '?')}  {rec.get('start_step', '?')} → "
             f"{rec.get('end_step', '?')} of {rec.get('max_steps', '?')}  {rec.get('outcome', '?')}  "
             f"({', '.join(extra)})")
