@@ -268,6 +268,8 @@ def load(path: str | None = None, overrides=()) -> RunConfig:
                 text = fh.read()
         except OSError as e:
             raise UsageError(f"cannot read config {path}: {e.strerror or e}") from None
+        except UnicodeDecodeError as e:
+            raise UsageError(f"config {path} is not UTF-8 text (byte {e.start}): save it as UTF-8") from None
         try:
             data = yaml.safe_load(text) or {}
         except yaml.YAMLError as e:

@@ -46,7 +46,7 @@ def scan_json_lines(path: Path) -> list[int] | None:
             raise UsageError(f"data file {path}: item {bad + 1} of its JSON array is a {type(rows[bad]).__name__}, "
                              "not an object of named fields")
         return None
-    lines = []
+    lines, seen = [], {}
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -58,8 +58,33 @@ def scan_json_lines(path: Path) -> list[int] | None:
         if not isinstance(row, dict):
             raise UsageError(f"data file {path} line {n}: a JSON {type(row).__name__}, not an object of named "
                              "fields; each line must be one JSON object")
+        # Arrow needs one type per field: given mixed ones it fails, or worse, silently converts
+        # (a JSON string read as an object). Say which line differs, before it gets the chance.
+        for field, kind in _shape(row).items():
+            first = seen.setdefault(field, (kind, n))
+            if first[0] != kind:
+                raise UsageError(f"data file {path} line {n}: {field} is a JSON {kind} where line {first[1]} has a "
+                                 f"{first[0]}; every row needs the same shape")
         lines.append(n)
     return lines
+
+
+def _shape(row: dict) -> dict[str, str]:
+    """{field path: JSON type} of a row, one level into lists of objects (`messages[].content`)."""
+    out = {}
+    for key, value in row.items():
+        if value is None:
+            continue
+        out[key] = _json_name(type(value).__name__)
+        if isinstance(value, list):
+            for item in value:
+                if isinstance(item, dict):
+                    for k, v in item.items():
+                        if v is not None:
+                            out.setdefault(f"{key}[].{k}", _json_name(type(v).__name__))
+                elif item is not None:
+                    out.setdefault(f"{key}[]", _json_name(type(item).__name__))
+    return out
 
 
 def explain_mixed_types(path: Path, lines: list[int] | None) -> str | None:
@@ -80,7 +105,7 @@ def explain_mixed_types(path: Path, lines: list[int] | None) -> str | None:
 
 def _json_name(kind: str) -> str:
     return {"str": "string", "list": "list", "dict": "object", "int": "number", "float": "number",
-            "bool": "boolean"}.get(kind, kind)
+            "bool": "boolean"}.get(kind, kind)  # int and float are one JSON number: Arrow widens them
 
 
 def as_messages(turns):
