@@ -75,7 +75,10 @@ def show(facts, verdicts=None, next_steps: list[str] | None = None, as_json: boo
     elif in_notebook_kernel():
         from IPython.display import HTML, display
 
-        display(HTML(to_html(facts, verdicts, None if plan is not None else next_steps)))
+        from kit.auth import redact
+
+        # HTML goes to the notebook through display(), not stdout: scrub it here too.
+        display(HTML(redact(to_html(facts, verdicts, None if plan is not None else next_steps))))
         # Also as text, so papermill's output notebooks and logs read without rendering HTML.
         if verdicts is not None:
             repeat = verdicts.ok or verdicts.action in verdicts.summary

@@ -78,7 +78,7 @@ def _from_store(cfg, now: float) -> dict:
         "checkpoints": store.list_steps(),
         "latest_step": latest,
         "state_max_steps": (state or {}).get("max_steps"),
-        "sessions": _records(store.read_text(SESSIONS_STORE)),
+        "sessions": _records(store.read_text(SESSIONS_STORE), f"the store's kit/{SESSIONS_STORE}"),
         "lease": _lease(_json(lease_raw, "kit lease"), now, released_if_absent and lease_raw is None),
     }
 
@@ -94,7 +94,7 @@ def _from_output_dir(cfg, warnings: list) -> dict:
         "checkpoints": sorted(step for step, _ in resume.local_checkpoints(out)),
         "latest_step": newest[0] if newest else None,
         "state_max_steps": (state or {}).get("max_steps"),
-        "sessions": _records(_read(out / SESSIONS_LOCAL)),
+        "sessions": _records(_read(out / SESSIONS_LOCAL), str(out / SESSIONS_LOCAL)),
         "lease": None,
     }
 
@@ -119,11 +119,11 @@ def _json(raw, what: str) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def _records(text: str | None) -> list[dict]:
+def _records(text: str | None, where: str = "sessions") -> list[dict]:
     """Session records, oldest first; a torn last line (a cut write) is skipped, not fatal."""
     out = []
-    for line in (text or "").splitlines():
-        rec = _json(line, "a session record") if line.strip() else None
+    for n, line in enumerate((text or "").splitlines(), 1):
+        rec = _json(line, f"{where} line {n}") if line.strip() else None
         if rec is not None:
             out.append(rec)
     return sorted(out, key=lambda r: r.get("started") or 0)

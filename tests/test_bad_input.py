@@ -100,6 +100,14 @@ CONTRACT_ONLY = {"platform": "kaggle", "python": "3.11.13",
                           for i in range(2)], "gpu_count": 2}
 
 
+def notebook_with_token() -> str:
+    """A real training notebook whose first cell logs in with a literal token, as people write it."""
+    nb = json.loads((ROOT / "tests/fixtures/notebooks/tiny_cpu_sft.ipynb").read_text())
+    nb["cells"].insert(0, {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+                           "source": ["from huggingface_hub import login\n", f"login(token=\"{OTHER}\")\n"]})
+    return json.dumps(nb)
+
+
 # ---- CLI cases: (id, files to create, argv, exit code, words of the error) ---------------------
 CLI_CASES = [
     # config
@@ -197,13 +205,17 @@ CLI_CASES = [
     ("token-status-store", {}, ["status", f"store={TOKEN}"], 2, "token"),
     ("token-schedule", {}, ["schedule", "--store", TOKEN, "--print-cron"], 2, "refusing to pass a token"),
     ("token-lora", {}, ["plan", f"lora.target_modules=[q_proj, {TOKEN}]"], 2, "token"),
+    ("token-schedule-config", {f"{OTHER}.yaml": "max_steps: 3\n"}, ["schedule", "--config", f"{OTHER}.yaml",
+                                                                     "--print-cron"], 2, "refusing to pass a token"),
+    ("token-in-notebook", {"nb.ipynb": "TOKEN_NOTEBOOK"}, ["convert", "nb.ipynb", "-o", "c.py"], 2,
+     "converted from nb.ipynb.*token"),
 ]
 
 
 @pytest.mark.parametrize("files,argv,code,want", [c[1:] for c in CLI_CASES], ids=[c[0] for c in CLI_CASES])
 def test_cli_bad_input(sandbox, capsys, files, argv, code, want):
     for name, content in files.items():
-        write(sandbox, name, content)
+        write(sandbox, name, notebook_with_token() if content == "TOKEN_NOTEBOOK" else content)
     before = snapshot(sandbox)
     got = main(list(argv))
     out, err = capsys.readouterr()

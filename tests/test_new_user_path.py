@@ -257,3 +257,14 @@ def test_output_dir_check(tmp_path):
             check_output_dir(str(bad))
     check_output_dir(str(tmp_path / "new" / "run"))
     assert (tmp_path / "new" / "run").is_dir() and not list((tmp_path / "new" / "run").iterdir())
+
+
+def test_a_torn_session_record_is_named_by_line(tmp_path, caplog):
+    """Item 16, for kit's own JSONL: a cut write is skipped, and the warning says which line."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "kit_sessions.jsonl").write_text('{"started": 1, "end_step": 2, "max_steps": 2}\n{"started": 2, "end\n')
+    with caplog.at_level("WARNING", logger="kit.status"):
+        s = status.gather(config.load("configs/default.yaml", [f"output_dir={out}"]))
+    assert len(s["sessions"]) == 1
+    assert f"{out / 'kit_sessions.jsonl'} line 2 is not valid JSON" in caplog.text
