@@ -103,7 +103,7 @@ CONTRACT_ONLY = {"platform": "kaggle", "python": "3.11.13",
 def notebook_with_token() -> str:
     """A real training notebook whose first cell logs in with a literal token, as people write it."""
     nb = json.loads((ROOT / "tests/fixtures/notebooks/tiny_cpu_sft.ipynb").read_text())
-    nb["cells"].insert(0, {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+    nb["cells"].insert(0, {"cell_type": "code", "id": "login", "metadata": {}, "execution_count": None, "outputs": [],
                            "source": ["from huggingface_hub import login\n", f"login(token=\"{OTHER}\")\n"]})
     return json.dumps(nb)
 
