@@ -11,7 +11,8 @@ Run it (from the folder that holds the `kit` package):
 The run saves a checkpoint every save_steps steps and every save_every_minutes minutes, pushes it
 to the store in the background (rank 0 only), and stops cleanly before the session's deadline.
 Run the same command again to resume where it stopped, from the local output_dir or the store.
-Re-render after editing the config: python -m kit render --config configs/default.yaml -o train_ddp.py
+Re-render after editing the config (the command that wrote this file):
+    python -m kit render --config configs/default.yaml --gpus 2xT4 -o train_ddp.py --force
 """
 
 import os
@@ -21,7 +22,7 @@ from transformers import set_seed
 from trl import SFTConfig, SFTTrainer
 
 from kit import data, dist, modeling, runtime
-from kit.errors import KitError
+from kit.errors import KitError, exit_words
 from kit.job import Job
 
 CONFIG_PATH = "configs/default.yaml"
@@ -175,5 +176,5 @@ if __name__ == "__main__":
         sys.exit(main(sys.argv[1:]))
     except KitError as e:  # bad config, data, store or hardware: one line and its exit code
         if os.environ.get("RANK", "0") == "0":
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {e}{exit_words(e.exit_code)}", file=sys.stderr)
         sys.exit(e.exit_code)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -62,6 +63,10 @@ class Control(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.last_save = self.last_step_end = time.monotonic()
+        # A resumed Trainer reloads the checkpoint's state, max_steps included, while it trains to
+        # this run's max_steps: record the current target, so checkpoints never say "100 of 60".
+        if args.max_steps and args.max_steps > 0:
+            state.max_steps = args.max_steps
 
     def on_step_end(self, args, state, control, **kwargs):
         now = time.monotonic()
@@ -174,7 +179,21 @@ class Meter(TrainerCallback):
 
             out.update(peak_allocated_bytes=torch.cuda.max_memory_allocated(self.device),
                        peak_reserved_bytes=torch.cuda.max_memory_reserved(self.device))
+        else:
+            rss = peak_rss_bytes()
+            if rss is not None:
+                out["peak_rss_bytes"] = rss
         return out
+
+
+def peak_rss_bytes() -> int | None:
+    """This process's peak resident memory (host RAM) since it started; None where unknown."""
+    try:
+        import resource
+    except ImportError:  # Windows: no getrusage
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak) if sys.platform == "darwin" else int(peak) * 1024  # macOS: bytes; Linux: KiB
 
 
 def meter_words(m: dict) -> str | None:
@@ -187,4 +206,6 @@ def meter_words(m: dict) -> str | None:
     if "peak_allocated_bytes" in m:
         parts.append(f"peak GPU memory of rank 0: {m['peak_allocated_bytes'] / 2**30:.2f} GiB allocated, "
                      f"{m['peak_reserved_bytes'] / 2**30:.2f} GiB reserved")
+    elif "peak_rss_bytes" in m:
+        parts.append(f"peak host RAM of rank 0: {m['peak_rss_bytes'] / 2**30:.2f} GiB (CPU run: no GPU memory)")
     return "; ".join(parts) or None

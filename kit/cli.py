@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 
 from kit.errors import EXIT_USAGE, KitError
@@ -28,7 +29,21 @@ COMMANDS = {
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line and exit 2, like every other kit error."""
 
+    def parse_known_args(self, args=None, namespace=None):
+        self._argv = list(sys.argv[1:] if args is None else args)  # for error(): the value it refused
+        return super().parse_known_args(args, namespace)
+
     def error(self, message):
+        # argparse takes a value that starts with "-" (`--gpus -1xT4`) for an option and says only
+        # "expected one argument": name the value, and how to pass it.
+        missing = re.fullmatch(r"argument (\S+): expected one argument", message)
+        argv = getattr(self, "_argv", [])
+        for opt in (missing.group(1).split("/") if missing else ()):
+            if opt in argv and argv.index(opt) + 1 < len(argv):
+                value = argv[argv.index(opt) + 1]
+                message = (f"argument {opt}: expected a value, got {value!r}, which reads as an option "
+                           f"(to pass a value that starts with '-', write {opt}={value})")
+                break
         raise KitError(f"{self.prog}: {message} (see `{self.prog} --help`)", EXIT_USAGE)
 
 
@@ -45,6 +60,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from kit.auth import redacted_output
+
+    with redacted_output():  # whatever a command prints, a token in it is shown as ***
+        return _main(argv)
+
+
+def _main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[0] if argv and argv[0] in COMMANDS else None
     try:

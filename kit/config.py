@@ -124,12 +124,29 @@ _ALIASES = {"lr": "learning_rate", "batch_size": "per_device_batch", "max_seq_le
             "dataset": "path", "data_path": "path"}
 
 
-def _unknown(key: str, known, prefix: str, source: str) -> UsageError:
+# Keys that name something kit decides itself, with where that decision is made.
+_PLANNED = {"strategy": "kit plans the strategy itself (single, ddp, fsdp, model_parallel) from the model and the "
+                        "GPUs: see `kit plan`", "deepspeed": "kit does not use DeepSpeed; it plans DDP or FSDP: "
+                        "see `kit plan`", "zero_stage": "kit does not use DeepSpeed ZeRO; it plans DDP or FSDP: "
+                        "see `kit plan`"}
+
+
+def _unknown(key: str, known, prefix: str, source: str, value=None) -> UsageError:
     leaf = key.split(".")[-1]
-    alias = _ALIASES.get(leaf)
-    close = [alias] if alias in known else difflib.get_close_matches(leaf, list(known), n=1)
-    hint = f"; did you mean {prefix + close[0]!r}?" if close else f"; known keys: {', '.join(known)}"
     where = f" in {source}" if source else ""
+    if leaf in _PLANNED and not prefix:
+        return UsageError(f"unknown config key {key!r}{where}: {_PLANNED[leaf]}")
+    alias = _ALIASES.get(leaf)
+    # A value that is one of a key's choices (`dtype=bf16`) points at that key better than the spelling.
+    by_value = [k for k, choices in _CHOICES.items() if isinstance(value, str) and value in choices
+                and k.startswith(prefix) and k[len(prefix):] in known]
+    if alias in known:
+        close = [prefix + alias]
+    elif by_value:
+        close = [f"{by_value[0]}={value}"]
+    else:
+        close = [prefix + c for c in difflib.get_close_matches(leaf, list(known), n=1)]
+    hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(known)}"
     return UsageError(f"unknown config key {key!r}{where}{hint}")
 
 
@@ -193,7 +210,9 @@ def _check_value(key: str, f: dataclasses.Field, value, source: str):
             raise UsageError(f"config key {key!r}{where} must be a string, got {value!r}")
         value = str(value)
     if key in _CHOICES and value not in _CHOICES[key]:
-        raise UsageError(f"config key {key!r}{where} is {value!r}; expected one of {'|'.join(_CHOICES[key])}")
+        close = difflib.get_close_matches(str(value).lower(), _CHOICES[key], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise UsageError(f"config key {key!r}{where} is {value!r}; expected one of {'|'.join(_CHOICES[key])}{hint}")
     if key in _POSITIVE and value <= 0:
         raise UsageError(f"config key {key!r}{where} must be > 0, got {value!r}")
     if key in _NON_NEGATIVE and value < 0:
@@ -215,10 +234,14 @@ def from_dict(d: dict | None, source: str = "") -> RunConfig:
 
 def set_value(cfg: RunConfig, key: str, value, source: str = "") -> None:
     """Set dotted `key` (e.g. `lora.r`) on cfg after checking it; a whole section may be a dict."""
+    from kit.auth import refuse_token
+
+    # Settings are written into train_ddp.py, checkpoints and the store: a token never is.
+    refuse_token(value, f"config key {key!r}" + (f" in {source}" if source else ""))
     top, _, rest = key.partition(".")
     fields = _fields(RunConfig)
     if top not in fields:
-        raise _unknown(key, fields, "", source)
+        raise _unknown(key, fields, "", source, value)
     if top in _SECTIONS:
         section = getattr(cfg, top)
         sub = _fields(_SECTIONS[top])
@@ -230,7 +253,7 @@ def set_value(cfg: RunConfig, key: str, value, source: str = "") -> None:
                 set_value(cfg, f"{top}.{k}", v, source)
             return
         if rest not in sub:
-            raise _unknown(key, sub, f"{top}.", source)
+            raise _unknown(key, sub, f"{top}.", source, value)
         setattr(section, rest, _check_value(key, sub[rest], value, source))
         return
     if rest:
@@ -266,6 +289,8 @@ def load(path: str | None = None, overrides=()) -> RunConfig:
                 text = fh.read()
         except OSError as e:
             raise UsageError(f"cannot read config {path}: {e.strerror or e}") from None
+        except UnicodeDecodeError as e:
+            raise UsageError(f"config {path} is not UTF-8 text (byte {e.start}): save it as UTF-8") from None
         try:
             data = yaml.safe_load(text) or {}
         except yaml.YAMLError as e:

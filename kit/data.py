@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from kit.data_checks import as_messages, explain_mixed_types, row_problem, scan_json_lines
 from kit.errors import UsageError
 
 FORMATS = {
@@ -52,6 +53,11 @@ class Prepared:
 
 def load_rows(data_cfg):
     """The raw dataset named by `data.path`: a local file or folder, or a Hub dataset id."""
+    return _load_located(data_cfg)[0]
+
+
+def _load_located(data_cfg):
+    """(dataset, locate): `locate(i)` names row i where a user finds it ("data.jsonl line 7")."""
     import datasets
 
     datasets.disable_progress_bars()  # one summary line instead of a bar per map, per rank
@@ -64,7 +70,14 @@ def load_rows(data_cfg):
         kinds = {LOCAL_TYPES[Path(f).suffix] for f in files}
         if len(kinds) > 1:
             raise UsageError(f"data folder {path} mixes file types {sorted(kinds)}; keep one type")
-        ds = datasets.load_dataset(kinds.pop(), data_files=files, split="train")
+        for f in files:  # a bad line is named here, not deep inside Arrow
+            if LOCAL_TYPES[Path(f).suffix] == "json":
+                scan_json_lines(Path(f))
+        try:
+            ds = datasets.load_dataset(kinds.pop(), data_files=files, split="train")
+        except (ValueError, datasets.exceptions.DatasetGenerationError) as e:
+            raise UsageError(f"data folder {path} could not be read: {str(e).splitlines()[0]}") from e
+        locate = lambda i: f"data folder {path} row {i + 1}"  # noqa: E731
     elif path.suffix in LOCAL_TYPES or path.exists():
         if not path.is_file():
             raise UsageError(f"data file {path} does not exist (data.path)")
@@ -72,10 +85,13 @@ def load_rows(data_cfg):
             raise UsageError(f"data file {path}: unknown type {path.suffix!r}; use {', '.join(LOCAL_TYPES)}")
         if path.stat().st_size == 0:
             raise UsageError(f"data file {path} is empty")
+        lines = scan_json_lines(path) if LOCAL_TYPES[path.suffix] == "json" else None
         try:
             ds = datasets.load_dataset(LOCAL_TYPES[path.suffix], data_files=str(path), split="train")
         except (ValueError, datasets.exceptions.DatasetGenerationError) as e:
-            raise UsageError(f"data file {path} could not be read: {str(e).splitlines()[0]}") from e
+            why = explain_mixed_types(path, lines) or str(e).splitlines()[0]
+            raise UsageError(f"data file {path} could not be read: {why}") from e
+        locate = (lambda i: f"data file {path} line {lines[i]}") if lines else (lambda i: f"data file {path} row {i + 1}")
     else:
         try:
             ds = datasets.load_dataset(data_cfg.path, split=data_cfg.split)
@@ -83,9 +99,10 @@ def load_rows(data_cfg):
                 datasets.exceptions.DatasetNotFoundError) as e:
             raise UsageError(f"dataset {data_cfg.path!r} is neither a local file nor a reachable Hub dataset: "
                              f"{str(e).splitlines()[0]}") from e
+        locate = lambda i: f"{data_cfg.path} row {i + 1}"  # noqa: E731
     if len(ds) == 0:
         raise UsageError(f"dataset {data_cfg.path} has no rows")
-    return ds
+    return ds, locate
 
 
 def detect_format(columns: list[str], data_cfg) -> tuple[str, dict[str, str]]:
@@ -94,6 +111,9 @@ def detect_format(columns: list[str], data_cfg) -> tuple[str, dict[str, str]]:
     wanted = [data_cfg.format] if data_cfg.format != "auto" else list(FORMATS)
     for fmt in wanted:
         names = {k: mapping.get(k, k) for k in FORMATS[fmt] + (("input",) if fmt == "alpaca" else ())}
+        if fmt == "messages" and names["messages"] not in columns and "conversations" in columns \
+                and "messages" not in mapping:
+            names["messages"] = "conversations"  # ShareGPT's column name
         if all(names[k] in columns for k in FORMATS[fmt]):
             return fmt, names
     expected = "; ".join(f"{f}: {', '.join(c)}" for f, c in FORMATS.items())
@@ -129,7 +149,7 @@ def _to_text(row: dict, fmt: str, names: dict, tokenizer) -> tuple[str, list[tup
         text = row[names["text"]]
         return text, [(0, len(text))]
     if fmt == "messages":
-        return _chat_spans(tokenizer, row[names["messages"]])
+        return _chat_spans(tokenizer, as_messages(row[names["messages"]]))
     if fmt == "alpaca":
         instruction = row[names["instruction"]]
         extra = row.get(names["input"]) or ""
@@ -137,7 +157,7 @@ def _to_text(row: dict, fmt: str, names: dict, tokenizer) -> tuple[str, list[tup
     else:
         prompt, completion = row[names["prompt"]], row[names["completion"]]
     if isinstance(prompt, list):  # conversational prompt/completion
-        return _chat_spans(tokenizer, prompt + completion)
+        return _chat_spans(tokenizer, as_messages(prompt) + as_messages(completion))
     if tokenizer.chat_template:
         return _chat_spans(tokenizer, [{"role": "user", "content": prompt},
                                        {"role": "assistant", "content": completion}])
@@ -157,6 +177,14 @@ def tokenize_row(row: dict, fmt: str, names: dict, tokenizer, seq_len: int) -> d
             "row_hash": hashlib.sha1(text.encode("utf-8")).hexdigest()}
 
 
+def _checked_row(row: dict, index: int, fmt: str, names: dict, tokenizer, seq_len: int, locate) -> dict:
+    """`tokenize_row`, after checking the row's shape: a bad row is named, not a jinja2 traceback."""
+    problem = row_problem(row, fmt, names)
+    if problem:
+        raise UsageError(f"{locate(index)}: {problem} (format {fmt})")
+    return tokenize_row(row, fmt, names, tokenizer, seq_len)
+
+
 def prepare(cfg, tokenizer, pack: bool = False) -> Prepared:
     """Load, tokenize, split and check `cfg.data` for training with `tokenizer`.
 
@@ -165,12 +193,13 @@ def prepare(cfg, tokenizer, pack: bool = False) -> Prepared:
     collator restarts position_ids at every row, so rows stay apart in attention. Eval rows are not
     packed: eval loss stays per row, comparable with an unpacked run.
     """
-    ds = load_rows(cfg.data)
+    ds, locate = _load_located(cfg.data)
     fmt, names = detect_format(ds.column_names, cfg.data)
     if fmt == "messages" and not tokenizer.chat_template:
         raise UsageError(f"{cfg.data.path} is chat data but the tokenizer of {cfg.model} has no chat template; "
                          "set one or use data.format=prompt_completion")
-    ds = ds.map(tokenize_row, fn_kwargs=dict(fmt=fmt, names=names, tokenizer=tokenizer, seq_len=cfg.seq_len),
+    ds = ds.map(_checked_row, with_indices=True,
+                fn_kwargs=dict(fmt=fmt, names=names, tokenizer=tokenizer, seq_len=cfg.seq_len, locate=locate),
                 remove_columns=ds.column_names, keep_in_memory=True, load_from_cache_file=False)
     before = len(ds)
     ds = ds.filter(lambda m: 1 in m, input_columns="completion_mask", keep_in_memory=True)

@@ -2,7 +2,7 @@
 
 Exit codes are part of kit's contract: 0 success, 2 bad usage or config, 3 the machine cannot
 train this job, 4 the checkpoint store failed. A `KitError` is printed as one line, never as a
-traceback.
+traceback, and never carries a token (its message is redacted when it is made).
 """
 
 EXIT_OK = 0
@@ -17,7 +17,11 @@ class KitError(Exception):
     exit_code = 1
 
     def __init__(self, message: str, exit_code: int | None = None):
-        super().__init__(message)
+        from kit.auth import redact
+
+        # Messages echo values (a config value, a path, a server's reply): a token among them is
+        # scrubbed here, once, so no message can carry one to a terminal, a log or another rank.
+        super().__init__(redact(message))
         if exit_code is not None:
             self.exit_code = exit_code
 
@@ -38,3 +42,21 @@ class StoreError(KitError):
     """The checkpoint store is unreachable, refuses us, or holds something unusable."""
 
     exit_code = EXIT_STORE
+
+
+def under_torchrun() -> bool:
+    """Whether this process is a rank that torchrun (torch.distributed.run) started."""
+    import os
+
+    return "TORCHELASTIC_RUN_ID" in os.environ or "TORCHELASTIC_RESTART_COUNT" in os.environ
+
+
+def exit_words(code: int) -> str:
+    """What to add to a rank's last line so kit's exit code survives torchrun.
+
+    torchrun turns any non-zero rank exit into its own exit 1 and a ChildFailedError report;
+    kit's code (2 usage/config, 3 cannot train, 4 store) then shows only inside that report.
+    """
+    if not under_torchrun():
+        return ""
+    return f" [kit exit {code}; torchrun exits 1 and reports it below as a ChildFailedError]"

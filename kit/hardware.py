@@ -49,15 +49,15 @@ def parse_gpus(spec: str) -> list[str]:
         return []
     out: list[str] = []
     for part in spec.split("+"):
-        m = re.fullmatch(r"\s*(?:(\d+)\s*[x×*]\s*)?([A-Za-z0-9._-]+)\s*", part)
+        m = re.fullmatch(r"\s*(?:(-?\d+)\s*[x×*]\s*)?([A-Za-z0-9._-]+)\s*", part)
         if not m:
             raise UsageError(f"--gpus {spec!r}: expected COUNTxNAME, e.g. 2xT4 (known: {', '.join(GPUS)})")
         count, name = int(m.group(1) or 1), m.group(2).upper()
         name = ALIASES.get(name, name)
+        if count < 1:
+            raise UsageError(f"--gpus {spec!r}: the count must be at least 1, got {count}")
         if name not in GPUS:
             raise UsageError(f"--gpus {spec!r}: unknown GPU {m.group(2)!r}; known: {', '.join(GPUS)}, cpu")
-        if count < 1:
-            raise UsageError(f"--gpus {spec!r}: the count must be at least 1")
         out += [name] * count
     return out
 

@@ -18,10 +18,10 @@ import sys
 import tempfile
 import time
 
-from kit import config, dist, resume
+from kit import config, dist, resume, runtime
 from kit.callbacks import Checkpoints, Control, Meter, StopSignals, meter_words
 from kit.deadline import session_deadline
-from kit.errors import KitError, StoreError
+from kit.errors import KitError, StoreError, under_torchrun
 
 FINAL_UPLOAD_TIMEOUT_S = 600.0
 
@@ -43,7 +43,9 @@ class Job:
     # -- words ------------------------------------------------------------------------------
     def log(self, message: str) -> None:
         if self.ctx.is_main:
-            print(f"[kit] {message}", flush=True)
+            from kit.auth import redact
+
+            print(f"[kit] {redact(message)}", flush=True)
 
     # -- start ------------------------------------------------------------------------------
     @property
@@ -61,6 +63,7 @@ class Job:
         outcome = None
         if self.ctx.is_main:
             try:
+                runtime.check_output_dir(self.cfg.output_dir)  # before any model, data or store is touched
                 self._open_store()
                 outcome = ("ok", resume.choose(self.cfg, self.store, self.ctx.world_size, self.force))
             except KitError as e:
@@ -95,6 +98,9 @@ class Job:
     def _start_smoke(self) -> None:
         # One step into a fresh folder: never touches output_dir, its checkpoints or the store.
         folder = dist.broadcast(tempfile.mkdtemp(prefix="kit-smoke-") if self.ctx.is_main else None)
+        if self.ctx.is_main:  # removed in finish(); atexit covers a smoke run that fails
+            self._smoke_dir = folder
+            atexit.register(self._remove_smoke_dir)
         self.cfg.output_dir, self.cfg.logging_steps, self.cfg.save_steps = folder, 1, 10**9
         self.cfg.save_every_minutes = 10**9
         self.cfg.eval_steps = None
@@ -138,10 +144,18 @@ class Job:
         if self.smoke:
             self._max_steps = 1
         elif self.cfg.max_steps:
-            self._max_steps = self.cfg.max_steps
+            # A job extended past the config's max_steps keeps its current target (resume.current_target).
+            self._max_steps = self.decision.max_steps or self.cfg.max_steps
         else:
             per_step = self.plan.per_device_batch * self.ctx.world_size
             self._max_steps = max(1, math.ceil(self.cfg.epochs * math.ceil(n_train / per_step) / self.plan.grad_accum))
+        if not self.smoke and n_train < self.plan.global_batch:
+            # Every step would see the same few examples: say so, with the numbers, before training.
+            self.log(f"warning: {n_train} training example(s), fewer than one global batch of "
+                     f"{self.plan.global_batch} ({self.plan.per_device_batch} per device × {self.plan.grad_accum} "
+                     f"accumulation × {self.ctx.world_size} process(es)): each of the {self._max_steps} steps "
+                     f"repeats all of them ({self._max_steps} epochs); add data, or lower global_batch / "
+                     "per_device_batch")
         return self._max_steps
 
     def _save_cost_s(self) -> float:
@@ -208,6 +222,7 @@ class Job:
             ok, lines = self._smoke.report(self.ctx)
             for line in lines:
                 self.log(line)
+            self._remove_smoke_dir()
             return 0 if ok else 1
         step = trainer.state.global_step
         if self._control.halted:  # another session took the store over: leave it to that one
@@ -219,7 +234,7 @@ class Job:
                 print(f"error: stopped at step {step}: {self._control.stop_reason}; this session writes "
                       "nothing more to the store", file=sys.stderr, flush=True)
             return 4
-        paused = self._control.stop_reason is not None and step < trainer.state.max_steps
+        paused = self._control.stop_reason is not None and step < self._max_steps
         outcome = "paused" if paused else "complete"
         if self.ctx.is_main:
             measured = self._meter.summary()
@@ -231,10 +246,14 @@ class Job:
             self._record(step, outcome, measured)
             self._release()
             if paused:
-                self.log(f"paused at step {step} of {trainer.state.max_steps} ({self._control.stop_reason}) — "
-                         "run the same command to continue")
+                after = ""
+                if self._control.stop_reason.startswith("signal") and under_torchrun():
+                    after = ("; torchrun's SignalException traceback and exit 1 that follow are its reaction to "
+                             "the same signal: the checkpoint is saved")
+                self.log(f"paused at step {step} of {self._max_steps} ({self._control.stop_reason}) — "
+                         f"run the same command to continue{after}")
             else:
-                self.log(f"complete: step {step} of {trainer.state.max_steps}; checkpoint in "
+                self.log(f"complete: step {step} of {self._max_steps}; checkpoint in "
                          f"{self.cfg.output_dir}/checkpoint-{step}")
         return 0
 
@@ -276,6 +295,14 @@ class Job:
                 self.store.write_text("kit/sessions.jsonl", (self.store.read_text("kit/sessions.jsonl") or "") + line)
             except KitError as e:  # the checkpoint is what matters; a lost record is only a warning
                 print(f"[kit] warning: could not record the session in the store: {e}", file=sys.stderr)
+
+    def _remove_smoke_dir(self) -> None:
+        # Only rank 0 writes into it (Trainer saves on the main process), so it can go now.
+        folder, self._smoke_dir = getattr(self, "_smoke_dir", None), None
+        if folder:
+            import shutil
+
+            shutil.rmtree(folder, ignore_errors=True)  # a temp folder: what cannot go, the OS tmp cleaner takes
 
     def _release(self) -> None:
         if self.lease is not None:

@@ -149,4 +149,8 @@ def settle_adapter_dtype(model, plan) -> int:
 def trainable_summary(model) -> str:
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return f"trainable parameters: {trainable:,} of {total:,} ({100 * trainable / max(total, 1):.2f} %)"
+    if trainable == total:  # full fine-tuning: every weight trains
+        return f"trainable parameters: all {total:,}"
+    # With LoRA the total counts the adapter too: say so, so it matches the model's own size.
+    return (f"trainable parameters: {trainable:,} of {total:,} ({100 * trainable / max(total, 1):.2f} %; "
+            f"the model's {total - trainable:,} frozen + {trainable:,} trainable)")

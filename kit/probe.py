@@ -30,11 +30,11 @@ class Facts:
     """What is true of a machine, as plain JSON-able data (see docs/CONTRACTS.md)."""
 
     platform: str
-    platform_detected_by: str
     python: str
     torch: dict
     gpus: list
     gpu_count: int
+    platform_detected_by: str | None = None
     schema: int = SCHEMA
     driver: str | None = None
     gpu_source: str | None = None
@@ -55,6 +55,10 @@ class Facts:
         _validate(d)
         known = {f.name for f in fields(cls)}
         facts = cls(**{k: v for k, v in d.items() if k in known})
+        # The contract's keys suffice; every other fact the file lacks is unknown, and says why.
+        facts.unknown = dict(facts.unknown or {})
+        for name in sorted(known - set(d) - set(_REQUIRED) - {"schema", "unknown"}):
+            facts.unknown.setdefault(name, "not in the facts file")
         facts.torch = {"installed": facts.torch.get("version") is not None, **facts.torch}
         for gpu in facts.gpus:
             gpu.setdefault("vendor", "amd" if str(gpu["capability"]).startswith("gfx") else "nvidia")
@@ -173,6 +177,7 @@ def _validate(d) -> None:
         missing += [f"gpus[{i}].{k}" for k in _REQUIRED_GPU if k not in gpu]
     if missing:
         raise ValueError(f"lacks {', '.join(missing)}")
+    _check_types(d)
     arch_list = d["torch"]["arch_list"]
     if arch_list is not None and not (isinstance(arch_list, list) and all(isinstance(a, str) for a in arch_list)):
         raise ValueError("has a torch.arch_list that is not a list of strings like \"sm_75\"")
@@ -180,3 +185,36 @@ def _validate(d) -> None:
         cap = gpu["capability"]
         if cap is not None and not (isinstance(cap, str) and (cap.startswith("gfx") or is_capability(cap))):
             raise ValueError(f"has gpus[{i}].capability {cap!r}; expected \"7.5\" or \"gfx942\"")
+
+
+# What each known key must hold (None = unknown is always allowed), so a hand-edited file gets one
+# line naming the key instead of a traceback deep in the planner.
+_TYPES = {"platform": str, "platform_detected_by": str, "python": str, "gpu_count": int, "driver": str,
+          "gpu_source": str, "cpu_count": int, "ram_bytes": int, "disk_free_bytes": int, "packages": dict,
+          "hf_token_available": bool, "unknown": dict}
+_GPU_TYPES = {"index": int, "name": str, "memory_total_bytes": int, "memory_free_bytes": int, "vendor": str}
+_TORCH_TYPES = {"version": str, "cuda": str, "hip": str, "installed": bool}
+
+
+def _wrong(value, kind) -> bool:
+    if value is None:
+        return False
+    if kind is int:
+        return isinstance(value, bool) or not isinstance(value, int) or value < 0
+    return not isinstance(value, kind)
+
+
+def _check_types(d: dict) -> None:
+    names = {int: "a whole number", str: "a string", dict: "an object", bool: "true or false"}
+    for key, kind in _TYPES.items():
+        if key in d and _wrong(d[key], kind):
+            raise ValueError(f"has {key} = {d[key]!r}; expected {names[kind]}")
+    for key, kind in _TORCH_TYPES.items():
+        if _wrong(d["torch"].get(key), kind):
+            raise ValueError(f"has torch.{key} = {d['torch'][key]!r}; expected {names[kind]}")
+    for i, gpu in enumerate(d["gpus"]):
+        for key, kind in _GPU_TYPES.items():
+            if _wrong(gpu.get(key), kind):
+                raise ValueError(f"has gpus[{i}].{key} = {gpu[key]!r}; expected {names[kind]}")
+    if d["gpu_count"] != len(d["gpus"]):
+        raise ValueError(f"has gpu_count {d['gpu_count']} but lists {len(d['gpus'])} GPUs")

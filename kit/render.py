@@ -38,8 +38,21 @@ def _strategy_words(plan: dict) -> str:
     return f"{plan.get('strategy')} on {n} {where}, {plan.get('precision')}"
 
 
-def render(cfg: config.RunConfig, plan: dict, config_path: str, machine: str) -> str:
-    """The text of train_ddp.py for `cfg` planned as `plan` on `machine` (words)."""
+def rerender_command(config_path: str, machine_args=(), overrides=(), output: str = "train_ddp.py") -> str:
+    """The `kit render` command that writes this same file again: same config, machine, overrides, -o."""
+    import shlex
+
+    args = ["--config", Path(config_path).as_posix(), *machine_args, *overrides, "-o", Path(output).as_posix(),
+            "--force"]
+    return "python -m kit render " + shlex.join(args)
+
+
+def render(cfg: config.RunConfig, plan: dict, config_path: str, machine: str, rerender: str | None = None) -> str:
+    """The text of train_ddp.py for `cfg` planned as `plan` on `machine` (words).
+
+    `rerender` is the command printed at the top that reproduces the file; by default the one for
+    this machine, no overrides, `-o train_ddp.py`.
+    """
     kept = {k: plan[k] for k in PLAN_KEYS if k in plan}
     backend = kept.get("backend")
     unsloth_import = ("import unsloth  # noqa: F401  (first: Unsloth patches transformers and trl on import)\n"
@@ -55,18 +68,34 @@ def render(cfg: config.RunConfig, plan: dict, config_path: str, machine: str) ->
         settings=_literal(config.to_dict(cfg)),
         plan=_literal(kept),
         plan_machine=machine,
+        rerender=rerender or rerender_command(config_path),
     )
 
 
 def write(text: str, out: Path, force: bool) -> None:
     """Write `text` to `out` atomically; an existing different file needs `force`."""
+    from kit.auth import refuse_token
+
     out = Path(out)
-    if out.exists() and not force and out.read_text() != text:
-        raise UsageError(f"{out} exists and differs; pass --force to overwrite it")
-    if out.parent and not out.parent.exists():
-        raise UsageError(f"folder {out.parent} does not exist")
-    fd, tmp = tempfile.mkstemp(dir=out.parent or ".", prefix=f".{out.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)  # mkstemp makes it 0600
-    os.replace(tmp, out)
+    # The last gate before disk: whatever put it there (a setting, a --config path), no token is written.
+    refuse_token(text, f"the script for {out}")
+    if out.is_dir():
+        raise UsageError(f"-o {out}: is a directory: give a file name such as {out / 'train_ddp.py'}")
+    if not out.parent.is_dir():
+        raise UsageError(f"-o {out}: folder {out.parent} does not exist or is not a directory")
+    try:
+        if out.exists() and not force and out.read_text() != text:
+            raise UsageError(f"{out} exists and differs; pass --force to overwrite it")
+        fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot write {out}: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes it 0600
+        os.replace(tmp, out)
+    except OSError as e:
+        raise UsageError(f"cannot write {out}: {e.strerror or e}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

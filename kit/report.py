@@ -75,18 +75,21 @@ def show(facts, verdicts=None, next_steps: list[str] | None = None, as_json: boo
     elif in_notebook_kernel():
         from IPython.display import HTML, display
 
-        display(HTML(to_html(facts, verdicts, None if plan is not None else next_steps)))
+        from kit.auth import redact
+
+        # HTML goes to the notebook through display(), not stdout: scrub it here too.
+        display(HTML(redact(to_html(facts, verdicts, None if plan is not None else next_steps))))
         # Also as text, so papermill's output notebooks and logs read without rendering HTML.
         if verdicts is not None:
             repeat = verdicts.ok or verdicts.action in verdicts.summary
             print(verdicts.summary if repeat else f"{verdicts.summary}\nDo this: {verdicts.action}")
         if plan is not None:
-            print(plan_to_text(plan))
+            print(plan_to_text(plan, launch=False))  # the one next step follows
         for step in next_steps or []:
             print(f"Next: {step}")
     elif plan is not None:
         print(to_text(facts, verdicts, None), end="")
-        print(plan_to_text(plan))
+        print(plan_to_text(plan, launch=not next_steps))
         for step in next_steps or []:
             print(f"Next: {step}")
     else:
@@ -147,8 +150,8 @@ def _gib(n: int | None) -> str:
 GIB = 2**30
 
 
-def plan_to_text(plan) -> str:
-    """The plan as aligned text: what, where, memory term by term, reasons, launch."""
+def plan_to_text(plan, launch: bool = True) -> str:
+    """The plan as aligned text: what, where, memory term by term, reasons, and (`launch`) the next command."""
     where = f"{plan.nproc}× {plan.gpu}" if plan.device == "cuda" and plan.gpu else plan.gpu or plan.device
     rows = [("strategy", plan.strategy)]
     if plan.strategy != "none":
@@ -169,6 +172,6 @@ def plan_to_text(plan) -> str:
         lines += [f"  ({note})" for note in plan.memory.get("notes", [])]
     lines.append("reasons")
     lines += [f"  - {r}" for r in plan.reasons]
-    if plan.launch:
+    if plan.launch and launch:
         lines.append(f"next: {plan.launch}")
     return "\n".join(lines)

@@ -101,6 +101,20 @@ def _fetch_newer(output_dir, store, local_step: int | None, warnings: list) -> P
     return dest
 
 
+def current_target(configured: int | None, step: int | None, recorded: int | None) -> int | None:
+    """The job's step target now: one rule for the script, `kit status` and `kit schedule`.
+
+    The configured max_steps, while the job has not reached it. A job already past it was extended
+    (`max_steps=100` on the command line of a 60-step config): then the target it was extended to,
+    as recorded by the checkpoint or the last session, is the current one — never "step 100 of 60".
+    """
+    if configured and (step is None or step < configured):
+        return configured
+    if recorded and recorded > (configured or 0):
+        return recorded
+    return configured or recorded
+
+
 def choose(cfg, store, world_size: int, force: bool = False) -> Decision:
     """Rank 0's decision. Downloads from `store` into `cfg.output_dir` when the store is newer."""
     d = Decision()
@@ -128,7 +142,7 @@ def choose(cfg, store, world_size: int, force: bool = False) -> Decision:
     check_fingerprint(path, cfg, force, d.warnings)
     state = trainer_state(path)
     d.step = int(state.get("global_step", 0))
-    d.max_steps = cfg.max_steps or state.get("max_steps")
+    d.max_steps = current_target(cfg.max_steps, d.step, state.get("max_steps"))
     d.complete = bool(d.max_steps) and d.step >= d.max_steps
     d.world_size = (manifest.read_manifest(path) or {}).get("world_size")
     if d.world_size and d.world_size != world_size and not d.complete:

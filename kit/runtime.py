@@ -15,7 +15,7 @@ import warnings
 from dataclasses import asdict, dataclass
 
 from kit import config
-from kit.errors import CannotTrain
+from kit.errors import CannotTrain, UsageError
 
 # transformers 5.2x renamed gradient_checkpointing to activation_checkpointing; the old names
 # still work and are the only ones older 5.x releases (e.g. 5.17) know, so kit keeps them.
@@ -178,3 +178,27 @@ def _kernels(cfg, ctx, planned: str, backend: str, notes: list) -> str:
                           "or set kernels=none")
     notes.append(f"Liger kernels off: {why}")
     return "none"
+
+
+def check_output_dir(path: str) -> None:
+    """Refuse an output_dir that cannot hold checkpoints, before anything is loaded (UsageError, exit 2).
+
+    Trainer would find out only at its first save, after the model load and the first steps. The
+    folder is created (Trainer would create it anyway) and a file is written into it and removed:
+    permission bits say little when running as root or on a read-only mount.
+    """
+    import os
+    import tempfile
+    from pathlib import Path
+
+    out = Path(path)
+    blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        where = "is a file" if blocker == out else f"is under {blocker}, which is a file"
+        raise UsageError(f"output_dir {out} {where}, not a directory: choose another output_dir")
+    try:
+        os.makedirs(out, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out, prefix=".kit-write-check-"):
+            pass
+    except OSError as e:
+        raise UsageError(f"output_dir {out} is not writable ({e.strerror or e}): choose another output_dir") from None

@@ -44,10 +44,11 @@ def gather(cfg, now: float | None = None) -> dict:
         facts = _from_store(cfg, now)
     else:
         facts = _from_output_dir(cfg, warnings)
-    # The same rule as resume.choose: the config's max_steps wins, so status agrees with the job.
+    # The same rule as resume.choose, so status, the script and schedule name one target.
     state_max_steps = facts.pop("state_max_steps", None)
-    max_steps = cfg.max_steps or state_max_steps or _last_max_steps(facts["sessions"])
     latest = facts["latest_step"]
+    recorded = max((m for m in (state_max_steps, _last_max_steps(facts["sessions"])) if m), default=None)
+    max_steps = resume.current_target(cfg.max_steps, latest, recorded)
     facts.update(
         output_dir=cfg.output_dir,
         max_steps=max_steps,
@@ -78,7 +79,7 @@ def _from_store(cfg, now: float) -> dict:
         "checkpoints": store.list_steps(),
         "latest_step": latest,
         "state_max_steps": (state or {}).get("max_steps"),
-        "sessions": _records(store.read_text(SESSIONS_STORE)),
+        "sessions": _records(store.read_text(SESSIONS_STORE), f"the store's kit/{SESSIONS_STORE}"),
         "lease": _lease(_json(lease_raw, "kit lease"), now, released_if_absent and lease_raw is None),
     }
 
@@ -94,7 +95,7 @@ def _from_output_dir(cfg, warnings: list) -> dict:
         "checkpoints": sorted(step for step, _ in resume.local_checkpoints(out)),
         "latest_step": newest[0] if newest else None,
         "state_max_steps": (state or {}).get("max_steps"),
-        "sessions": _records(_read(out / SESSIONS_LOCAL)),
+        "sessions": _records(_read(out / SESSIONS_LOCAL), str(out / SESSIONS_LOCAL)),
         "lease": None,
     }
 
@@ -119,11 +120,11 @@ def _json(raw, what: str) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def _records(text: str | None) -> list[dict]:
+def _records(text: str | None, where: str = "sessions") -> list[dict]:
     """Session records, oldest first; a torn last line (a cut write) is skipped, not fatal."""
     out = []
-    for line in (text or "").splitlines():
-        rec = _json(line, "a session record") if line.strip() else None
+    for n, line in enumerate((text or "").splitlines(), 1):
+        rec = _json(line, f"{where} line {n}") if line.strip() else None
         if rec is not None:
             out.append(rec)
     return sorted(out, key=lambda r: r.get("started") or 0)
@@ -164,6 +165,8 @@ def session_line(i: int, rec: dict, ledger_row: dict | None = None) -> str:
         extra.append(f"~{rec['tokens_per_s']:,.0f} tokens/s")
     if isinstance(rec.get("peak_allocated_bytes"), (int, float)):
         extra.append(f"peak {rec['peak_allocated_bytes'] / 2**30:.1f} GiB")
+    elif isinstance(rec.get("peak_rss_bytes"), (int, float)):
+        extra.append(f"peak RAM {rec['peak_rss_bytes'] / 2**30:.1f} GiB")
     if isinstance(rec.get("setup_s"), (int, float)):
         extra.append(f"setup {_duration(rec['setup_s'])}")
     if ledger_row and ledger_row.get("steps_lost"):

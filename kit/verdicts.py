@@ -124,6 +124,12 @@ def judge(facts) -> Verdicts:
     torch = facts.torch
     hint = platforms.defaults(facts.platform).accelerator_hint
     gpus = [_judge_gpu(g, torch, hint) for g in facts.gpus]
+    if str(facts.platform_detected_by or "").startswith("synthesized"):
+        # `--gpus`: the torch judged is the one assumed for that machine, not the one installed here.
+        assumed = f"torch {torch.get('version')} (assumed for --gpus, not the torch installed here)"
+        for g in gpus:
+            g["reason"] = (g["reason"].replace("this torch build's arch list", f"the arch list of {assumed}")
+                           .replace("this torch build", assumed))
     v = Verdicts(gpus=gpus)
     v.usable_gpus = [g["index"] for g in gpus if g["arch_supported"] is not False]
     usable = [g for g in gpus if g["index"] in v.usable_gpus]

@@ -7,6 +7,15 @@ from pathlib import Path
 
 import pytest
 
+# The suite must not depend on the caller's Hugging Face environment: HF_HUB_OFFLINE=1 (common on
+# Kaggle and offline setups) is read once, when huggingface_hub is imported, and would turn the
+# local test Hub off; a real token or endpoint would point tests at the real Hub. Cleared before any
+# test module imports huggingface_hub; tests that need one of these set it themselves.
+CALLER_HF_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HF_TOKEN",
+                  "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT", "HF_TOKEN_PATH")
+for _var in CALLER_HF_VARS:
+    os.environ.pop(_var, None)
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))

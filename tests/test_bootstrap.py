@@ -60,7 +60,7 @@ def test_p100_json_error_names_the_fix(capsys):
 def test_cpu_only_exits_3_and_says_cpu_slow(capsys):
     assert main(["bootstrap", "--facts", machine("cpu_only")]) == 3
     out = capsys.readouterr().out
-    assert "CPU-slow" in out and "python train_ddp.py" in out
+    assert "CPU-slow" in out and "kit bootstrap --config configs/default.yaml" in out  # --config gives a script
 
 
 @pytest.mark.parametrize("name,code", [("mi300x", 0), ("radeon_8060s", 0), ("h200", 0), ("kaggle_t4x2", 0),

@@ -109,7 +109,7 @@ def test_rows_without_a_trainable_token_within_seq_len_are_dropped(tmp_path, tok
     (None, "does not exist"),
     ("", "is empty"),
     ('{"a": 1, "b": 2}\n', "match no format"),
-    ("not json at all\n", "could not be read"),
+    ("not json at all\n", "bad.jsonl line 1: not valid JSON"),
 ])
 def test_bad_files_are_one_line_usage_errors(tmp_path, tok, content, message):
     path = tmp_path / "bad.jsonl"

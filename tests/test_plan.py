@@ -234,7 +234,12 @@ def test_cli_plan_text_and_json():
     out = kit_plan("--config", "configs/qwen3-8b-qlora-kaggle-t4x2.yaml", "--gpus", "2xT4")
     assert out.returncode == 0, out.stderr
     assert "strategy                ddp" in out.stdout and "weights_4bit" in out.stdout
-    assert "next: torchrun --standalone --nproc_per_node=2 train_ddp.py" in out.stdout
+    # ./train_ddp.py is the default config's script, not this one's: render first (issue 11, item 8).
+    assert ("next: python -m kit render --config configs/qwen3-8b-qlora-kaggle-t4x2.yaml --gpus 2xT4 -o train_ddp.py "
+            "--force  (./train_ddp.py is another config's or machine's script), then: torchrun --standalone "
+            "--nproc_per_node=2 train_ddp.py") in out.stdout
+    out = kit_plan("--config", "configs/default.yaml", "--gpus", "2xT4")
+    assert out.stdout.splitlines()[-1] == "next: torchrun --standalone --nproc_per_node=2 train_ddp.py"
     out = kit_plan("--gpus", "2xT4", "model=Qwen/Qwen3-8B", "method=qlora", "--json")
     d = json.loads(out.stdout)
     for key in ("precision", "strategy", "nproc", "per_device_batch", "grad_accum", "global_batch",
@@ -268,7 +273,7 @@ def test_cli_does_not_fit_prints_plan_and_exits_3():
     ("seq_len: long\n", [], "'seq_len' in .* must be an integer, got 'long'"),
     ("per_device_batch: -4\n", [], "'per_device_batch' in .* must be > 0, got -4"),
     ("model: someone/Unknown-13B\n", [], "'someone/Unknown-13B' is not in kit's table"),
-    (None, ["--facts", "/no/such/facts.json"], "cannot read facts"),
+    (None, ["--facts", "/no/such/facts.json"], "facts file '/no/such/facts.json' does not exist"),
     (None, ["--gpus", "3xGTX1080"], "unknown GPU"),
     (None, ["--gpus", "2xT4", "global_batch=5"], "global_batch 5"),
     (None, ["--gpus", "2xT4", "lora.rank=8"], "did you mean 'lora.r'"),

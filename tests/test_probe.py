@@ -95,12 +95,56 @@ def nvmlDeviceGetUUID(h): return f"GPU-000{h}-aaaa"
 NO_NVML = 'raise ImportError("simulated: nvidia-ml-py not installed")\n'
 
 
+def assert_reports_installed_torch(torch_facts: dict, dist_version: str) -> None:
+    """The probe's torch version is the installed wheel's, whichever index it came from.
+
+    `torch.__version__` carries the build as a local version ("2.14.1+cu130", "+cpu", "+rocm6.4");
+    the package metadata does only for wheels from PyTorch's own index: PyPI's CUDA wheel says
+    "2.14.1". So the releases must match, and the local part must agree with the build facts.
+    """
+    release, _, local = torch_facts["version"].partition("+")
+    dist_release, _, dist_local = dist_version.partition("+")
+    assert release == dist_release
+    assert not dist_local or dist_local == local
+    if local.startswith("cu"):
+        assert torch_facts["cuda"] and not torch_facts["hip"]
+    elif local.startswith("rocm"):
+        assert torch_facts["hip"] and not torch_facts["cuda"]
+    elif local == "cpu":
+        assert not torch_facts["cuda"] and not torch_facts["hip"]
+
+
+# (torch.__version__, the wheel's metadata Version, version.py's cuda, hip) of the three wheel kinds.
+WHEELS = {"cuda-pypi": ("2.14.1+cu130", "2.14.1", "13.0", None),
+          "cpu-index": ("2.14.1+cpu", "2.14.1+cpu", None, None),
+          "rocm-index": ("2.14.1+rocm6.4", "2.14.1+rocm6.4", None, "6.4")}
+
+
+@pytest.mark.parametrize("wheel", list(WHEELS))
+def test_probe_reports_the_torch_of_every_wheel_kind(tmp_path, wheel):
+    # Simulated: this machine has one torch wheel; the other kinds are a torch package whose
+    # version.py and dist-info metadata say what those wheels' say (item 1 of issue 11: the real
+    # probe test compared "2.14.1+cu130" with "2.14.1" and failed on PyPI's CUDA wheel).
+    version, dist_version, cuda, hip = WHEELS[wheel]
+    site_dir = tmp_path / "site"
+    (site_dir / "torch").mkdir(parents=True)
+    (site_dir / "torch" / "version.py").write_text(f"__version__ = {version!r}\ncuda = {cuda!r}\nhip = {hip!r}\n")
+    (site_dir / "torch" / "__init__.py").write_text(f"__version__ = {version!r}\n")
+    info = site_dir / f"torch-{dist_version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torch\nVersion: {dist_version}\n")
+    facts, _ = probe(tmp_path, env={"PYTHONPATH": str(site_dir)})
+    dist = next(importlib.metadata.distributions(name="torch", path=[str(site_dir)]))
+    assert facts["torch"]["version"] == version
+    assert_reports_installed_torch(facts["torch"], dist.version)
+
+
 def test_real_probe_of_this_machine(tmp_path):
     facts, _ = probe(tmp_path, env={"HF_TOKEN": "hf_secretvalue123"})
     assert facts["schema"] == 1 and facts["platform"] in platforms.PLATFORMS and facts["platform_detected_by"]
     assert facts["python"] == platform.python_version()
     assert facts["torch"]["installed"] is True
-    assert facts["torch"]["version"] == importlib.metadata.version("torch")
+    assert_reports_installed_torch(facts["torch"], importlib.metadata.version("torch"))
     assert isinstance(facts["torch"]["arch_list"], list)
     assert facts["gpu_count"] == len(facts["gpus"])
     assert facts["cpu_count"] >= 1 and facts["ram_bytes"] > 2**30 and facts["disk_free_bytes"] > 0

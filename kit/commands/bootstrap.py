@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kit import probe, report
-from kit.errors import CannotTrain
+from kit.errors import CannotTrain, KitError
 from kit.verdicts import judge
 
 LAST: dict = {}  # {"facts": Facts, "verdicts": Verdicts, "next": [str]} of the latest run
@@ -25,14 +25,21 @@ def add_arguments(parser) -> None:
                         help="with --config: where to write the training script (default: train_ddp.py)")
 
 
+CPU_NOTE = "CPU: slow, fine for the tiny default"
+
+
 def run(args) -> int:
     """Judge the machine, and with `--config` plan and write train_ddp.py; show the next step.
 
     Returns:
-        0 when training can run on a GPU; raises CannotTrain (exit 3) otherwise, CPU-only included,
-        after the full report has been shown (and, CPU-only, after the script was written).
+        0 when training can run: on a GPU, or with `--config` on the CPU when the plan trains there
+        (the tiny default does). Raises CannotTrain (exit 3) otherwise, after the full report.
     """
     LAST.clear()  # a run that fails on bad input must not leave the previous run's facts behind
+    if args.config:  # before probing or planning: a refused -o must cost nothing and touch nothing
+        from kit.commands.render import check_output
+
+        check_output(Path(args.output))
     facts = probe.load_facts(args.facts) if args.facts else probe.gather()
     verdicts = judge(facts)
     cpu_only = not facts.gpus and bool(facts.torch.get("installed"))
@@ -44,10 +51,13 @@ def run(args) -> int:
     report.show(facts, verdicts, steps, as_json=args.json, plan=plan)
     if refusal is not None:
         raise refusal
+    if written:  # a plan that trains here, GPU or CPU, and its script is written
+        return 0
     if not verdicts.ok:
         if args.json:
             raise CannotTrain(f"{verdicts.summary} Do this: {verdicts.action}")
-        raise CannotTrain("no usable GPU: only the tiny default can train here, on the CPU (see above)" if cpu_only
+        raise CannotTrain("no usable GPU: `kit bootstrap --config configs/default.yaml` writes a script that trains "
+                          "the tiny default here, on the CPU (see above)" if cpu_only
                           else "this machine cannot train on a GPU (see above)")
     return 0
 
@@ -59,29 +69,45 @@ def _plan_and_write(args, facts):
 
     cfg = config.from_args(args)
     try:
-        text, plan = render_for(cfg, args.config, facts.to_dict())
+        text, plan = render_for(cfg, args.config, facts.to_dict(), args=args, output=args.output)
     except CannotTrain as e:
         return getattr(e, "plan", None), None, e
     out = Path(args.output)
     note = f"wrote {out}"
+    backup = None
     if out.exists() and out.read_text() != text:
-        # Never lose a script the user may have edited: keep the previous one beside it.
-        backup = out.with_name(out.name + ".prev")
+        # Never lose a script the user may have edited: keep the previous one beside it, numbered
+        # so that a second bootstrap does not overwrite the first backup.
+        backup = _free_backup_name(out)
         out.replace(backup)
         note += f" (the previous one is now {backup.name})"
-    render.write(text, out, force=True)
+    try:
+        render.write(text, out, force=True)
+    except KitError:
+        if backup is not None:  # put the user's script back: a failed write must lose nothing
+            backup.replace(out)
+        raise
     return plan, note, None
 
 
+def _free_backup_name(out: Path) -> Path:
+    """`train_ddp.py.prev`, else `.prev.2`, `.prev.3`, …: the first name not taken."""
+    candidate, n = out.with_name(out.name + ".prev"), 1
+    while candidate.exists():
+        n += 1
+        candidate = out.with_name(f"{out.name}.prev.{n}")
+    return candidate
+
+
 def _next_steps(facts, verdicts, plan, written, script: str) -> list[str]:
-    """The commands to run next, most important first; `script` is where train_ddp.py was written."""
+    """The one command to run next (a list, for JSON readers); `script` is where train_ddp.py was written."""
     if plan is not None and written:
-        steps = [f"{written}; next: {plan.launch.replace('train_ddp.py', script)}"]
-        if plan.device == "cpu":
-            steps.append("CPU only: fine for the tiny default model, CPU-slow for anything bigger")
-        return steps
+        from kit.commands.render import launch_for
+
+        step = f"{written}; next: {launch_for(plan, Path(script))}"
+        return [step + (f"  ({CPU_NOTE})" if plan.device == "cpu" else "")]
     if verdicts.ok:
         return [verdicts.action]
     if not facts.gpus and facts.torch.get("installed"):
-        return ["python train_ddp.py  # CPU only: fit for the tiny default model, CPU-slow"]
+        return [f"kit bootstrap --config configs/default.yaml  # writes train_ddp.py for this machine ({CPU_NOTE})"]
     return []

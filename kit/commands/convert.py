@@ -35,6 +35,10 @@ def run(args) -> int:
         raise UsageError(f"kit convert needs libcst and nbformat ({e}): pip install libcst nbformat") from None
 
     conversion = convert_notebook(args.notebook, args.precision, script_name=out.name)
+    from kit.auth import refuse_token
+
+    # A notebook cell may hold a literal token (`login("hf_…")`): it must not land in a script.
+    refuse_token(conversion.source, f"the script converted from {args.notebook}")
     # Temp file + rename in the same folder: a crash never leaves half a script behind.
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
     try:

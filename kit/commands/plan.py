@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 from kit import config
-from kit.errors import CannotTrain, UsageError
+from kit.errors import CannotTrain
 from kit.report import plan_to_text
 
 GIB = 2**30
@@ -37,29 +37,49 @@ def run(args) -> int:
         plan = planner.make_plan(facts, cfg, nproc=args.nproc)
     except CannotTrain as e:
         if getattr(e, "plan", None) is not None:
-            print(_render(e.plan, args.json))
+            # The refusal is the error line below; the plan's reasons show it only in JSON, so it
+            # is printed once.
+            print(_render(e.plan, args.json, refusal=str(e)))
         raise
     print(_render(plan, args.json))
+    if not args.json and plan.launch:
+        print(f"next: {_next(args, cfg, facts, plan)}")
     return 0
 
 
+def _next(args, cfg, facts, plan) -> str:
+    """The launch command, when ./train_ddp.py is this config's script for this machine; else render first."""
+    from pathlib import Path
+
+    from kit.commands.render import machine_args, render_for
+    from kit.render import rerender_command
+
+    script = Path("train_ddp.py")
+    render_it = rerender_command(args.config or "CONFIG.yaml", machine_args(args), args.overrides or ())
+    if args.config is None:  # built-in defaults: there is no config file to render from
+        return f"{render_it}  (with your config: it writes the script), then: {plan.launch}"
+    try:
+        text, _ = render_for(cfg, args.config, facts, args.gpus, args=args)
+    except CannotTrain:  # a plan the script template cannot run yet (e.g. sharded): no script to name
+        return plan.launch
+    if script.is_file() and script.read_text() == text:
+        return plan.launch
+    state = "is another config's or machine's script" if script.exists() else "does not exist yet"
+    return f"{render_it}  (./train_ddp.py {state}), then: {plan.launch}"
+
+
 def _facts(args):
-    from kit import hardware
+    from kit.commands.render import machine_facts
 
-    if args.gpus:
-        return hardware.synthesize(args.gpus)
-    if args.facts:
-        try:
-            with open(args.facts, encoding="utf-8") as fh:
-                return json.load(fh)
-        except OSError as e:
-            raise UsageError(f"cannot read facts {args.facts}: {e.strerror or e}") from None
-        except json.JSONDecodeError as e:
-            raise UsageError(f"facts {args.facts} is not JSON (line {e.lineno}): {e.msg}") from None
-    from kit import probe
-
-    return probe.gather()
+    # One loader for plan, render and bootstrap: the same checks and the same one-line errors.
+    return machine_facts(args)
 
 
-def _render(plan, as_json: bool) -> str:
-    return json.dumps(plan.to_dict(), indent=2) if as_json else plan_to_text(plan)
+def _render(plan, as_json: bool, refusal: str | None = None) -> str:
+    if as_json:
+        return json.dumps(plan.to_dict(), indent=2)
+    if refusal is not None:
+        from dataclasses import replace
+
+        plan = replace(plan, reasons=[r for r in plan.reasons if r.rstrip(".") != refusal.rstrip(".")])
+    return plan_to_text(plan, launch=False)

@@ -41,8 +41,22 @@ def machine_words(facts: dict, gpus_spec: str | None = None) -> str:
     return f"{len(gpus)} × {', '.join(names)} ({where})"
 
 
-def render_for(cfg, config_path: str, facts: dict, gpus_spec: str | None = None) -> tuple[str, object]:
-    """(script text, plan) for `cfg` on the machine `facts` describes."""
+def machine_args(args) -> list[str]:
+    """The flags that name the machine planned for, as given: --facts FILE, --gpus SPEC, or none."""
+    if getattr(args, "facts", None):
+        return ["--facts", args.facts]
+    if getattr(args, "gpus", None):
+        return ["--gpus", args.gpus]
+    return []
+
+
+def render_for(cfg, config_path: str, facts: dict, gpus_spec: str | None = None, *, args=None,
+               output: str = "train_ddp.py") -> tuple[str, object]:
+    """(script text, plan) for `cfg` on the machine `facts` describes.
+
+    `args` (the command's, when given) supplies the machine flags and overrides for the re-render
+    command written into the script, so that command reproduces the file exactly.
+    """
     from kit.plan import make_plan
 
     # The template runs one full replica per rank: plan only what it can run, so a job that fits
@@ -52,18 +66,43 @@ def render_for(cfg, config_path: str, facts: dict, gpus_spec: str | None = None)
     assert plan.strategy in RENDERABLE, plan.strategy
     planned = plan.to_dict()
     planned["gpu_name"] = plan.gpu
-    return render.render(cfg, planned, config_path, machine_words(facts, gpus_spec)), plan
+    rerender = render.rerender_command(config_path, machine_args(args) if args is not None else
+                                       (["--gpus", gpus_spec] if gpus_spec else []),
+                                       getattr(args, "overrides", None) or (), output)
+    return render.render(cfg, planned, config_path, machine_words(facts, gpus_spec), rerender), plan
 
 
 def run(args) -> int:
     if args.config is None:
         raise UsageError("kit render needs --config PATH (start from configs/default.yaml)")
     cfg = config.from_args(args)
-    text, plan = render_for(cfg, args.config, machine_facts(args), args.gpus)
+    out = Path(args.output)
+    if not args.stdout:  # checked before planning, so a refused run touches nothing
+        check_output(out)
+    text, plan = render_for(cfg, args.config, machine_facts(args), args.gpus, args=args, output=args.output)
     if args.stdout:
         sys.stdout.write(text)
         return 0
-    render.write(text, Path(args.output), args.force)
-    print(f"wrote {args.output}: {plan.strategy} over {plan.nproc} × {plan.device}, {plan.precision}")
-    print(f"next: {plan.launch}")
+    render.write(text, out, args.force)
+    print(f"wrote {out}: {plan.strategy} over {plan.nproc} × {plan.device}, {plan.precision}")
+    print(f"next: {launch_for(plan, out)}")
     return 0
+
+
+def check_output(out: Path) -> None:
+    """Refuse an -o that cannot take a script (a folder, a missing or unwritable folder), before any work."""
+    import os
+
+    if out.is_dir():
+        raise UsageError(f"-o {out}: is a directory: give a file name such as {out / 'train_ddp.py'}")
+    parent = out.parent
+    if not parent.is_dir():
+        what = "is not a directory" if parent.exists() else "does not exist"
+        raise UsageError(f"-o {out}: folder {parent} {what}: create it first or choose another -o")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"-o {out}: folder {parent} is not writable: choose another -o")
+
+
+def launch_for(plan, script: Path) -> str:
+    """The plan's launch command for the script written at `script` (not always ./train_ddp.py)."""
+    return plan.launch.replace("train_ddp.py", Path(script).as_posix())

@@ -85,7 +85,8 @@ def run(args) -> int:
     from kit.errors import UsageError
 
     # First, before anything can echo them: no token among the parameters.
-    schedule.refuse_tokens([*(args.overrides or []), *([f"store={args.store}"] if args.store else [])])
+    schedule.refuse_tokens([*(args.overrides or []), *([f"store={args.store}"] if args.store else []),
+                            *([f"config={args.config}"] if args.config else [])])
     for name, value in (("--every", args.every), ("--max-runs", args.max_runs), ("--nproc", args.nproc),
                         ("--time-budget", args.time_budget), ("--run-timeout", args.run_timeout)):
         if value is not None and value <= 0:

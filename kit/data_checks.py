@@ -1,0 +1,165 @@
+"""Bad training data, caught before it reaches the tokenizer: each error names the file, the line or
+row, and the shape that was expected.
+
+- `scan_json_lines(path)`: every line of a JSONL file is a JSON object (or the line is named).
+- `explain_mixed_types(path, lines)`: which line's fields have another type than the first row's,
+  when Arrow cannot build one table from the file.
+- `row_problem(row, fmt, names)`: what is wrong with one row for its format, or None.
+- `as_messages(turns)`: ShareGPT turns (`{"from": "human", "value": ...}`) as `{role, content}`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kit.errors import UsageError
+
+ROLES = ("system", "user", "assistant", "tool")
+# ShareGPT's speaker names (FastChat, axolotl's sharegpt loader) onto chat-template roles.
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                  "chatgpt": "assistant", "bing": "assistant", "bard": "assistant", "model": "assistant",
+                  "system": "system", "tool": "tool", "function": "tool", "observation": "tool"}
+MESSAGES_SHAPE = ('a list of {"role": "user"|"assistant"|"system", "content": "..."} '
+                  '(or ShareGPT {"from": "human"|"gpt", "value": "..."})')
+
+
+def scan_json_lines(path: Path) -> list[int] | None:
+    """The 1-based line number of each row of a JSON Lines file; UsageError naming the first bad line.
+
+    A `.json` file that holds one JSON array (not lines) is checked as a whole and gets None.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as e:
+        raise UsageError(f"data file {path} is not UTF-8 text (byte {e.start}): save it as UTF-8") from None
+    except OSError as e:
+        raise UsageError(f"cannot read data file {path}: {e.strerror or e}") from None
+    if path.suffix == ".json" and text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"data file {path} line {e.lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
+        bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
+        if bad is not None:
+            raise UsageError(f"data file {path}: item {bad + 1} of its JSON array is a {type(rows[bad]).__name__}, "
+                             "not an object of named fields")
+        return None
+    lines, seen = [], {}
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"data file {path} line {n}: not valid JSON ({e.msg}, column {e.colno}); "
+                             "each line must be one JSON object") from None
+        if not isinstance(row, dict):
+            raise UsageError(f"data file {path} line {n}: a JSON {type(row).__name__}, not an object of named "
+                             "fields; each line must be one JSON object")
+        # Arrow needs one type per field: given mixed ones it fails, or worse, silently converts
+        # (a JSON string read as an object). Say which line differs, before it gets the chance.
+        for field, kind in _shape(row).items():
+            first = seen.setdefault(field, (kind, n))
+            if first[0] != kind:
+                raise UsageError(f"data file {path} line {n}: {field} is a JSON {kind} where line {first[1]} has a "
+                                 f"{first[0]}; every row needs the same shape")
+        lines.append(n)
+    return lines
+
+
+def _shape(row: dict) -> dict[str, str]:
+    """{field path: JSON type} of a row, one level into lists of objects (`messages[].content`)."""
+    out = {}
+    for key, value in row.items():
+        if value is None:
+            continue
+        out[key] = _json_name(type(value).__name__)
+        if isinstance(value, list):
+            for item in value:
+                if isinstance(item, dict):
+                    for k, v in item.items():
+                        if v is not None:
+                            out.setdefault(f"{key}[].{k}", _json_name(type(v).__name__))
+                elif item is not None:
+                    out.setdefault(f"{key}[]", _json_name(type(item).__name__))
+    return out
+
+
+def explain_mixed_types(path: Path, lines: list[int] | None) -> str | None:
+    """The first line whose fields have another JSON type than the same fields of the first row."""
+    if not lines:
+        return None
+    with open(path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    first = {k: type(v).__name__ for k, v in rows[0].items() if v is not None}
+    for row, n in zip(rows[1:], lines[1:]):
+        for key, value in row.items():
+            kind = type(value).__name__
+            if value is not None and key in first and kind != first[key]:
+                return (f"line {n}: field {key!r} is a JSON {_json_name(kind)} where line {lines[0]} has a "
+                        f"{_json_name(first[key])}; every row needs the same shape")
+    return None
+
+
+def _json_name(kind: str) -> str:
+    return {"str": "string", "list": "list", "dict": "object", "int": "number", "float": "number",
+            "bool": "boolean"}.get(kind, kind)  # int and float are one JSON number: Arrow widens them
+
+
+def as_messages(turns):
+    """`turns` as chat messages: {role, content} kept, ShareGPT's {from, value} converted; else as given."""
+    if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
+        return turns
+    # Arrow gives every turn of a column all keys seen in it, so a missing one reads as None.
+    if not any(t.get("from") is not None and t.get("role") is None for t in turns):
+        return turns
+    out = []
+    for t in turns:
+        speaker = str(t.get("from") if t.get("from") is not None else t.get("role")).lower()
+        content = t.get("value") if t.get("value") is not None else t.get("content")
+        out.append({"role": SHAREGPT_ROLES.get(speaker, speaker), "content": content})
+    return out
+
+
+def row_problem(row: dict, fmt: str, names: dict) -> str | None:
+    """What is wrong with `row` for `fmt` (columns mapped by `names`), in words; None when it is fine."""
+    if fmt == "messages":
+        return _messages_problem(row[names["messages"]], names["messages"])
+    fields = {"text": ("text",), "alpaca": ("instruction", "output"), "prompt_completion": ("prompt", "completion")}[fmt]
+    for key in fields:
+        value = row[names[key]]
+        if fmt == "prompt_completion" and isinstance(value, list):  # conversational prompt/completion
+            problem = _messages_problem(value, names[key], allow_empty=False)
+            if problem:
+                return problem
+            continue
+        if not isinstance(value, str):
+            return f"field {names[key]!r} is {_shown(value)}, expected a string"
+    if fmt == "alpaca" and row.get(names["input"]) is not None and not isinstance(row.get(names["input"]), str):
+        return f"field {names['input']!r} is {_shown(row.get(names['input']))}, expected a string or null"
+    return None
+
+
+def _messages_problem(turns, column: str, allow_empty: bool = False) -> str | None:
+    turns = as_messages(turns)
+    if not isinstance(turns, list):
+        return f"field {column!r} is {_shown(turns)}, expected {MESSAGES_SHAPE}"
+    if not turns and not allow_empty:
+        return f"field {column!r} is an empty list, expected {MESSAGES_SHAPE}"
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            return f"{column}[{i}] is {_shown(turn)}, expected {MESSAGES_SHAPE}"
+        if turn.get("role") not in ROLES:
+            return f"{column}[{i}] has role {turn.get('role')!r}; expected one of {', '.join(ROLES)}"
+        if not isinstance(turn.get("content"), str):
+            return f"{column}[{i}].content is {_shown(turn.get('content'))}, expected a string"
+    return None
+
+
+def _shown(value) -> str:
+    kind = {str: "a string", list: "a list", dict: "an object", type(None): "null", bool: "a boolean",
+            int: "a number", float: "a number"}.get(type(value), type(value).__name__)
+    text = repr(value)
+    return f"{kind} ({text[:40]}{'…' if len(text) > 40 else ''})"

@@ -1,0 +1,320 @@
+"""Bad input, as a new user or a hostile one types it: config, data, hardware facts, CLI, the
+generated script and secrets.
+
+Every case runs in a temp copy of the repo's configs, data, model and script, with a fake token
+in HF_TOKEN, and asserts the same contract: the right exit code, exactly one `error:` line with
+the expected words, no traceback, every file that was there before unchanged, and the token
+nowhere in the output or in any file the case wrote. Most cases run in-process through
+`kit.cli.main([...])` or the script's own `__main__` block (runpy), a few through the real script.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import runpy
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kit.cli import main
+from tests.scripts import ROOT, cpu_env
+
+TOKEN = "hf_" + "fakeBADinputTOKEN" + "0123456789abcd"  # set as HF_TOKEN: must never come back
+OTHER = "hf_" + "someoneELSEStoken" + "9876543210zyxw"  # token-shaped, not this environment's
+MACHINES = ROOT / "tests" / "fixtures" / "machines"
+T4X2 = json.loads((MACHINES / "kaggle_t4x2.json").read_text())
+
+
+# ---- the sandbox and the contract -------------------------------------------------------------
+@pytest.fixture
+def sandbox(tmp_path, monkeypatch):
+    """A temp copy of what a user's checkout holds, as the working directory, with the fake token set."""
+    box = tmp_path / "box"
+    box.mkdir()
+    for name in ("configs", "data", "models"):
+        shutil.copytree(ROOT / name, box / name)
+    shutil.copy(ROOT / "train_ddp.py", box / "train_ddp.py")
+    (box / "mine.py").write_text("# a script with my own edits\n")
+    monkeypatch.chdir(box)
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setenv("KIT_PLATFORM", "local")
+    return box
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def check_contract(box: Path, before: dict, code: int, out: str, err: str, want_code: int, want: str,
+                   *, one_line_stderr: bool = True) -> None:
+    assert code == want_code, f"exit {code}, wanted {want_code}\nstdout: {out[-2000:]}\nstderr: {err[-2000:]}"
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, err
+    if one_line_stderr:
+        assert [line for line in err.splitlines() if line.strip()] == errors, err
+    assert re.search(want, errors[0]), errors[0]
+    assert "Traceback" not in out + err
+    assert TOKEN not in out + err and OTHER not in out + err
+    after = snapshot(box)
+    changed = [p for p, h in before.items() if after.get(p) != h]
+    assert not changed, f"overwritten or removed: {changed}"
+    for rel, digest in after.items():  # what the case wrote: never a token
+        if before.get(rel) != digest:
+            text = (box / rel).read_bytes()
+            assert TOKEN.encode() not in text and OTHER.encode() not in text, rel
+
+
+def write(box: Path, name: str, content) -> str:
+    path = box / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return name
+
+
+def facts(**changes) -> dict:
+    d = json.loads(json.dumps(T4X2))
+    for key, value in changes.items():
+        if value is _DROP:
+            d.pop(key)
+        else:
+            d[key] = value
+    return d
+
+
+_DROP = object()
+CONTRACT_ONLY = {"platform": "kaggle", "python": "3.11.13",
+                 "torch": {"version": "2.10.0+cu128", "cuda": "12.8", "hip": None, "arch_list": ["sm_75", "sm_80"]},
+                 "gpus": [{"index": i, "name": "Tesla T4", "capability": "7.5", "memory_total_bytes": 15637086208}
+                          for i in range(2)], "gpu_count": 2}
+
+
+def notebook_with_token() -> str:
+    """A real training notebook whose first cell logs in with a literal token, as people write it."""
+    nb = json.loads((ROOT / "tests/fixtures/notebooks/tiny_cpu_sft.ipynb").read_text())
+    nb["cells"].insert(0, {"cell_type": "code", "id": "login", "metadata": {}, "execution_count": None, "outputs": [],
+                           "source": ["from huggingface_hub import login\n", f"login(token=\"{OTHER}\")\n"]})
+    return json.dumps(nb)
+
+
+# ---- CLI cases: (id, files to create, argv, exit code, words of the error) ---------------------
+CLI_CASES = [
+    # config
+    ("yaml-malformed", {"c.yaml": "model: x\nlora:\n  r: 8\n   alpha: [1\n"}, ["plan", "--config", "c.yaml"], 2,
+     r"malformed YAML in c.yaml line \d"),
+    ("yaml-list", {"c.yaml": "- a\n- b\n"}, ["plan", "--config", "c.yaml"], 2, "must be a mapping"),
+    ("yaml-not-utf8", {"c.yaml": b"\xff\xfe model: x"}, ["plan", "--config", "c.yaml"], 2, "not UTF-8"),
+    ("yaml-missing", {}, ["plan", "--config", "nope.yaml"], 2, "cannot read config nope.yaml"),
+    ("yaml-is-a-folder", {}, ["plan", "--config", "configs"], 2, "cannot read config configs"),
+    ("key-typo", {"c.yaml": "lerning_rate: 0.1\n"}, ["plan", "--config", "c.yaml"], 2, "did you mean 'learning_rate'"),
+    ("key-alias", {}, ["plan", "lr=0.1"], 2, "did you mean 'learning_rate'"),
+    ("key-nested-typo", {}, ["plan", "lora.rr=3"], 2, "did you mean 'lora.r'"),
+    ("key-strategy", {}, ["plan", "strategy=zero3"], 2, "plans the strategy itself"),
+    ("key-by-value", {}, ["plan", "dtype=bf16"], 2, "did you mean 'precision=bf16'"),
+    ("choice-typo", {}, ["plan", "precision=bf61"], 2, "expected one of auto|bf16|fp16|fp32 \\(did you mean 'bf16'"),
+    ("method-typo", {}, ["plan", "method=qlorra"], 2, "did you mean 'qlora'"),
+    ("int-word", {"c.yaml": "seq_len: long\n"}, ["plan", "--config", "c.yaml"], 2, "must be an integer, got 'long'"),
+    ("int-bool", {}, ["plan", "max_steps=true"], 2, "must be an integer, got True"),
+    ("negative-batch", {}, ["plan", "per_device_batch=-4"], 2, "must be > 0, got -4"),
+    ("negative-lr", {}, ["plan", "learning_rate=-1"], 2, ">= 0"),
+    ("dropout-range", {}, ["plan", "lora.dropout=1.5"], 2, r"in \[0, 1\)"),
+    ("eval-fraction", {}, ["plan", "data.eval_fraction=1"], 2, r"in \[0, 1\)"),
+    ("section-not-mapping", {"c.yaml": "lora: 5\n"}, ["plan", "--config", "c.yaml"], 2, "must be a mapping"),
+    ("columns-list", {}, ["plan", "data.columns=[a, b]"], 2, "mapping of column names"),
+    ("targets-empty", {}, ["plan", "lora.target_modules=[]"], 2, "list of module names"),
+    ("override-no-equals", {}, ["plan", "lora.r"], 2, "is not KEY=VALUE"),
+    ("null-required", {}, ["plan", "seq_len=null"], 2, "must not be null"),
+    ("batch-indivisible", {}, ["plan", "--gpus", "2xT4", "global_batch=5"], 2, "global_batch 5"),
+    ("unknown-model", {}, ["plan", "--gpus", "T4", "model=someone/Unknown-13B"], 2, "not in kit's table"),
+    # CLI
+    ("unknown-command", {}, ["trian"], 2, "unknown command 'trian'"),
+    ("unknown-flag", {}, ["plan", "--bogus"], 2, "unrecognized arguments: --bogus"),
+    ("gpus-option-like", {}, ["plan", "--gpus", "-1xT4"], 2, "write --gpus=-1xT4"),
+    ("gpus-negative", {}, ["plan", "--gpus=-1xT4"], 2, "at least 1, got -1"),
+    ("gpus-zero", {}, ["plan", "--gpus", "0xT4"], 2, "at least 1, got 0"),
+    ("gpus-unknown", {}, ["plan", "--gpus", "3xGTX1080"], 2, "unknown GPU 'GTX1080'"),
+    ("gpus-and-facts", {}, ["plan", "--gpus", "2xT4", "--facts", "f.json"], 2, "not allowed with"),
+    ("nproc-too-many", {}, ["plan", "--gpus", "2xT4", "--nproc", "5"], 2, "nproc 5"),
+    ("nproc-not-int", {}, ["plan", "--nproc", "two"], 2, "invalid int value: 'two'"),
+    ("render-no-config", {}, ["render", "-o", "x.py"], 2, "needs --config"),
+    ("render-o-folder", {}, ["render", "--config", "configs/default.yaml", "--gpus", "cpu", "-o", "configs"], 2,
+     "-o configs: is a directory"),
+    ("render-o-no-folder", {}, ["render", "--config", "configs/default.yaml", "--gpus", "cpu", "-o", "no/such/x.py"],
+     2, "folder no/such does not exist"),
+    ("render-o-under-file", {}, ["render", "--config", "configs/default.yaml", "--gpus", "cpu", "-o", "mine.py/x.py"],
+     2, "is not a directory"),
+    ("render-differs", {}, ["render", "--config", "configs/default.yaml", "--gpus", "cpu", "-o", "mine.py"], 2,
+     "exists and differs; pass --force"),
+    ("bootstrap-o-folder", {}, ["bootstrap", "--facts", str(MACHINES / "kaggle_t4x2.json"), "--config",
+                                "configs/default.yaml", "-o", "data"], 2, "-o data: is a directory"),
+    ("schedule-every", {}, ["schedule", "--every", "-1"], 2, "--every must be positive"),
+    ("status-plot-nothing", {}, ["status", "--plot", "p.png", "output_dir=outputs/none"], 2, "nothing to plot"),
+    ("status-bad-store-key", {}, ["status", "stor=x"], 2, "did you mean 'store'"),
+    # hardware: the machine cannot train (3), and facts files (2)
+    ("p100-plan", {}, ["plan", "--gpus", "1xP100"], 3, "sm_60.*assumed for --gpus"),
+    ("p100-plan-json", {}, ["plan", "--gpus", "1xP100", "--json"], 3, "sm_60"),
+    ("p100-render", {}, ["render", "--config", "configs/default.yaml", "--gpus", "2xP100", "-o", "p.py"], 3, "sm_60"),
+    ("p100-bootstrap", {}, ["bootstrap", "--facts", str(MACHINES / "kaggle_p100.json"), "--config",
+                            "configs/default.yaml", "-o", "mine.py"], 3, "sm_60|cannot train"),
+    ("facts-missing", {}, ["plan", "--facts", "nope.json"], 2, "facts file 'nope.json' does not exist"),
+    ("facts-not-json", {"f.json": "{\n  \"platform\": kaggle\n}"}, ["plan", "--facts", "f.json"], 2, "at line 2"),
+    ("facts-list-plan", {"f.json": [1, 2]}, ["plan", "--facts", "f.json"], 2, "holds a JSON list"),
+    ("facts-list-render", {"f.json": [1, 2]}, ["render", "--config", "configs/default.yaml", "--facts", "f.json"], 2,
+     "holds a JSON list"),
+    ("facts-list-bootstrap", {"f.json": [1, 2]}, ["bootstrap", "--facts", "f.json"], 2, "holds a JSON list"),
+    ("facts-not-utf8", {"f.json": b"\xff{}"}, ["plan", "--facts", "f.json"], 2, "cannot read facts file"),
+    ("facts-no-torch", {"f.json": facts(torch=_DROP)}, ["plan", "--facts", "f.json"], 2, "lacks torch"),
+    ("facts-gpus-dict", {"f.json": facts(gpus={"0": 1})}, ["plan", "--facts", "f.json"], 2, "not a list of objects"),
+    ("facts-capability", {"f.json": facts(gpus=[{**T4X2["gpus"][0], "capability": "seven"}], gpu_count=1)},
+     ["plan", "--facts", "f.json"], 2, "capability 'seven'"),
+    ("facts-count-mismatch", {"f.json": facts(gpu_count=5)}, ["bootstrap", "--facts", "f.json"], 2,
+     "gpu_count 5 but lists 2"),
+    ("facts-packages-list", {"f.json": facts(packages=["trl"])}, ["plan", "--facts", "f.json"], 2,
+     "packages = \\['trl'\\]; expected an object"),
+    ("facts-memory-text", {"f.json": facts(gpus=[{**T4X2["gpus"][0], "memory_total_bytes": "16GB"}], gpu_count=1)},
+     ["render", "--config", "configs/default.yaml", "--facts", "f.json", "-o", "r.py"], 2, "memory_total_bytes"),
+    ("facts-schema", {"f.json": facts(schema=2)}, ["plan", "--facts", "f.json"], 2, "schema 2"),
+    # secrets: refused, never echoed
+    ("token-max-steps", {}, ["plan", f"max_steps={TOKEN}"], 2, "'max_steps'.*looks like a Hugging Face token"),
+    ("token-store-render", {}, ["render", "--config", "configs/default.yaml", "--gpus", "cpu", "-o", "t.py",
+                                f"store={TOKEN}"], 2, "'store'.*token"),
+    ("token-other-model", {}, ["render", "--config", "configs/default.yaml", "--gpus", "cpu", "-o", "t.py",
+                               f"model=me/{OTHER}"], 2, "'model'.*token"),
+    ("token-as-key", {}, ["plan", f"{TOKEN}=1"], 2, r"unknown config key '\*\*\*'"),
+    ("token-in-yaml", {"c.yaml": f"store: hf://me/x\nmodel: {OTHER}\n"}, ["plan", "--config", "c.yaml"], 2,
+     "'model' in c.yaml.*token"),
+    ("token-in-config-path", {f"{OTHER}.yaml": "max_steps: 3\n"},
+     ["render", "--config", f"{OTHER}.yaml", "--gpus", "cpu", "-o", "t.py"], 2, "the script for t.py.*token"),
+    ("token-in-output-name", {}, ["render", "--config", "configs/default.yaml", "--gpus", "cpu", "-o", f"{TOKEN}.py"],
+     2, "token"),
+    ("token-in-facts", {"f.json": facts(platform=OTHER)},
+     ["bootstrap", "--facts", "f.json", "--config", "configs/default.yaml", "-o", "t.py"], 2, "token"),
+    ("token-bootstrap-override", {}, ["bootstrap", "--facts", str(MACHINES / "kaggle_t4x2.json"), "--config",
+                                      "configs/default.yaml", "-o", "mine.py", f"data.path={TOKEN}.jsonl"], 2, "token"),
+    ("token-status-store", {}, ["status", f"store={TOKEN}"], 2, "token"),
+    ("token-schedule", {}, ["schedule", "--store", TOKEN, "--print-cron"], 2, "refusing to pass a token"),
+    ("token-lora", {}, ["plan", f"lora.target_modules=[q_proj, {TOKEN}]"], 2, "token"),
+    ("token-schedule-config", {f"{OTHER}.yaml": "max_steps: 3\n"}, ["schedule", "--config", f"{OTHER}.yaml",
+                                                                     "--print-cron"], 2, "refusing to pass a token"),
+    ("token-in-notebook", {"nb.ipynb": "TOKEN_NOTEBOOK"}, ["convert", "nb.ipynb", "-o", "c.py"], 2,
+     "converted from nb.ipynb.*token"),
+]
+
+
+@pytest.mark.parametrize("files,argv,code,want", [c[1:] for c in CLI_CASES], ids=[c[0] for c in CLI_CASES])
+def test_cli_bad_input(sandbox, capsys, files, argv, code, want):
+    for name, content in files.items():
+        write(sandbox, name, notebook_with_token() if content == "TOKEN_NOTEBOOK" else content)
+    before = snapshot(sandbox)
+    got = main(list(argv))
+    out, err = capsys.readouterr()
+    check_contract(sandbox, before, got, out, err, code, want)
+
+
+# ---- the generated script, in-process (its real __main__ block, through runpy) ------------------
+GOOD_ROWS = [json.loads(line) for line in (ROOT / "data" / "ha_commands.jsonl").read_text().splitlines()[:24]]
+
+
+def jsonl(rows) -> str:
+    return "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows)
+
+
+SCRIPT_CASES = [
+    ("data-missing", {}, ["data.path=data/nope.jsonl"], 2, "data file data/nope.jsonl does not exist"),
+    ("data-empty", {"d.jsonl": ""}, ["data.path=d.jsonl"], 2, "is empty"),
+    ("data-bad-line", {"d.jsonl": jsonl(GOOD_ROWS[:2] + ["{not json"] + GOOD_ROWS[2:])}, ["data.path=d.jsonl"], 2,
+     "d.jsonl line 3: not valid JSON"),
+    ("data-list-line", {"d.jsonl": jsonl(GOOD_ROWS[:1] + ["[1, 2]"])}, ["data.path=d.jsonl"], 2,
+     "d.jsonl line 2: a JSON list"),
+    ("data-messages-string", {"d.jsonl": jsonl([{"messages": "a string"}] * 3)}, ["data.path=d.jsonl"], 2,
+     "d.jsonl line 1: field 'messages' is a string"),
+    ("data-bad-role", {"d.jsonl": jsonl(GOOD_ROWS[:3] + [{"messages": [{"role": "bot", "content": "x"}]}])},
+     ["data.path=d.jsonl"], 2, "d.jsonl line 4: messages\\[0\\] has role 'bot'"),
+    ("data-content-not-text", {"d.jsonl": jsonl(GOOD_ROWS[:2] + [{"messages": [{"role": "user", "content": 5}]}])},
+     ["data.path=d.jsonl"], 2, "d.jsonl line 3"),
+    ("data-mixed-types", {"d.jsonl": jsonl([{"prompt": "a", "completion": "b"}, {"prompt": ["x"], "completion": "c"}])},
+     ["data.path=d.jsonl", "data.format=auto"], 2, "line 2"),
+    ("data-no-format", {"d.jsonl": jsonl([{"a": 1, "b": 2}] * 3)}, ["data.path=d.jsonl", "data.format=auto"], 2,
+     "match no format"),
+    ("data-not-utf8", {"d.jsonl": b'{"text": "\xff\xfe"}\n'}, ["data.path=d.jsonl"], 2, "not UTF-8"),
+    ("data-unknown-type", {"d.txt": "hello\n"}, ["data.path=d.txt"], 2, "unknown type '.txt'"),
+    ("output-dir-is-file", {}, ["output_dir=mine.py"], 2, "output_dir mine.py is a file"),
+    ("output-dir-under-file", {}, ["output_dir=mine.py/run"], 2, "is under mine.py, which is a file"),
+    ("output-dir-unwritable", {}, ["output_dir=/proc/kit-bad-input/run"], 2, "output_dir /proc/kit-bad-input/run is not writable"),
+    ("resume-missing", {}, ["resume=outputs/none/checkpoint-4"], 2, "no such checkpoint folder"),
+    ("bf16-on-cpu", {}, ["precision=bf16"], 3, "runs on the CPU; use precision=fp32"),
+    ("qlora-on-cpu", {}, ["method=qlora"], 3, "needs a CUDA GPU"),
+    ("script-bad-override", {}, ["max_steps=0"], 2, "'max_steps' in command line must be > 0"),
+    ("script-token", {}, [f"store={TOKEN}"], 2, "'store'.*token"),
+    ("script-unknown-flag", {}, ["--smokee"], 2, "unrecognized arguments"),
+]
+
+
+def run_script_in_process(box: Path, argv: list[str]) -> int:
+    """`python train_ddp.py ARGV` in this process: the script's own __main__ block, its exit code."""
+    saved = sys.argv
+    sys.argv = [str(box / "train_ddp.py"), *argv]
+    try:
+        runpy.run_path(str(box / "train_ddp.py"), run_name="__main__")
+    except SystemExit as e:
+        return int(e.code or 0)
+    finally:
+        sys.argv = saved
+    return 0
+
+
+@pytest.mark.parametrize("files,argv,code,want", [c[1:] for c in SCRIPT_CASES], ids=[c[0] for c in SCRIPT_CASES])
+def test_script_bad_input(sandbox, capfd, files, argv, code, want):
+    for name, content in files.items():
+        write(sandbox, name, content)
+    before = snapshot(sandbox)
+    got = run_script_in_process(sandbox, ["output_dir=outputs/bad", *argv])
+    out, err = capfd.readouterr()
+    # Libraries may log warnings to stderr; kit's own error is still exactly one line.
+    check_contract(sandbox, before, got, out, err, code, want, one_line_stderr=False)
+    if any(a.startswith("output_dir=") and a != "output_dir=outputs/bad" for a in argv):
+        assert "trainable parameters" not in out  # refused before the model was loaded
+
+
+# ---- a few through the real script and the real `kit` command ----------------------------------
+def test_real_script_refuses_a_token_and_bad_data(sandbox):
+    write(sandbox, "d.jsonl", jsonl(GOOD_ROWS[:3] + ['{"messages": [}']))
+    before = snapshot(sandbox)
+    env = cpu_env(HF_TOKEN=TOKEN, PYTHONPATH=str(ROOT))
+    for argv, code, want in ((["max_steps=" + TOKEN], 2, "'max_steps'.*token"),
+                             (["data.path=d.jsonl", "output_dir=outputs/bad"], 2, "d.jsonl line 4: not valid JSON")):
+        done = subprocess.run([sys.executable, "train_ddp.py", *argv], cwd=sandbox, env=env, capture_output=True,
+                              text=True, timeout=300)
+        check_contract(sandbox, before, done.returncode, done.stdout, done.stderr, code, want, one_line_stderr=False)
+
+
+def test_real_kit_command_redacts_and_refuses(sandbox):
+    before = snapshot(sandbox)
+    env = {**os.environ, "HF_TOKEN": TOKEN, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "kit", "render", "--config", "configs/default.yaml", "--gpus", "cpu",
+                           "-o", "t.py", f"store={TOKEN}"], cwd=sandbox, env=env, capture_output=True, text=True,
+                          timeout=120)
+    check_contract(sandbox, before, done.returncode, done.stdout, done.stderr, 2, "'store'.*token")
+    assert not (sandbox / "t.py").exists()
+
+
+def test_contract_keys_suffice_for_every_facts_reader(sandbox, capsys):
+    """Item 14: a facts file with exactly the contract's keys plans, renders and bootstraps."""
+    write(sandbox, "f.json", CONTRACT_ONLY)
+    assert main(["plan", "--facts", "f.json", "--config", "configs/default.yaml"]) == 0
+    assert main(["render", "--facts", "f.json", "--config", "configs/default.yaml", "-o", "r.py"]) == 0
+    assert main(["bootstrap", "--facts", "f.json"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and "unknown    ram_bytes: not in the facts file" in out
+    assert "ddp" in (sandbox / "r.py").read_text()

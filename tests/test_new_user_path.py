@@ -1,0 +1,270 @@
+"""Issue 11 as a new user meets it: the README's path, progress and exit codes that must not
+mislead, next steps that name the right script, and data that is odd but usable.
+
+Bad input (one line, the right code, nothing lost, no token) is in tests/test_bad_input.py; these
+are the behaviours around it, one or more per item of the issue.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from kit import config, data, resume, status
+from kit.cli import main
+from kit.commands import bootstrap
+from tests.scripts import FAST, ROOT, cpu_env, train
+
+README = (ROOT / "README.md").read_text()
+MACHINES = ROOT / "tests" / "fixtures" / "machines"
+
+
+# ---- items 2, 3, 5: the README -----------------------------------------------------------------
+def test_readme_notebook_cd_is_a_line_of_its_own():
+    cells = re.findall(r"```python\n(.*?)```", README, re.S)
+    lines = [line for cell in cells for line in cell.splitlines()]
+    assert "%cd kit" in lines  # IPython's magic, not a shell command that exits at once
+    assert not [line for line in lines if line.startswith("!") and "%cd" in line]
+
+
+def test_readme_keeps_its_two_commands_and_names_the_cpu_index():
+    assert 'pip install torch && pip install -e ".[train]" && torchrun --standalone --nproc_per_node=2 train_ddp.py' in README
+    assert 'pip install -e ".[train,notebooks,test]" && python -m pytest -q' in README
+    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in README
+
+
+def test_parameter_counts_agree_between_readme_and_run():
+    from kit import modeling
+    from kit.runtime import RuntimePlan
+
+    cfg = config.load("configs/default.yaml")
+    plan = RuntimePlan("fp32", 8, 2, 16, False, "transformers", "adamw_torch", [])
+    ctx = SimpleNamespace(device=__import__("torch").device("cpu"), local_rank=0, rank=0, world_size=1, is_main=True)
+    model, _ = modeling.load(cfg, plan, ctx)
+    line = modeling.trainable_summary(modeling.add_lora(model, cfg, plan))
+    assert line.startswith("trainable parameters: 32,768 of 139,648")
+    assert "106,880 frozen + 32,768 trainable" in line
+    assert "107k-parameter Qwen3" in README and "32,768 of 139,648" in README and "106,880" in README
+
+
+# ---- item 4: peak memory on the CPU --------------------------------------------------------------
+def test_cpu_runs_report_peak_host_ram():
+    import torch
+
+    from kit.callbacks import Meter, meter_words
+
+    meter = Meter(torch.device("cpu"), tokens_per_step=100.0)
+    state = SimpleNamespace(global_step=0)
+    meter.on_train_begin(None, state, None)
+    for _ in range(4):
+        meter.on_step_end(None, state, None)
+    summary = meter.summary()
+    assert summary["peak_rss_bytes"] > 2**20
+    assert "peak host RAM of rank 0:" in meter_words(summary)
+    assert "peak RAM" in status.session_line(1, {"peak_rss_bytes": 2**30, "world_size": 1})
+
+
+# ---- item 6: one target ----------------------------------------------------------------------------
+@pytest.mark.parametrize("configured,step,recorded,target", [
+    (60, None, None, 60), (60, 40, 60, 60), (60, 100, 100, 100), (60, 80, 100, 100), (60, 60, 60, 60),
+    (None, 10, 60, 60), (200, 100, 100, 200)])
+def test_current_target(configured, step, recorded, target):
+    assert resume.current_target(configured, step, recorded) == target
+
+
+def test_an_extended_job_reports_one_target_everywhere(tmp_path):
+    """Train a 2-step config, extend it with max_steps=4 on the command line: the checkpoint, the
+    script and `kit status` (which `kit schedule`'s notebook reads) all say 4, never "4 of 2"."""
+    c = tmp_path / "c.yaml"
+    c.write_text((ROOT / "configs/default.yaml").read_text().replace("max_steps: 60", "max_steps: 2")
+                 .replace("save_steps: 20", "save_steps: 2").replace("outputs/default", str(tmp_path / "run")))
+    assert train(["--config", str(c), *FAST], nproc=1).returncode == 0
+    r = train(["--config", str(c), "max_steps=4", *FAST], nproc=1)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "complete: step 4 of 4" in r.stdout
+    assert json.loads((tmp_path / "run/checkpoint-4/trainer_state.json").read_text())["max_steps"] == 4
+    again = train(["--config", str(c)], nproc=1)  # the config still says 2
+    assert "already complete: step 4 of 4" in again.stdout, again.stdout[-2000:]
+    s = status.gather(config.load(str(c)))
+    assert (s["latest_step"], s["max_steps"], s["complete"]) == (4, 4, True)
+    assert "step 4 of 4 (100 %) — complete" in status.format_text(s)
+
+
+# ---- item 7: bootstrap on a CPU machine -------------------------------------------------------------
+def test_bootstrap_with_config_on_cpu_exits_0_with_one_next_line(tmp_path, capsys):
+    out = tmp_path / "train_ddp.py"
+    code = main(["bootstrap", "--facts", str(MACHINES / "cpu_only.json"), "--config", "configs/default.yaml",
+                 "-o", str(out)])
+    printed = capsys.readouterr()
+    assert code == 0 and out.exists() and printed.err == ""
+    nexts = [line for line in printed.out.splitlines() if re.match(r"(?i)next\b", line)]
+    assert nexts == [f"Next: wrote {out}; next: python {out}  (CPU: slow, fine for the tiny default)"]
+
+
+def test_bootstrap_without_config_on_cpu_says_config_gives_a_script(capsys):
+    assert main(["bootstrap", "--facts", str(MACHINES / "cpu_only.json")]) == 3
+    printed = capsys.readouterr()
+    assert bootstrap.LAST["next"] == ["kit bootstrap --config configs/default.yaml  # writes train_ddp.py for "
+                                      "this machine (CPU: slow, fine for the tiny default)"]
+    assert "--config configs/default.yaml` writes a script" in printed.err
+
+
+def test_bootstrap_keeps_numbered_backups_and_prev_is_ignored(tmp_path, capsys):
+    out = tmp_path / "train_ddp.py"
+    for i, machine in enumerate(("kaggle_t4x2", "h200", "mi300x")):
+        out.write_text(f"# my edit {i}\n")
+        assert main(["bootstrap", "--facts", str(MACHINES / f"{machine}.json"), "--config", "configs/default.yaml",
+                     "-o", str(out)]) == 0
+    assert (tmp_path / "train_ddp.py.prev").read_text() == "# my edit 0\n"
+    assert (tmp_path / "train_ddp.py.prev.2").read_text() == "# my edit 1\n"
+    assert (tmp_path / "train_ddp.py.prev.3").read_text() == "# my edit 2\n"
+    ignored = subprocess.run(["git", "check-ignore", "train_ddp.py.prev", "train_ddp.py.prev.2"], cwd=ROOT,
+                             capture_output=True, text=True)
+    assert ignored.stdout.split() == ["train_ddp.py.prev", "train_ddp.py.prev.2"]
+
+
+# ---- item 8: plan names the script that matches ------------------------------------------------------
+def test_plan_says_to_render_first_when_the_script_is_another(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    for name in ("configs", "models", "data"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    assert main(["plan", "--config", "configs/default.yaml", "--gpus", "2xT4", "lora.r=8"]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith("next: python -m kit render --config configs/default.yaml --gpus 2xT4 lora.r=8 "
+                           "-o train_ddp.py --force  (./train_ddp.py does not exist yet), then: torchrun")
+    assert main(["render", "--config", "configs/default.yaml", "--gpus", "2xT4", "lora.r=8"]) == 0
+    capsys.readouterr()
+    assert main(["plan", "--config", "configs/default.yaml", "--gpus", "2xT4", "lora.r=8"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "next: torchrun --standalone --nproc_per_node=2 train_ddp.py"
+    assert main(["plan", "--config", "configs/default.yaml", "--gpus", "2xT4"]) == 0  # r=16: another script
+    assert "is another config's or machine's script" in capsys.readouterr().out.splitlines()[-1]
+
+
+# ---- item 9: the re-render hint reproduces the file ----------------------------------------------------
+@pytest.mark.parametrize("machine", [["--gpus", "1xA100"], ["--facts", str(MACHINES / "mi300x.json")], []])
+def test_the_rerender_hint_reproduces_the_file(tmp_path, monkeypatch, capsys, machine):
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "mine.py"
+    assert main(["render", "--config", "configs/default.yaml", *machine, "lora.r=8", "seq_len=128", "-o", str(out)]) == 0
+    first = out.read_bytes()
+    out.write_text("# edited since\n")  # the hint has --force: it must put the same bytes back
+    assert main(_hint_of(first)) == 0
+    assert out.read_bytes() == first
+
+
+def _hint_of(text: bytes) -> list[str]:
+    """The re-render command at the top of a script, as `kit` arguments."""
+    line = next(ln.strip() for ln in text.decode().splitlines() if ln.strip().startswith("python -m kit render"))
+    return shlex.split(line)[3:]  # after `python -m kit`
+
+
+def test_the_repo_script_hint_is_the_command_that_wrote_it():
+    assert _hint_of((ROOT / "train_ddp.py").read_bytes()) == ["render", "--config", "configs/default.yaml", "--gpus", "2xT4",
+                                            "-o", "train_ddp.py", "--force"]
+
+
+# ---- item 10: a refusal once, naming the torch it judged -------------------------------------------------
+def test_plan_refusal_is_printed_once_and_names_the_assumed_torch(capsys):
+    assert main(["plan", "--gpus", "1xP100"]) == 3
+    out, err = capsys.readouterr()
+    assert "sm_60" not in out and err.count("is not in the arch list") == 1
+    assert "torch 2.10.0+cu128 (assumed for --gpus, not the torch installed here)" in err
+    assert "this torch build" not in err
+
+
+# ---- item 11: exit codes under torchrun ------------------------------------------------------------------
+def test_under_torchrun_the_error_line_names_kits_exit_code(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(ROOT / "train_ddp.py"), "max_steps=0"], cwd=ROOT, env=cpu_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 1  # torchrun's own code for any failed rank
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].endswith("[kit exit 2; torchrun exits 1 and reports it below as a "
+                                                   "ChildFailedError]")
+    assert "torchrun's" in README and "ChildFailedError" in README and "SignalException" in README
+
+
+# ---- item 12: smoke cleans up after itself ---------------------------------------------------------------
+def test_smoke_removes_its_temporary_folder(tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    r = train(["--smoke"], nproc=1, env=cpu_env(TMPDIR=str(tmp)))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "smoke: one optimizer step in " + str(tmp) in r.stdout
+    assert not list(tmp.glob("kit-smoke-*"))
+
+
+# ---- items 15, 17: data that is odd but usable -------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tok():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(ROOT / "models/tiny-qwen3"))
+
+
+ROWS = [json.loads(line) for line in (ROOT / "data/ha_commands.jsonl").read_text().splitlines()[:20]]
+SPEAKER = {"user": "human", "assistant": "gpt", "system": "system"}
+
+
+@pytest.mark.parametrize("column", ["conversations", "messages"])
+def test_sharegpt_rows_train_like_their_messages(tmp_path, tok, column):
+    path = tmp_path / "sharegpt.jsonl"
+    path.write_text("".join(json.dumps({column: [{"from": SPEAKER[m["role"]], "value": m["content"]}
+                                                 for m in r["messages"]]}) + "\n" for r in ROWS))
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    got = data.prepare(config.load("configs/default.yaml", [f"data.path={path}", "data.format=auto"]), tok)
+    want = data.prepare(config.load("configs/default.yaml", [f"data.path={plain}", "data.format=auto"]), tok)
+    assert got.format == "messages"
+    assert got.train["input_ids"] == want.train["input_ids"]
+    assert got.train["completion_mask"] == want.train["completion_mask"]
+
+
+def test_a_dataset_smaller_than_one_global_batch_is_named(capsys):
+    import torch
+
+    from kit.job import Job
+    from kit.runtime import RuntimePlan
+
+    cfg = config.load("configs/default.yaml", ["max_steps=null", "epochs=1"])
+    ctx = SimpleNamespace(device=torch.device("cpu"), rank=0, world_size=2, is_main=True)
+    job = Job(cfg, ctx, RuntimePlan("fp32", 8, 1, 16, False, "transformers", "adamw_torch", []))
+    assert job.max_steps(3) == 1
+    out = capsys.readouterr().out
+    assert ("warning: 3 training example(s), fewer than one global batch of 16 (8 per device × 1 accumulation × "
+            "2 process(es))") in out
+    capsys.readouterr()
+    job.max_steps(400)
+    assert "warning" not in capsys.readouterr().out
+
+
+# ---- item 18: output_dir is checked before anything loads --------------------------------------------------
+def test_output_dir_check(tmp_path):
+    from kit.errors import UsageError
+    from kit.runtime import check_output_dir
+
+    (tmp_path / "file").write_text("x")
+    for bad, words in ((tmp_path / "file", "is a file"), (tmp_path / "file" / "run", "which is a file"),
+                       (Path("/proc/kit-no/run"), "is not writable")):
+        with pytest.raises(UsageError, match=words):
+            check_output_dir(str(bad))
+    check_output_dir(str(tmp_path / "new" / "run"))
+    assert (tmp_path / "new" / "run").is_dir() and not list((tmp_path / "new" / "run").iterdir())
+
+
+def test_a_torn_session_record_is_named_by_line(tmp_path, caplog):
+    """Item 16, for kit's own JSONL: a cut write is skipped, and the warning says which line."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "kit_sessions.jsonl").write_text('{"started": 1, "end_step": 2, "max_steps": 2}\n{"started": 2, "end\n')
+    with caplog.at_level("WARNING", logger="kit.status"):
+        s = status.gather(config.load("configs/default.yaml", [f"output_dir={out}"]))
+    assert len(s["sessions"]) == 1
+    assert f"{out / 'kit_sessions.jsonl'} line 2 is not valid JSON" in caplog.text
