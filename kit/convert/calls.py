@@ -125,29 +125,33 @@ class CellRewriter(cst.CSTTransformer):
 
     # --- calls ----------------------------------------------------------------------------------
 
-    def leave_Arg(self, original, updated):
-        # A literal CUDA device passed to a call: the rank's device instead (cuda:0 on every rank
-        # puts rank 1's tensors on rank 0's GPU).
-        if isinstance(updated.value, cst.SimpleString) and updated.value.evaluated_value in CUDA_LITERALS:
-            self.note(f"{code(updated.value)} → rank_device: each rank uses its own GPU (the CPU without one)")
-            return updated.with_changes(value=cst.Name("rank_device"))
-        return updated
+    def _device(self, node: cst.BaseExpression) -> cst.BaseExpression:
+        """A literal CUDA device as the rank's device: cuda:0 on every rank puts rank 1's tensors on
+        rank 0's GPU, and a CPU (a dry run, a CPU-only box) has no "cuda" at all."""
+        if isinstance(node, cst.SimpleString) and node.evaluated_value in CUDA_LITERALS:
+            self.note(f"{code(node)} → rank_device: each rank uses its own GPU (the CPU without one)")
+            return cst.Name("rank_device")
+        if isinstance(node, cst.IfExp):
+            return node.with_changes(body=self._device(node.body))
+        return node
 
     def leave_Assign(self, original, updated):
-        if isinstance(updated.value, cst.SimpleString) and updated.value.evaluated_value in CUDA_LITERALS:
-            self.note(f"{code(updated.value)} → rank_device: each rank uses its own GPU (the CPU without one)")
-            return updated.with_changes(value=cst.Name("rank_device"))
-        return updated
-
-    def leave_IfExp(self, original, updated):
-        if isinstance(updated.body, cst.SimpleString) and updated.body.evaluated_value in CUDA_LITERALS:
-            self.note(f"{code(updated.body)} → rank_device: each rank uses its own GPU")
-            return updated.with_changes(body=cst.Name("rank_device"))
-        return updated
+        # `device = "cuda:0"`, `device = "cuda" if … else "cpu"`; not comparisons or autocast's device_type.
+        return updated.with_changes(value=self._device(updated.value))
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         name, short = call_name(updated), short_name(updated)
         updated = self._match_dtype(updated, name)
+        if short == "to" and isinstance(updated.func, cst.Attribute) and updated.args:
+            updated = updated.with_changes(args=[updated.args[0].with_changes(value=self._device(updated.args[0].value)),
+                                                 *updated.args[1:]])
+        updated = updated.with_changes(args=[a.with_changes(value=self._device(a.value))
+                                             if a.keyword is not None and a.keyword.value in ("device", "device_map")
+                                             else a for a in updated.args])
+        if (a := kwarg(updated, "fast_inference")) is not None and code(a.value) == "True":
+            self.note(f"{name}: fast_inference=True → False: Unsloth's vLLM engine does not run inside a "
+                      "torchrun rank; generation during training uses transformers instead (slower, same result)")
+            updated = set_kwarg(updated, "fast_inference", "False")
         if short == "from_pretrained":
             return self._pin_device_map(updated, name)
         if is_training_args(updated):
@@ -191,10 +195,6 @@ class CellRewriter(cst.CSTTransformer):
                 else (code(kwarg(updated, "args").value) if kwarg(updated, "args") else "()")
             self.note(f"notebook_launcher({fn}, …) → {fn}(*{args}): torchrun starts the processes, one per GPU")
             return cst.parse_expression(f"{fn}(*{args})")
-        elif (a := kwarg(updated, "fast_inference")) is not None and code(a.value) == "True":
-            self.note(f"{name}: fast_inference=True → False: Unsloth's vLLM engine does not run inside a "
-                      "torchrun rank; generation during training uses transformers instead (slower, same result)")
-            return set_kwarg(updated, "fast_inference", "False")
         return updated
 
     def _seed(self, call: cst.Call, name: str, key: str) -> cst.Call:
@@ -243,7 +243,8 @@ class CellRewriter(cst.CSTTransformer):
                       "--precision fp16 for those GPUs", review=True)
         if (a := kwarg(call, "fp16")) is not None and code(a.value) not in ("False", "None") \
                 and "cuda.is_available" not in code(a.value):
-            call = set_kwarg(call, "fp16", f"({code(a.value)}) and torch.cuda.is_available()")
+            value = "torch.cuda.is_available()" if code(a.value) == "True" else f"({code(a.value)}) and torch.cuda.is_available()"
+            call = set_kwarg(call, "fp16", value)
             self.note(f"{short}: fp16 only with a GPU: fp16 mixed precision needs CUDA")
         if kwarg(call, "use_cpu") is None:
             call = set_kwarg(call, "use_cpu", "not torch.cuda.is_available()")

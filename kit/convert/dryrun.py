@@ -35,9 +35,13 @@ SCHEMAS = [("conversations", "sharegpt"), ("instruction", "alpaca"), ("question"
            ("completion", "prompt_completion"), ("messages", "messages"), ("text", "text")]
 
 
+BUILDERS = {"json", "csv", "parquet", "text", "arrow", "imagefolder", "audiofolder", "webdataset", "pandas"}
+
+
 def _hub_id(value: object) -> bool:
-    return isinstance(value, str) and value.count("/") == 1 and not value.startswith((".", "/", "~")) \
-        and not Path(value).exists()
+    """`org/name` or a bare legacy id (`gpt2`); not a local path, not a datasets builder name."""
+    return isinstance(value, str) and value.count("/") <= 1 and bool(value.strip()) \
+        and not value.startswith((".", "/", "~")) and value not in BUILDERS and not Path(value).exists()
 
 
 def _plan(trees: list[ast.Module]) -> tuple[set[str], dict[str, str], str]:
@@ -81,10 +85,10 @@ class DryRun(cst.CSTTransformer):
             return _hub_id(arg.evaluated_value)
         return isinstance(arg, cst.Name) and _hub_id(self.literals.get(arg.value))
 
-    def _swap_model(self, call: cst.Call, name: str) -> cst.Call:
+    def _swap_model(self, call: cst.Call, name: str, positional: bool = True) -> cst.Call:
         args = list(call.args)
         for i, a in enumerate(args):
-            if (a.keyword is None and i == 0) or (a.keyword and a.keyword.value in (
+            if (positional and a.keyword is None and i == 0) or (a.keyword and a.keyword.value in (
                     "model_name", "pretrained_model_name_or_path", "model")):
                 if self._swappable(a.value):
                     self.notes.append(f"{name}: {code(a.value)} → the tiny local model")
@@ -110,8 +114,10 @@ class DryRun(cst.CSTTransformer):
                     updated = set_kwarg(updated, key, "torch.float32")
                     self.notes.append(f"{name}: {key} → torch.float32")
             return updated
-        if name in ("pipeline", "transformers.pipeline", "LLM", "vllm.LLM"):
-            return self._swap_model(updated, name)
+        if name in ("pipeline", "transformers.pipeline", "LLM", "vllm.LLM") or (
+                short.endswith("Trainer") and (a := kwarg(updated, "model")) is not None
+                and isinstance(a.value, (cst.SimpleString, cst.Name))):
+            return self._swap_model(updated, name, positional=name in ("LLM", "vllm.LLM"))
         if name in ("load_dataset", "datasets.load_dataset") and updated.args and self._swappable(updated.args[0].value):
             split = kwarg(updated, "split")
             self.notes.append(f"{name}({code(updated.args[0].value)}) → the embedded data as {self.schema!r} rows")

@@ -109,23 +109,29 @@ def gather(trees: list[tuple[int, ast.Module]]) -> Facts:
 
 
 def _seed(trees: list[ast.Module]) -> tuple[int, str]:
-    """The notebook's own seed: `seed=`/`random_state=` on a call, `set_seed(N)`, or `SEED = N`."""
+    """The notebook's own seed, best source first: the training arguments' `seed=`, `set_seed(N)`,
+    a `SEED = N` setting, then any other `seed=`/`random_state=` (Unsloth's LoRA `random_state`)."""
+    found: list[tuple[int, int, str]] = []  # (rank, value, where)
     for tree in trees:
         for node in ast.walk(tree):
             if isinstance(node, ast.Call):
+                func = ast.unparse(node.func)
                 for k in node.keywords:
                     if k.arg in ("seed", "random_state") and isinstance(k.value, ast.Constant) \
                             and isinstance(k.value.value, int) and not isinstance(k.value.value, bool):
-                        return k.value.value, f"{ast.unparse(node.func)}({k.arg}={k.value.value})"
-                if ast.unparse(node.func).endswith("set_seed") and node.args \
-                        and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, int):
-                    return node.args[0].value, f"set_seed({node.args[0].value})"
+                        rank = 0 if func.endswith(("Config", "Arguments")) else 3
+                        found.append((rank, k.value.value, f"{func}({k.arg}={k.value.value})"))
+                if func.endswith("set_seed") and node.args and isinstance(node.args[0], ast.Constant) \
+                        and isinstance(node.args[0].value, int):
+                    found.append((1, node.args[0].value, f"set_seed({node.args[0].value})"))
             elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) \
                     and isinstance(node.value.value, int) and not isinstance(node.value.value, bool) \
-                    and any(isinstance(t, ast.Name) and t.id.lower() in ("seed", "random_seed")
-                            for t in node.targets):
-                return node.value.value, f"{ast.unparse(node.targets[0])} = {node.value.value}"
-    return DEFAULT_SEED, ""
+                    and any(isinstance(t, ast.Name) and t.id.lower() in ("seed", "random_seed") for t in node.targets):
+                found.append((2, node.value.value, f"{ast.unparse(node.targets[0])} = {node.value.value}"))
+    if not found:
+        return DEFAULT_SEED, ""
+    _, value, where = min(found, key=lambda f: f[0])
+    return value, where
 
 
 def _uses_hub(trees: list[ast.Module]) -> bool:
@@ -151,7 +157,7 @@ def vllm_refusal(trees: list[tuple[int, ast.Module]], facts: Facts) -> tuple[int
     does not run inside one rank of a 2-process group. A vLLM `LLM(...)` before the end of
     training has the same problem; after it, rank 0 runs it alone with no process group left.
     """
-    fast, uses = None, None
+    fast, uses = None, []
     for cell, tree in trees:
         for node in ast.walk(tree):
             if isinstance(node, ast.Call):
@@ -159,10 +165,10 @@ def vllm_refusal(trees: list[tuple[int, ast.Module]], facts: Facts) -> tuple[int
                 if any(k.arg == "fast_inference" and ast.unparse(k.value) == "True" for k in node.keywords):
                     fast = fast or (cell, node.lineno)
                 if func.rsplit(".", 1)[-1] in VLLM_ONLY:
-                    uses = uses or (cell, node.lineno, func)
+                    uses.append(f"{func}() (cell {cell})")
     if fast and uses:
         return (*fast, f"fast_inference=True starts a vLLM engine in every torchrun rank, which vLLM does not "
-                       f"support, and the notebook needs it for {uses[2]}() (cell {uses[0]}): set "
+                       f"support, and the notebook needs it for {', '.join(dict.fromkeys(uses))}: set "
                        "fast_inference=False and use model.generate, or run this notebook with python on one GPU")
     for (cell, i), stmt in facts.statements:
         if facts.after_training((cell, i)):

@@ -103,7 +103,7 @@ class Guard:
                 group.clear()
 
         for stmt in stmts:
-            kind = side_effect(stmt) or ("write" if _writes_file(stmt) else None)
+            kind = side_effect(stmt) or ("write" if _writes_file(stmt) else None) or _one_line_block(stmt)
             if kind is not None:
                 self.wrote |= kind == "write"
                 self.guarded.extend(self._names(stmt))
@@ -136,7 +136,16 @@ class Guard:
     def _names(stmt: cst.BaseStatement) -> list[str]:
         if isinstance(stmt, cst.With):
             return ["open(…, 'w')"]
-        return [f"{call_name(c)}()" for s in stmt.body if (c := _value_call(s)) is not None and call_name(c)]
+        body = stmt.body if isinstance(stmt, cst.SimpleStatementLine) else getattr(stmt.body, "body", ())
+        return [f"{call_name(c)}()" for s in body if (c := _value_call(s)) is not None and call_name(c)]
+
+
+def _one_line_block(stmt: cst.BaseStatement) -> str | None:
+    """`if False: model.save_pretrained_merged(…)` on one line: guard the whole statement."""
+    body = getattr(stmt, "body", None)
+    if isinstance(stmt, (cst.If, cst.For, cst.While, cst.With)) and isinstance(body, cst.SimpleStatementSuite):
+        return side_effect(cst.SimpleStatementLine(body=body.body))
+    return None
 
 
 def _is_main_test(stmt: cst.If) -> bool:
