@@ -56,12 +56,15 @@ REFUSED = {
 }
 
 
-def _env(probe: Path, hub: HubServer) -> dict:
+def _env(probe: Path, hub: HubServer, notebook: str = "") -> dict:
     env = dict(os.environ)
+    # The vLLM stand-in only where the notebook uses vLLM: TRL treats an importable vllm as installed.
+    shims = [str(SHIMS), *([str(SHIMS / "with_vllm")] if "vllm" in (FIXTURES / notebook).read_text() and
+                           "vllm" in notebook else [])]
     env.update(CUDA_VISIBLE_DEVICES="", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                HF_ENDPOINT=hub.url, HF_TOKEN=TOKEN, HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_XET="1",
                HF_HOME=str(probe.parent / "hf_home"), KIT_PROBE_DIR=str(probe), WANDB_MODE="offline",
-               PYTHONPATH=os.pathsep.join([str(SHIMS), str(ROOT), env.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join([*shims, str(ROOT), env.get("PYTHONPATH", "")]))
     env.pop("HF_HUB_OFFLINE", None)
     return env
 
@@ -92,7 +95,7 @@ def test_corpus_notebook_runs_under_torchrun(notebook, tmp_path, hub, capsys):
     capsys.readouterr()
     hub.repos.clear()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
-    res = subprocess.run(cmd, cwd=work, env=_env(probe, hub), capture_output=True, text=True, timeout=240)
+    res = subprocess.run(cmd, cwd=work, env=_env(probe, hub, notebook), capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
     events = _events(probe)
     assert sorted(events) == [0, 1], events
