@@ -143,8 +143,8 @@ class CellRewriter(cst.CSTTransformer):
         name, short = call_name(updated), short_name(updated)
         updated = self._match_dtype(updated, name)
         if short == "to" and isinstance(updated.func, cst.Attribute) and updated.args:
-            updated = updated.with_changes(args=[updated.args[0].with_changes(value=self._device(updated.args[0].value)),
-                                                 *updated.args[1:]])
+            first = updated.args[0]
+            updated = updated.with_changes(args=[first.with_changes(value=self._device(first.value)), *updated.args[1:]])
         updated = updated.with_changes(args=[a.with_changes(value=self._device(a.value))
                                              if a.keyword is not None and a.keyword.value in ("device", "device_map")
                                              else a for a in updated.args])
@@ -243,8 +243,8 @@ class CellRewriter(cst.CSTTransformer):
                       "--precision fp16 for those GPUs", review=True)
         if (a := kwarg(call, "fp16")) is not None and code(a.value) not in ("False", "None") \
                 and "cuda.is_available" not in code(a.value):
-            value = "torch.cuda.is_available()" if code(a.value) == "True" else f"({code(a.value)}) and torch.cuda.is_available()"
-            call = set_kwarg(call, "fp16", value)
+            gpu = "torch.cuda.is_available()"
+            call = set_kwarg(call, "fp16", gpu if code(a.value) == "True" else f"({code(a.value)}) and {gpu}")
             self.note(f"{short}: fp16 only with a GPU: fp16 mixed precision needs CUDA")
         if kwarg(call, "use_cpu") is None:
             call = set_kwarg(call, "use_cpu", "not torch.cuda.is_available()")
