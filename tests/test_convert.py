@@ -498,3 +498,15 @@ def test_dry_run_swaps_hub_ids_but_not_the_notebooks_own(tmp_path):
     assert len(rows) == 10 and set(rows.column_names) == {"instruction", "input", "output"}
     assert len(dry_run_dataset("sharegpt", split="train[:50%]")) == 212
     assert list(dry_run_dataset("messages")) == ["train"]
+
+
+def test_missing_token_stops_before_any_work(tmp_path):
+    """A notebook that pushes: without a token the script stops at the top, before loading anything."""
+    nb = make_nb(tmp_path, ["import trl\nopen('started', 'w').close()", *TRAIN, "trainer.push_to_hub()"])
+    assert main(["convert", str(nb), "-o", str(tmp_path / "train_ddp.py")]) == 0
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
+    env.update(HF_HOME=str(tmp_path / "hf"), HF_TOKEN_PATH=str(tmp_path / "hf" / "token"), CUDA_VISIBLE_DEVICES="")
+    res = subprocess.run([sys.executable, "train_ddp.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 1 and "No Hugging Face token: set HF_TOKEN" in res.stderr
+    assert not (tmp_path / "started").exists()
