@@ -30,7 +30,7 @@ from kit.convert.calls import CellRewriter
 from kit.convert.cells import is_comment_only, parse_cell, read_cells
 from kit.convert.dryrun import DryRun
 from kit.convert.facts import Facts, gather
-from kit.convert.ranks import Guard, _writes_file, barrier_statement, rank0_block, side_effect, split_statements
+from kit.convert.ranks import Guard, writes_file, barrier_statement, rank0_block, side_effect, split_statements
 from kit.convert.refusals import check_convertible, check_written_script
 from kit.convert.script import DOCSTRING, DRY_NOTE, RANK_BLOCK, TOKEN_CHECK, TRY_TEMPLATE
 from kit.convert.syntax import Change, comments
@@ -203,7 +203,7 @@ def _rewrite_cell(cell: int, module: cst.Module, facts: Facts, rewriter: CellRew
         if facts.after_training((cell, i)):
             post.append(new)
             continue
-        whole = side_effect(new) is not None or _writes_file(new)
+        whole = side_effect(new) is not None or writes_file(new)
         if barrier_due and not whole:
             out.append(barrier_statement())
             barrier_due = False

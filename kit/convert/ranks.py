@@ -71,7 +71,7 @@ def side_effect(stmt: cst.BaseStatement) -> str | None:
     return "write" if "write" in kinds else ("show" if kinds else None)
 
 
-def _writes_file(stmt: cst.BaseStatement) -> bool:
+def writes_file(stmt: cst.BaseStatement) -> bool:
     """`with open(path, "w") as f:` — the whole block writes one file: rank 0's job."""
     if not isinstance(stmt, cst.With):
         return False
@@ -103,7 +103,7 @@ class Guard:
                 group.clear()
 
         for stmt in stmts:
-            kind = side_effect(stmt) or ("write" if _writes_file(stmt) else None) or _one_line_block(stmt)
+            kind = side_effect(stmt) or ("write" if writes_file(stmt) else None) or _one_line_block(stmt)
             if kind is not None:
                 self.wrote |= kind == "write"
                 self.guarded.extend(self._names(stmt))
