@@ -193,7 +193,7 @@ def test_mechanical_fixes_and_reload_barrier(tmp_path):
         "device = 'cuda:0'\nname = torch.cuda.get_device_name(0)\nwith torch.autocast('cuda'):\n    pass",
         "m.save_pretrained('base')\nm = AutoModelForCausalLM.from_pretrained('base')",
         "from google.colab import drive, userdata\ndrive.mount('/content/drive')\ntok = userdata.get('HF_TOKEN')\n"
-        "key = userdata.get('WANDB_API_KEY')",
+        "key = userdata.get('WANDB_API_KEY')\nwb = userdata.get('wandb')\nother = userdata.get('OPENAI')",
         "from kaggle_secrets import UserSecretsClient\nsecrets = UserSecretsClient()\nt = secrets.get_secret('HF_TOKEN')",
         *TRAIN])
     conv = convert_notebook(nb)
@@ -204,7 +204,8 @@ def test_mechanical_fixes_and_reload_barrier(tmp_path):
     assert "torch.zeros(1).to(rank_device)" in src and "device = rank_device" in src
     assert "torch.cuda.get_device_name(local_rank)" in src and "torch.autocast('cuda')" in src
     assert "print(x)" in src and "display(" not in src
-    assert "tok = huggingface_hub.get_token()" in src and "key = os.environ.get('WANDB_API_KEY')" in src
+    assert "tok = huggingface_hub.get_token()" in src and 'key = os.environ.get("WANDB_API_KEY")' in src
+    assert 'wb = os.environ.get("WANDB_API_KEY")' in src and "other = os.environ.get('OPENAI')" in src
     assert "t = huggingface_hub.get_token()" in src
     assert "google.colab" not in src and "kaggle_secrets" not in src and "drive.mount" not in src
     assert "UserSecretsClient" not in src.split(TRIPLE, 2)[2]
@@ -389,7 +390,8 @@ def test_unseeded_data_prep_gets_the_notebook_seed(tmp_path):
     assert "ds.shuffle(seed=3407).select" in src and "train_test_split(test_size=0.2, seed=3407)" in src
     assert "ds.shuffle(seed=1)" in src and "df.sample(frac=0.5, random_state=3407)" in src
     assert "random.seed(3407)" in src.split("training_ok = False")[0]
-    assert any("the notebook's seed (SFTConfig(seed=3407))" in c for c in texts(conv))
+    assert any("random.seed(3407) in the rank block (the notebook's seed, from SFTConfig(seed=3407))" in c
+               for c in texts(conv))
     plain = convert_notebook(make_nb(tmp_path, ["ds = ds.shuffle()", *TRAIN], "plain.ipynb"))
     assert "ds.shuffle(seed=42)" in plain.source
 

@@ -258,14 +258,14 @@ def _rank_block_parts(trees, facts: Facts, rewriter: CellRewriter, dry: DryRun |
     if dry is not None and dry.used_helpers:
         imports.append("from kit.convert.dryrun import device_properties, dry_run_dataset  # kit: --dry-run")
     funcs = [ast.unparse(n.func) for _, t in trees for n in ast.walk(t) if isinstance(n, ast.Call)]
-    seed_note = f"the notebook's seed ({facts.seed_from})" if facts.seed_from else f"{facts.seed}, kit's choice"
+    seed_note = f"the notebook's seed, from {facts.seed_from}" if facts.seed_from else "kit's choice: the notebook sets none"
     for module, alias, prefix in (("random", "random", "random."), ("numpy", "np", "np.random.")):
         used = [f for f in funcs if f.startswith(prefix) and f.rsplit(".", 1)[-1] in RANDOM_CALLS]
         if used and f"{prefix}seed" not in funcs and f"{prefix.replace('np.', 'numpy.')}seed" not in funcs:
             imports.append(f"import {module}" + (f" as {alias}" if alias != module else ""))
             seeds.append(f"{prefix}seed({facts.seed})  # kit: {', '.join(dict.fromkeys(used))}() are unseeded: "
                          "the same on every rank")
-            changes.append(Change(first_cell, f"{prefix}seed({facts.seed}) in the rank block, {seed_note}: "
+            changes.append(Change(first_cell, f"{prefix}seed({facts.seed}) in the rank block ({seed_note}): "
                                               f"{', '.join(dict.fromkeys(used))}() would differ between ranks"))
     return "".join(f"{i}\n" for i in imports), "".join(f"{s}\n" for s in seeds)
 

@@ -58,8 +58,11 @@ def is_training_args(call: cst.Call) -> bool:
 
 def _secret_lookup(name_node: cst.BaseExpression) -> str:
     """An HF token through huggingface_hub's own resolution; any other secret from the environment."""
-    if isinstance(name_node, cst.SimpleString) and any(w in name_node.evaluated_value.upper() for w in HF_SECRET_WORDS):
+    label = name_node.evaluated_value.upper() if isinstance(name_node, cst.SimpleString) else ""
+    if any(w in label for w in HF_SECRET_WORDS):
         return "huggingface_hub.get_token()"
+    if "WANDB" in label:
+        return 'os.environ.get("WANDB_API_KEY")'  # the name the W&B client itself reads
     return f"os.environ.get({code(name_node)})"
 
 
