@@ -280,5 +280,6 @@ class CellRewriter(cst.CSTTransformer):
                       "halve per_device_train_batch_size by hand to keep the notebook's batch", review=True)
             return call
         self.note(f"{short}: gradient_accumulation_steps={steps} → max(1, {steps} // world_size) "
-                  "(--keep-global-batch): N GPUs train on the notebook's global batch")
+                  "(--keep-global-batch): N GPUs train on the notebook's global batch (smaller when the GPU count "
+                  "does not divide it)")
         return set_kwarg(call, "gradient_accumulation_steps", f"max(1, ({steps}) // world_size)")
