@@ -53,6 +53,8 @@ SETTINGS = {
     'warmup_steps': 5,
     'weight_decay': 0.0,
     'optimizer': 'auto',
+    'batching': 'auto',
+    'kernels': 'auto',
     'max_grad_norm': 1.0,
     'precision': 'auto',
     'gradient_checkpointing': 'off',
@@ -81,6 +83,8 @@ PLAN = {
     'gradient_checkpointing': False,
     'backend': 'transformers',
     'optimizer': 'adamw_torch',
+    'batching': 'padding_free',
+    'kernels': 'none',
 }
 
 
@@ -101,8 +105,10 @@ def main(argv: list[str]) -> int:
         model, tokenizer = modeling.load(cfg, plan, ctx)  # 4-bit loads pinned to device_map={"": local_rank}
         model = modeling.add_lora(model, cfg, plan)
         job.log(modeling.trainable_summary(model))
-        dataset = data.prepare(cfg, tokenizer)
+        dataset = data.prepare(cfg, tokenizer, pack=plan.batching == "packed")
         job.log(dataset.summary())
+        for note in runtime.settle_batching(plan, cfg, dataset.mean_tokens):  # padding-free for short rows only
+            job.log(note)
 
         training_args = SFTConfig(
             output_dir=cfg.output_dir,
@@ -123,7 +129,14 @@ def main(argv: list[str]) -> int:
             # Trainer turns this on for a PeftModel; with gradient checkpointing DDP then fails with
             # "Expected to mark a variable ready only once" (huggingface/peft#313, trl#921).
             ddp_find_unused_parameters=False,
-            max_length=cfg.seq_len,
+            # kit.data has truncated (or packed) every row to seq_len already; TRL refuses max_length
+            # with padding-free batches.
+            max_length=None if plan.padding_free else cfg.seq_len,
+            # Rows laid end to end with no pad tokens; position_ids restart at each row, from which
+            # the attention builds a block-diagonal mask, so rows never attend to each other.
+            padding_free=plan.padding_free,
+            use_liger_kernel=plan.kernels == "liger",  # Triton RMSNorm, SwiGLU and RoPE
+            **runtime.sampler_args(plan),  # batching "grouped": batches of rows of similar length
             completion_only_loss=True,  # the loss masks come from kit.data
             save_strategy="steps",
             save_steps=cfg.save_steps,

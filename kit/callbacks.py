@@ -132,7 +132,9 @@ class Meter(TrainerCallback):
     def summary(self) -> dict:
         durations = [b - a for a, b in zip(self.step_ends, self.step_ends[1:])]
         timed = durations[self.WARMUP_STEPS:] or durations
-        out: dict = {"steps_timed": len(timed)}
+        # All steps, warm-up included: with rows of unequal length the median step says little, and
+        # trained tokens per second is a whole run's tokens over its time (bench/speed.py).
+        out: dict = {"steps_timed": len(timed), "steps_run": len(durations), "total_step_s": round(sum(durations), 3)}
         if timed:
             step_s = statistics.median(timed)
             out.update(step_s=round(step_s, 4), tokens_per_s=round(self.tokens_per_step / step_s, 1),

@@ -19,7 +19,9 @@ from kit.errors import UsageError
 METHODS = ("lora", "qlora", "full")
 BACKENDS = ("auto", "transformers", "unsloth")
 FORMATS = ("auto", "messages", "alpaca", "prompt_completion", "text")
-OPTIMIZERS = ("auto", "adamw_torch", "adamw_8bit", "paged_adamw_8bit")
+OPTIMIZERS = ("auto", "adamw_torch", "adamw_torch_fused", "adamw_8bit", "paged_adamw_8bit")
+BATCHINGS = ("auto", "padded", "grouped", "padding_free", "packed")
+KERNELS = ("auto", "liger", "none")
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
 CHECKPOINTING = ("auto", "on", "off")
@@ -74,7 +76,10 @@ class RunConfig:
     lr_scheduler: str = _f("cosine", "cosine|linear|constant|constant_with_warmup")
     warmup_steps: int = _f(0, "linear warmup steps")
     weight_decay: float = _f(0.0, "AdamW weight decay")
-    optimizer: str = _f("auto", "auto|adamw_torch|adamw_8bit|paged_adamw_8bit")
+    optimizer: str = _f("auto", "auto|adamw_torch|adamw_torch_fused|adamw_8bit|paged_adamw_8bit")
+    batching: str = _f("auto", "auto|padded|grouped|padding_free|packed: how rows of unequal length share a "
+                               "micro-batch (packed: rows packed into seq_len-long sequences)")
+    kernels: str = _f("auto", "auto|liger|none: liger = Liger's Triton kernels (RMSNorm, SwiGLU, RoPE) on the GPU")
     max_grad_norm: float = _f(1.0, "gradient clipping norm; 0 disables")
     precision: str = _f("auto", "auto|bf16|fp16|fp32; auto = bf16 where native, fp16 on T4/V100, fp32 on CPU")
     gradient_checkpointing: str = _f("auto", "auto|on|off; auto = on when needed to fit or model >= 1B params")
@@ -98,7 +103,8 @@ _POSITIVE = {"seq_len", "per_device_batch", "global_batch", "epochs", "max_steps
              "logging_steps", "eval_steps", "lora.r", "lora.alpha"}
 _NON_NEGATIVE = {"warmup_steps", "weight_decay", "max_grad_norm", "learning_rate"}
 _CHOICES = {"method": METHODS, "backend": BACKENDS, "data.format": FORMATS, "optimizer": OPTIMIZERS,
-            "precision": PRECISIONS, "lr_scheduler": SCHEDULERS, "gradient_checkpointing": CHECKPOINTING}
+            "precision": PRECISIONS, "lr_scheduler": SCHEDULERS, "gradient_checkpointing": CHECKPOINTING,
+            "batching": BATCHINGS, "kernels": KERNELS}
 _FINGERPRINT = ("model", "revision", "method", "lora.r", "lora.target_modules", "data.path",
                 "data.format", "data.columns", "seq_len")
 

@@ -38,10 +38,13 @@ class Prepared:
     dropped_too_long: int
     eval_duplicates: int
     mean_tokens: float  # per train example, after truncation to seq_len
+    packed_rows: int | None = None  # train rows packed into the `train` sequences; None = not packed
 
     def summary(self) -> str:
         n_eval = 0 if self.eval is None else len(self.eval)
-        return (f"data: {len(self.train)} train / {n_eval} eval examples of {self.mean_tokens:.0f} tokens on average, "
+        train = (f"{self.packed_rows} train rows packed into {len(self.train)} sequences"
+                 if self.packed_rows is not None else f"{len(self.train)} train")
+        return (f"data: {train} / {n_eval} eval examples of {self.mean_tokens:.0f} tokens on average, "
                 f"format {self.format}; "
                 f"{self.eval_duplicates} eval rows duplicate a train row; "
                 f"{self.dropped_too_long} dropped (no trainable token within seq_len)")
@@ -154,8 +157,14 @@ def tokenize_row(row: dict, fmt: str, names: dict, tokenizer, seq_len: int) -> d
             "row_hash": hashlib.sha1(text.encode("utf-8")).hexdigest()}
 
 
-def prepare(cfg, tokenizer) -> Prepared:
-    """Load, tokenize, split and check `cfg.data` for training with `tokenizer`."""
+def prepare(cfg, tokenizer, pack: bool = False) -> Prepared:
+    """Load, tokenize, split and check `cfg.data` for training with `tokenizer`.
+
+    `pack` packs the train rows into sequences of at most seq_len tokens (best-fit decreasing, whole
+    rows only, TRL's `pack_dataset`); each keeps its rows' lengths in `seq_lengths`, from which the
+    collator restarts position_ids at every row, so rows stay apart in attention. Eval rows are not
+    packed: eval loss stays per row, comparable with an unpacked run.
+    """
     ds = load_rows(cfg.data)
     fmt, names = detect_format(ds.column_names, cfg.data)
     if fmt == "messages" and not tokenizer.chat_template:
@@ -180,7 +189,14 @@ def prepare(cfg, tokenizer) -> Prepared:
                              "deduplicate the data or set data.allow_duplicates=true")
         evald = evald.remove_columns("row_hash")
     train = train.remove_columns("row_hash")
-    return Prepared(train, evald, fmt, dropped, dups, _mean_length(train))
+    packed_rows = None
+    if pack:
+        from trl.data_utils import pack_dataset
+
+        packed_rows = len(train)
+        # Rows are ≤ seq_len already (truncated above), so "bfd" never cuts one.
+        train = pack_dataset(train, cfg.seq_len, strategy="bfd", map_kwargs={"keep_in_memory": True})
+    return Prepared(train, evald, fmt, dropped, dups, _mean_length(train), packed_rows)
 
 
 def _mean_length(ds) -> float:

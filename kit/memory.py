@@ -122,7 +122,7 @@ def layer_activation_bytes(model, bp: int, method: str, target_modules, *, quant
 def estimate(model, cfg, precision: str, per_device_batch: int, gradient_checkpointing: bool,
              quantized: bool, *, world_size: int = 1, sharding: str = "none", optimizer: str | None = None,
              kbit_upcast: bool = False, device: str = "cuda", fused_lm_head: bool = False,
-             autocast: bool = False, qlora_bf16_adapters: bool = False) -> MemoryEstimate:
+             autocast: bool = False, qlora_bf16_adapters: bool = False, batching: str = "padded") -> MemoryEstimate:
     """Estimate one GPU's memory for a training step.
 
     Args:
@@ -144,6 +144,9 @@ def estimate(model, cfg, precision: str, per_device_batch: int, gradient_checkpo
             False models a loop over a 16-bit model (see `layer_activation_bytes`).
         qlora_bf16_adapters: On a 4-bit base the LoRA weights (so their grads and AdamW states) are
             bf16, as TRL's SFTTrainer casts them, following the QLoRA paper; else fp32 (PEFT's default).
+        batching: "padding_free" or "packed" lay a micro-batch's rows end to end in one sequence of up
+            to per_device_batch × seq_len tokens, which SDPA attends through a block-diagonal mask
+            (see `packed_mask_bytes`); "padded"/"grouped" hold no mask (causal SDPA).
     """
     bp = 2 if precision in ("bf16", "fp16") else 4
     optimizer = optimizer or cfg.optimizer
@@ -210,12 +213,28 @@ def estimate(model, cfg, precision: str, per_device_batch: int, gradient_checkpo
         terms["activations"] = layers_here * layer + hidden
         terms.update(logits)
 
+    if batching in ("padding_free", "packed") and device == "cuda":
+        terms["packed_attention_mask"] = packed_mask_bytes(tokens, model.layers / n, gradient_checkpointing)
+        notes.append(f"{batching} batches: one {tokens}-token sequence per micro-batch under a block-diagonal "
+                     "attention mask")
+
     allocated = int(sum(terms.values()))
     terms["allocator_slack"] = allocated * SLACK
     if device == "cuda":
         terms["cuda_context"] = CUDA_CONTEXT
     terms = {k: int(v) for k, v in terms.items()}
     return MemoryEstimate(terms=terms, total_bytes=sum(terms.values()), allocated_bytes=allocated, notes=notes)
+
+
+def packed_mask_bytes(tokens: int, layers: float, gradient_checkpointing: bool) -> int:
+    """The attention mask of a padding-free micro-batch of `tokens` tokens (all rows in one sequence).
+
+    transformers builds one boolean [tokens × tokens] mask from the restarting position_ids; SDPA's
+    memory-efficient kernel takes it as an additive 16-bit bias, converted again in every layer and
+    kept for that layer's backward. With checkpointing only the recomputed layer keeps one.
+    """
+    kept = 1 if gradient_checkpointing else layers
+    return int(tokens * tokens * (1 + 2 * kept))
 
 
 def _logits_terms(entries: int, bp: int, kbit_upcast: bool) -> dict[str, float]:

@@ -100,6 +100,8 @@ _FAMILIES = [
     (re.compile(r"^gemma-2-(2b|9b|27b)"), "gemma2", _GEMMA2),
     (re.compile(r"^gemma-3-(1b|4b|12b|27b)"), "gemma3_text", _GEMMA3),
 ]
+# config.json model_types that Liger's kernels patch (liger_kernel.transformers, 0.8.5): every family above.
+LIGER_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama", "mistral", "gemma", "gemma2", "gemma3_text", "phi3"})
 KNOWN_MODELS = ["Qwen/Qwen3-" + s.upper() for s in _QWEN3] + \
     ["meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.2-3B", "meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-70B",
      "mistralai/Mistral-7B-v0.3"] + [f"google/gemma-2-{s}" for s in _GEMMA2] + [f"google/gemma-3-{s}-pt" for s in _GEMMA3]

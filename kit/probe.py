@@ -21,7 +21,8 @@ from kit.errors import UsageError
 from kit.gpus import is_capability, query_gpus
 
 SCHEMA = 1
-PACKAGES = ("transformers", "trl", "peft", "bitsandbytes", "unsloth", "accelerate", "datasets", "huggingface_hub")
+PACKAGES = ("transformers", "trl", "peft", "bitsandbytes", "unsloth", "accelerate", "datasets", "huggingface_hub",
+            "liger_kernel")
 
 
 @dataclass

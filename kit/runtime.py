@@ -54,9 +54,41 @@ class RuntimePlan:
     backend: str                 # transformers | unsloth
     optimizer: str
     notes: list
+    batching: str = "padded"     # padded | grouped | padding_free | packed
+    kernels: str = "none"        # liger | none
+
+    @property
+    def padding_free(self) -> bool:
+        """Whether batches are rows laid end to end (packed sequences are batched that way too)."""
+        return self.batching in ("padding_free", "packed")
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def settle_batching(plan: RuntimePlan, cfg, mean_tokens: float) -> list[str]:
+    """Padding-free batches only where the data's rows are short (kit.speed.settle_batching); the notes."""
+    from kit import speed
+
+    notes: list[str] = []
+    plan.batching = speed.settle_batching(cfg, plan.batching, mean_tokens, cfg.seq_len, notes)
+    return notes
+
+
+def sampler_args(plan) -> dict:
+    """SFTConfig arguments for length-grouped batches, in the spelling of the installed transformers.
+
+    transformers 5.2x replaced `group_by_length=True` with `train_sampling_strategy="group_by_length"`;
+    older 5.x releases (5.17 on the H200 that measured this) know only the first.
+    """
+    if plan.batching != "grouped":
+        return {}
+    from transformers import TrainingArguments
+
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    if "train_sampling_strategy" in names:
+        return {"train_sampling_strategy": "group_by_length"}
+    return {"group_by_length": True}
 
 
 def _native_bf16(device) -> bool:
@@ -120,4 +152,29 @@ def plan_for(ctx, cfg: config.RunConfig, planned: dict) -> RuntimePlan:
         checkpointing = bool(planned.get("gradient_checkpointing", False))
     else:
         checkpointing = cfg.gradient_checkpointing == "on"
-    return RuntimePlan(precision, per_device, accum, global_batch, checkpointing, backend, optimizer, notes)
+    batching = planned.get("batching", "padded") if cfg.batching == "auto" else cfg.batching
+    if batching == "auto":
+        batching = "padded"
+    kernels = _kernels(cfg, ctx, planned.get("kernels", "none"), backend, notes)
+    if optimizer == "adamw_torch_fused" and ctx.device.type != "cuda":
+        notes.append("optimizer adamw_torch_fused is planned for a GPU: using adamw_torch on the CPU")
+        optimizer = "adamw_torch"
+    return RuntimePlan(precision, per_device, accum, global_batch, checkpointing, backend, optimizer, notes,
+                       batching, kernels)
+
+
+def _kernels(cfg, ctx, planned: str, backend: str, notes: list) -> str:
+    """Liger's kernels where they can run: a CUDA device, liger-kernel installed, the plain backend."""
+    wanted = planned if cfg.kernels == "auto" else cfg.kernels
+    if wanted != "liger":
+        return "none"
+    why = ("this rank runs on the CPU" if ctx.device.type != "cuda" else
+           "Unsloth brings its own kernels" if backend == "unsloth" else
+           "liger-kernel is not installed" if importlib.util.find_spec("liger_kernel") is None else None)
+    if why is None:
+        return "liger"
+    if cfg.kernels == "liger" and backend != "unsloth":
+        raise CannotTrain(f"kernels=liger was asked for, but {why}: `pip install liger-kernel` on a CUDA GPU, "
+                          "or set kernels=none")
+    notes.append(f"Liger kernels off: {why}")
+    return "none"

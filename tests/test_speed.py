@@ -1,0 +1,165 @@
+"""kit.speed through kit.plan: batching, kernels and the optimizer each chosen with a reason from the
+H200 measurements; the memory estimate follows the batching; the script's launch-time settling."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from kit import config, memory, models, runtime, speed
+from kit.errors import CannotTrain, UsageError
+from kit.plan import make_plan
+from tests.test_plan import A100, COLAB_T4, CPU_ONLY, H200, KAGGLE_T4X2, MI300X, QWEN8_QLORA, cfg, machine
+
+GIB = 2**30
+CHAT = ("seq_len=2048", "gradient_checkpointing=on", "per_device_batch=4", "global_batch=4")
+
+
+def _reason(plan, word):
+    found = [r for r in plan.reasons if r.startswith(word)]
+    assert len(found) == 1, plan.reasons
+    return found[0]
+
+
+@pytest.mark.parametrize("facts", [H200, A100, KAGGLE_T4X2, COLAB_T4])
+def test_auto_batching_is_padding_free_on_nvidia_with_the_measured_ratio(facts):
+    plan = make_plan(facts, cfg(*QWEN8_QLORA))
+    assert plan.batching == "padding_free"
+    why = _reason(plan, "batching padding_free")
+    assert "1.15×" in why and "same rows per step" in why and "2.06×" in why
+    # On a T4 the reason says it was measured elsewhere and what keeps the rows apart there.
+    assert ("not on sm_75" in why and "memory-efficient kernel" in why) == (facts["gpus"][0]["name"] == "Tesla T4")
+
+
+def test_auto_batching_is_padded_where_nothing_was_measured():
+    assert make_plan(CPU_ONLY, cfg()).batching == "padded"
+    plan = make_plan(MI300X, cfg(*QWEN8_QLORA))
+    assert plan.batching == "padded" and "NVIDIA only" in _reason(plan, "batching padded")
+    with_unsloth = machine("NVIDIA H200", "9.0", 150_754_820_096, platform="local",
+                           packages={"transformers": "5.17.0", "trl": "1.15.0", "bitsandbytes": "0.50.2",
+                                     "unsloth": "2026.10.9"})
+    plan = make_plan(with_unsloth, cfg(*QWEN8_QLORA))
+    assert plan.backend == "unsloth" and plan.batching == "padded"
+    assert "with backend unsloth" in _reason(plan, "batching padded")
+    assert "packed_attention_mask" not in plan.memory["terms"]  # the estimate follows the final choice
+    assert not any("padding_free" in n for n in plan.memory["notes"])
+
+
+@pytest.mark.parametrize("value", ["padded", "grouped", "padding_free", "packed"])
+def test_configured_batching_is_kept_and_packed_says_what_it_changes(value):
+    plan = make_plan(H200, cfg(*QWEN8_QLORA, f"batching={value}"))
+    assert plan.batching == value
+    why = _reason(plan, f"batching {value}")
+    assert ("fewer optimizer steps" in why) == (value == "packed")
+
+
+def test_memory_estimate_follows_the_batching():
+    padded = make_plan(H200, cfg(*QWEN8_QLORA, *CHAT, "batching=padded"))
+    free = make_plan(H200, cfg(*QWEN8_QLORA, *CHAT, "batching=padding_free"))
+    assert "packed_attention_mask" not in padded.memory["terms"]
+    # One 8,192-token sequence: a boolean mask plus one 16-bit bias for the recomputed layer.
+    assert free.memory["terms"]["packed_attention_mask"] == 8192 * 8192 * 3
+    assert free.memory["allocated_bytes"] - padded.memory["allocated_bytes"] == 8192 * 8192 * 3
+    assert any("one 8192-token sequence" in n for n in free.memory["notes"])
+
+
+def test_packed_mask_without_checkpointing_is_kept_by_every_layer():
+    assert memory.packed_mask_bytes(1000, 36, gradient_checkpointing=False) == 1000 * 1000 * (1 + 2 * 36)
+    m = models.model_facts("Qwen/Qwen3-8B")
+    est = memory.estimate(m, cfg(*QWEN8_QLORA, *CHAT), "bf16", 4, True, True, device="cpu", batching="packed")
+    assert "packed_attention_mask" not in est.terms  # the CPU's math kernel: no 16-bit bias to model
+
+
+def test_kernels_auto_stays_off_until_the_loss_check_and_says_the_measurement():
+    facts = {**H200, "packages": {**H200["packages"], "liger_kernel": "0.8.5"}}
+    plan = make_plan(facts, cfg(*QWEN8_QLORA))
+    assert plan.kernels == "none"
+    why = _reason(plan, "kernels none")
+    assert "1.29×" in why and "loss curve is not yet checked" in why and "kernels=liger" in why
+
+
+def test_kernels_auto_is_liger_once_measured_and_checked(monkeypatch):
+    monkeypatch.setitem(speed.MEASURED, "liger_loss_checked", True)
+    with_liger = {**H200, "packages": {**H200["packages"], "liger_kernel": "0.8.5"}}
+    assert make_plan(with_liger, cfg(*QWEN8_QLORA)).kernels == "liger"
+    assert "not installed" in _reason(make_plan(H200, cfg(*QWEN8_QLORA)), "kernels none")
+    t4 = {**COLAB_T4, "packages": {**COLAB_T4["packages"], "liger_kernel": "0.8.5"}}
+    plan = make_plan(t4, cfg(*QWEN8_QLORA))
+    assert plan.kernels == "none" and "not measured on sm_75" in _reason(plan, "kernels none")
+
+
+def test_kernels_configured():
+    plan = make_plan(H200, cfg(*QWEN8_QLORA, "kernels=liger"))
+    assert plan.kernels == "liger" and "pip install liger-kernel" in _reason(plan, "kernels liger")
+    plan = make_plan(MI300X, cfg(*QWEN8_QLORA, "kernels=liger"))
+    assert "turns them off here" in _reason(plan, "kernels liger")
+    assert make_plan(H200, cfg(*QWEN8_QLORA, "kernels=none")).kernels == "none"
+
+
+def test_fused_adamw_is_not_chosen_unmeasured_but_can_be_asked_for(monkeypatch):
+    assert make_plan(H200, cfg(*QWEN8_QLORA)).optimizer == "adamw_torch"
+    assert make_plan(H200, cfg(*QWEN8_QLORA, "optimizer=adamw_torch_fused")).optimizer == "adamw_torch_fused"
+    monkeypatch.setitem(speed.MEASURED, "fused_adamw_vs_adamw", 1.05)
+    assert make_plan(H200, cfg(*QWEN8_QLORA)).optimizer == "adamw_torch_fused"
+    assert make_plan(CPU_ONLY, cfg("optimizer=adamw_torch_fused")).optimizer == "adamw_torch"
+
+
+def test_backend_and_fp16_sentences_say_what_was_measured():
+    with_unsloth = machine("NVIDIA H200", "9.0", 150_754_820_096, platform="local",
+                           packages={"transformers": "5.17.0", "trl": "1.15.0", "unsloth": "2026.10.9"})
+    why = _reason(make_plan(with_unsloth, cfg(*QWEN8_QLORA)), "backend unsloth")
+    assert "1.47×" in why and "79 %" in why and "a third" not in why
+    t4 = make_plan(KAGGLE_T4X2, cfg(*QWEN8_QLORA))
+    assert t4.precision == "fp16"
+    assert "fp16 measured 0.97× bf16's tokens/s" in " ".join(t4.reasons)
+
+
+@pytest.mark.parametrize("key,value", [("batching", "pack"), ("kernels", "flash"), ("optimizer", "adamw_fused")])
+def test_unknown_speed_settings_are_usage_errors(key, value):
+    with pytest.raises(UsageError, match=key):
+        config.load(None, [f"{key}={value}"])
+
+
+def _ctx(device="cpu"):
+    return types.SimpleNamespace(device=types.SimpleNamespace(type=device), world_size=1, rank=0)
+
+
+PLANNED = {"precision": "bf16", "per_device_batch": 4, "global_batch": 4, "backend": "transformers",
+           "optimizer": "adamw_torch_fused", "batching": "padding_free", "kernels": "liger"}
+
+
+def test_runtime_keeps_the_batching_and_drops_what_the_cpu_cannot_run():
+    plan = runtime.plan_for(_ctx(), cfg(), PLANNED)
+    assert plan.batching == "padding_free" and plan.padding_free
+    assert plan.kernels == "none" and plan.optimizer == "adamw_torch"
+    assert any("Liger kernels off: this rank runs on the CPU" in n for n in plan.notes)
+    old = runtime.plan_for(_ctx(), cfg(), {k: v for k, v in PLANNED.items() if k not in ("batching", "kernels")})
+    assert old.batching == "padded" and old.kernels == "none"  # a script rendered before these existed
+
+
+def test_runtime_refuses_liger_asked_for_where_it_cannot_run():
+    with pytest.raises(CannotTrain, match="kernels=liger was asked for, but this rank runs on the CPU"):
+        runtime.plan_for(_ctx(), cfg("kernels=liger"), PLANNED)
+
+
+def test_launch_settles_padding_free_back_to_padded_for_long_rows():
+    plan = runtime.plan_for(_ctx(), cfg("seq_len=600"), PLANNED)
+    assert runtime.settle_batching(plan, cfg("seq_len=600"), mean_tokens=150) == [] and plan.batching == "padding_free"
+    notes = runtime.settle_batching(plan, cfg("seq_len=600"), mean_tokens=450)
+    assert plan.batching == "padded" and "rows average 450 tokens of seq_len 600" in notes[0]
+    chosen = runtime.plan_for(_ctx(), cfg("seq_len=600", "batching=padding_free"), PLANNED)
+    assert runtime.settle_batching(chosen, cfg("seq_len=600", "batching=padding_free"), 450) == []
+    assert chosen.batching == "padding_free"  # what the user set is kept
+
+
+def test_sampler_args_name_length_grouping_as_the_installed_transformers_does():
+    from dataclasses import fields
+
+    from transformers import TrainingArguments
+
+    grouped = runtime.plan_for(_ctx(), cfg("batching=grouped"), PLANNED)
+    args = runtime.sampler_args(grouped)
+    assert set(args) <= {f.name for f in fields(TrainingArguments)} and len(args) == 1
+    assert list(args.values())[0] in (True, "group_by_length")
+    assert runtime.sampler_args(runtime.plan_for(_ctx(), cfg(), PLANNED)) == {}
