@@ -15,6 +15,16 @@ def add_arguments(parser) -> None:
     parser.add_argument("--force", action="store_true", help="overwrite the output file if it exists")
     parser.add_argument("--precision", choices=("auto", "fp16", "bf16", "fp32"), default="auto",
                         help="training precision to set; auto keeps the notebook's (default: auto)")
+    parser.add_argument("--keep-global-batch", action="store_true",
+                        help="divide gradient_accumulation_steps by the GPU count, so N GPUs train on the "
+                             "notebook's global batch (default: each GPU adds a batch: N times larger)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="swap Hub models and datasets for kit's tiny local model and data and stop after "
+                             "2 steps: run the whole converted script cheaply before spending GPU hours")
+    parser.add_argument("--dry-run-model", type=Path, default=None, metavar="DIR",
+                        help="with --dry-run: the local model to use (default: models/tiny-qwen3)")
+    parser.add_argument("--dry-run-data", type=Path, default=None, metavar="FILE",
+                        help="with --dry-run: a chat-format JSONL file like data/ha_commands.jsonl")
 
 
 def run(args) -> int:
@@ -29,12 +39,21 @@ def run(args) -> int:
         raise UsageError(f"-o {out}: exists: pass --force to overwrite it, or choose another -o")
     if not out.parent.is_dir():
         raise UsageError(f"-o {out}: folder {out.parent} does not exist: create it first")
+    if (args.dry_run_model or args.dry_run_data) and not args.dry_run:
+        raise UsageError("--dry-run-model/--dry-run-data only make sense with --dry-run: add it")
+    if args.dry_run_model is not None and not (args.dry_run_model / "config.json").is_file():
+        raise UsageError(f"--dry-run-model {args.dry_run_model}: no config.json there: give a local model folder")
+    if args.dry_run_data is not None and not args.dry_run_data.is_file():
+        raise UsageError(f"--dry-run-data {args.dry_run_data}: no such file: give a chat-format .jsonl file")
     try:
         from kit.convert import convert_notebook, format_changes
     except ImportError as e:
         raise UsageError(f"kit convert needs libcst and nbformat ({e}): pip install libcst nbformat") from None
 
-    conversion = convert_notebook(args.notebook, args.precision, script_name=out.name)
+    conversion = convert_notebook(args.notebook, args.precision, script_name=out.name,
+                                  keep_global_batch=args.keep_global_batch, dry_run=args.dry_run,
+                                  dry_run_model=args.dry_run_model and args.dry_run_model.resolve(),
+                                  dry_run_data=args.dry_run_data and args.dry_run_data.resolve())
     from kit.auth import refuse_token
 
     # A notebook cell may hold a literal token (`login("hf_…")`): it must not land in a script.

@@ -1,0 +1,181 @@
+"""Facts about the whole notebook that the per-cell rewrites need, read once from its `ast`.
+
+Where training happens (the last top-level statement that trains, and the last one that needs
+every rank), which names are trainers, which functions the notebook defines that train or
+evaluate, the notebook's own seed, whether it talks to the Hub, and what it writes.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+# Statements are numbered (cell, index of the top-level statement in the cell).
+Where = tuple[int, int]
+DEFAULT_SEED = 42
+COLLECTIVE_METHODS = {"train", "evaluate", "predict"}
+HUB_WRITES = {"push_to_hub", "push_to_hub_merged", "push_to_hub_gguf", "upload_folder", "upload_file",
+              "create_repo"}
+SECRET_GETTERS = {"get_secret", "userdata.get"}
+VLLM_ONLY = {"fast_generate", "load_lora", "save_lora"}
+
+
+def calls_of(node: ast.AST):
+    """The calls a statement makes when it runs: not those inside the functions it defines."""
+    stack = [node]
+    while stack:
+        here = stack.pop()
+        if here is not node and isinstance(here, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
+                                                  ast.Lambda)):
+            continue
+        if isinstance(here, ast.Call):
+            yield ast.unparse(here.func), here
+        stack.extend(ast.iter_child_nodes(here))
+
+
+@dataclass
+class Facts:
+    trainers: set[str] = field(default_factory=set)
+    train_funcs: set[str] = field(default_factory=set)  # notebook functions that train
+    collective_funcs: set[str] = field(default_factory=set)  # ... that train, evaluate or predict
+    statements: list[tuple[Where, ast.stmt]] = field(default_factory=list)
+    last_train: Where | None = None
+    last_collective: Where | None = None
+    seed: int = DEFAULT_SEED
+    seed_from: str = ""  # where the seed came from; "" when kit chose it
+    uses_hub: bool = False  # pushes, logs in or reads a Hub token
+    reads: list[Where] = field(default_factory=list)  # statements that load something back
+
+    def is_training(self, func: str, call: ast.Call) -> bool:
+        if func == "unsloth_train" or func in self.train_funcs:
+            return True
+        if func == "notebook_launcher" and call.args and ast.unparse(call.args[0]) in self.train_funcs:
+            return True
+        return func.endswith(".train") and self._is_trainer(func[: -len(".train")])
+
+    def is_collective(self, func: str, call: ast.Call) -> bool:
+        """A call every rank must make together: the Trainer's train/evaluate/predict."""
+        if self.is_training(func, call) or func in self.collective_funcs:
+            return True
+        owner, _, method = func.rpartition(".")
+        return method in COLLECTIVE_METHODS and self._is_trainer(owner)
+
+    def _is_trainer(self, owner: str) -> bool:
+        return "trainer" in owner.lower() or owner in self.trainers
+
+    def after_training(self, where: Where) -> bool:
+        """True past the last statement that needs every rank: rank 0 runs it alone."""
+        return self.last_collective is not None and where > self.last_collective
+
+    def read_after(self, where: Where) -> bool:
+        return any(r > where for r in self.reads)
+
+
+READERS = ("from_pretrained", "load_dataset", "load_from_disk", "read_csv", "read_json", "open", "load")
+
+
+def gather(trees: list[tuple[int, ast.Module]]) -> Facts:
+    facts = Facts()
+    defs: dict[str, ast.AST] = {}
+    for cell, tree in trees:
+        for i, stmt in enumerate(tree.body):
+            facts.statements.append(((cell, i), stmt))
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                defs[stmt.name] = stmt
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) \
+                    and ast.unparse(node.value.func).endswith("Trainer"):
+                facts.trainers |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    # A function that calls a training function trains too: iterate until nothing new is found.
+    for kind, test in (("train_funcs", facts.is_training), ("collective_funcs", facts.is_collective)):
+        found = getattr(facts, kind)
+        while True:
+            new = {name for name, d in defs.items() if name not in found and any(
+                test(f, c) for n in d.body for f, c in calls_of(n))}
+            if not new:
+                break
+            found |= new
+    for where, stmt in facts.statements:
+        calls = list(calls_of(stmt))
+        if any(facts.is_training(f, c) for f, c in calls):
+            facts.last_train = where
+        if any(facts.is_collective(f, c) for f, c in calls):
+            facts.last_collective = where
+        if any(f.rsplit(".", 1)[-1] in READERS for f, _ in calls):
+            facts.reads.append(where)
+    facts.seed, facts.seed_from = _seed([t for _, t in trees])
+    facts.uses_hub = _uses_hub([t for _, t in trees])
+    return facts
+
+
+def _seed(trees: list[ast.Module]) -> tuple[int, str]:
+    """The notebook's own seed, best source first: the training arguments' `seed=`, `set_seed(N)`,
+    a `SEED = N` setting, then any other `seed=`/`random_state=` (Unsloth's LoRA `random_state`)."""
+    found: list[tuple[int, int, str]] = []  # (rank, value, where)
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                func = ast.unparse(node.func)
+                for k in node.keywords:
+                    if k.arg in ("seed", "random_state") and isinstance(k.value, ast.Constant) \
+                            and isinstance(k.value.value, int) and not isinstance(k.value.value, bool):
+                        rank = 0 if func.endswith(("Config", "Arguments")) else 3
+                        found.append((rank, k.value.value, f"{func}({k.arg}={k.value.value})"))
+                if func.endswith("set_seed") and node.args and isinstance(node.args[0], ast.Constant) \
+                        and isinstance(node.args[0].value, int):
+                    found.append((1, node.args[0].value, f"set_seed({node.args[0].value})"))
+            elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) \
+                    and isinstance(node.value.value, int) and not isinstance(node.value.value, bool) \
+                    and any(isinstance(t, ast.Name) and t.id.lower() in ("seed", "random_seed") for t in node.targets):
+                found.append((2, node.value.value, f"{ast.unparse(node.targets[0])} = {node.value.value}"))
+    if not found:
+        return DEFAULT_SEED, ""
+    _, value, where = min(found, key=lambda f: f[0])
+    return value, where
+
+
+def _uses_hub(trees: list[ast.Module]) -> bool:
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                func = ast.unparse(node.func)
+                short = func.rsplit(".", 1)[-1]
+                if short in HUB_WRITES or short in ("login", "notebook_login", "interpreter_login") \
+                        or short == "get_secret" or func.endswith("userdata.get"):
+                    return True
+                if any(k.arg in ("push_to_hub", "hub_model_id") and ast.unparse(k.value) not in ("False", "None")
+                       for k in node.keywords):
+                    return True
+    return False
+
+
+def vllm_refusal(trees: list[tuple[int, ast.Module]], facts: Facts) -> tuple[int, int, str] | None:
+    """vLLM that cannot run inside a torchrun rank: (cell, line, why), or None.
+
+    Unsloth's `fast_inference=True` starts a vLLM engine in the process; when the notebook also
+    calls `model.fast_generate`/`load_lora`, kit cannot switch the engine off, and vLLM's engine
+    does not run inside one rank of a 2-process group. A vLLM `LLM(...)` before the end of
+    training has the same problem; after it, rank 0 runs it alone with no process group left.
+    """
+    fast, uses = None, []
+    for cell, tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                func = ast.unparse(node.func)
+                if any(k.arg == "fast_inference" and ast.unparse(k.value) == "True" for k in node.keywords):
+                    fast = fast or (cell, node.lineno)
+                if func.rsplit(".", 1)[-1] in VLLM_ONLY:
+                    uses.append(f"{func}() (cell {cell})")
+    if fast and uses:
+        return (*fast, f"fast_inference=True starts a vLLM engine in every torchrun rank, which vLLM does not "
+                       f"support, and the notebook needs it for {', '.join(dict.fromkeys(uses))}: set "
+                       "fast_inference=False and use model.generate, or run this notebook with python on one GPU")
+    for (cell, i), stmt in facts.statements:
+        if facts.after_training((cell, i)):
+            break
+        for func, call in calls_of(stmt):
+            if func in ("LLM", "vllm.LLM"):
+                return (cell, call.lineno, "vLLM's LLM() before training ends would start one engine per torchrun "
+                                           "rank inside its process group: move it after training, where "
+                                           "rank 0 runs it alone, or run it in its own notebook")
+    return None

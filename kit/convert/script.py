@@ -1,0 +1,76 @@
+"""The fixed parts of a converted script: its docstring, the rank block and the try/finally."""
+
+from __future__ import annotations
+
+DOCSTRING = '''\
+{raw}"""Rank-aware training script made by `kit convert` from {notebook}.
+
+One process per GPU on this machine (2 for Kaggle's T4 x2; use your GPU count):
+
+    torchrun --standalone --nproc_per_node=2 {script}
+
+or one process, on one GPU or the CPU:
+
+    python {script}
+
+{dry}{dropped}Lines marked `# kit:` were changed by kit; `# kit: REVIEW` marks what a person should check.
+Every rank runs the notebook's code up to its last train/evaluate call, with saves, pushes, prints and
+other side effects on rank 0 alone; after it, the other ranks leave and rank 0 runs the rest alone.
+Made again with: kit convert {notebook} -o {script} --force{flags}
+"""
+'''
+
+DRY_NOTE = '''\
+DRY RUN: Hub models and datasets are swapped for kit's tiny local model and data, training stops
+after a few steps, and 4/8-bit loading, 8-bit optimizers and trackers are off. Convert again
+without --dry-run for the real run.
+
+'''
+
+RANK_BLOCK = '''\
+# kit: rank block. torchrun starts one copy of this script per GPU and tells each its place in the
+# environment; under plain `python` the defaults make it the only process (rank 0 of 1).
+import os
+
+import torch
+import torch.distributed as dist
+{imports}
+local_rank = int(os.environ.get("LOCAL_RANK", 0))
+rank = int(os.environ.get("RANK", 0))
+world_size = int(os.environ.get("WORLD_SIZE", 1))
+is_main = rank == 0  # rank 0 alone saves, pushes and prints results
+{token}if torch.cuda.is_available():
+    torch.cuda.set_device(local_rank)  # before any CUDA work, so no rank lands on cuda:0 by accident
+    rank_device = local_rank
+else:
+    rank_device = "cpu"
+if world_size > 1 and not dist.is_initialized():
+    dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+{seeds}
+
+def wait_for_all():
+    """Every rank waits here until all have arrived (nothing to wait for in one process)."""
+    if dist.is_initialized():
+        dist.barrier(device_ids=[local_rank] if torch.cuda.is_available() else None)
+
+'''
+
+TOKEN_CHECK = '''\
+# kit: the notebook talks to the Hugging Face Hub: check for a token now, not after hours of training.
+# huggingface_hub finds HF_TOKEN in the environment or a saved `hf auth login` token.
+if huggingface_hub.get_token() is None:
+    raise SystemExit("No Hugging Face token: set HF_TOKEN (from your Kaggle/Colab secret) or run "
+                     "`hf auth login`, then launch again")
+'''
+
+TRY_TEMPLATE = '''\
+try:
+    pass
+finally:
+    # Always tear down, so no rank exits with a live process group (that is how NCCL hangs start).
+    # The barrier runs only after success: after a failure the other ranks may never arrive.
+    if dist.is_initialized():
+        if training_ok:
+            wait_for_all()
+        dist.destroy_process_group()
+'''
