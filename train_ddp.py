@@ -20,7 +20,7 @@ import sys
 from transformers import set_seed
 from trl import SFTConfig, SFTTrainer
 
-from kit import data, dist, modeling, runtime
+from kit import data, dist, modeling, runtime, sharding
 from kit.errors import KitError
 from kit.job import Job
 
@@ -33,6 +33,7 @@ SETTINGS = {
     'revision': None,
     'method': 'lora',
     'backend': 'auto',
+    'strategy': 'auto',
     'lora': {'r': 16, 'alpha': 32.0, 'dropout': 0.0, 'target_modules': 'all-linear'},
     'data': {
         'path': 'data/ha_commands.jsonl',
@@ -98,11 +99,18 @@ def main(argv: list[str]) -> int:
             return code
 
         set_seed(cfg.seed)  # the same LoRA init on every rank and in every run
-        model, tokenizer = modeling.load(cfg, plan, ctx)  # 4-bit loads pinned to device_map={"": local_rank}
-        model = modeling.add_lora(model, cfg, plan)
+        with dist.local_main_first():  # downloads once per node; the node's other ranks read the cache
+            model, tokenizer = modeling.load(cfg, plan, ctx)  # 4-bit loads pinned to device_map={"": local_rank}
+            model = modeling.add_lora(model, cfg, plan)
+            dataset = data.prepare(cfg, tokenizer)
         job.log(modeling.trainable_summary(model))
-        dataset = data.prepare(cfg, tokenizer)
         job.log(dataset.summary())
+
+        # Strategy (DDP over 2 GPUs (Tesla T4), fp16). ddp: a full replica per rank. fsdp: FSDP2 shards the
+        # frozen base, the LoRA weights, their gradients and Adam states over all ranks, each
+        # decoder layer a unit, checkpoints still plain PEFT adapters. model_parallel: the layers
+        # split over the GPUs in this one process (never under torchrun). See kit/sharding.py.
+        strategy = sharding.trainer_args(plan, model, ctx)
 
         training_args = SFTConfig(
             output_dir=cfg.output_dir,
@@ -118,7 +126,7 @@ def main(argv: list[str]) -> int:
             optim=plan.optimizer,
             bf16=plan.precision == "bf16",
             fp16=plan.precision == "fp16",  # AMP with loss scaling: T4 and V100 have no native bf16
-            gradient_checkpointing=plan.gradient_checkpointing,
+            gradient_checkpointing=plan.gradient_checkpointing and plan.strategy != "fsdp",  # FSDP does its own
             gradient_checkpointing_kwargs={"use_reentrant": False},
             # Trainer turns this on for a PeftModel; with gradient checkpointing DDP then fails with
             # "Expected to mark a variable ready only once" (huggingface/peft#313, trl#921).
@@ -136,6 +144,7 @@ def main(argv: list[str]) -> int:
             report_to="none",
             disable_tqdm=not ctx.is_main,
             use_cpu=ctx.device.type == "cpu",
+            **strategy,
         )
         trainer = SFTTrainer(
             model=model,
@@ -146,7 +155,8 @@ def main(argv: list[str]) -> int:
             callbacks=job.callbacks(model, dataset),  # saves, deadline, upload, speed and memory
         )
         modeling.settle_adapter_dtype(trainer.model, plan)  # fp16 loss scaling needs fp32 LoRA weights
-        trainer.train(resume_from_checkpoint=job.resume_from)
+        # A checkpoint the other strategy wrote resumes through a converted copy (same numbers).
+        trainer.train(resume_from_checkpoint=sharding.resumable(trainer, job.resume_from, plan, ctx))
         code = job.finish(trainer)  # rank 0: last upload (blocking, with a timeout), outcome line
         ok = True
         return code

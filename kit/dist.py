@@ -15,6 +15,7 @@ in a notebook cell: without a process group every helper acts as the only rank (
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import sys
@@ -77,6 +78,22 @@ def barrier() -> None:
             tdist.barrier(device_ids=[torch.cuda.current_device()])
         else:
             tdist.barrier()
+
+
+@contextlib.contextmanager
+def local_main_first():
+    """Run the block on each node's first rank, then on the node's other ranks.
+
+    What the block downloads (model, tokenizer, data) is fetched once per node into the node's
+    cache; the others read it from there. Every rank passes one barrier, so it is safe in any
+    world size, one node or many.
+    """
+    local_rank = _env_int("LOCAL_RANK", 0)
+    if local_rank != 0:
+        barrier()
+    yield  # no barrier after a failure: the failed rank exits and torchrun ends the job
+    if local_rank == 0:
+        barrier()
 
 
 def broadcast(obj, src: int = 0):

@@ -239,3 +239,16 @@ def _fused_head_terms(tokens: int, hidden: int, vocab: int, bp: int) -> dict[str
 
 def _gib(b: float) -> str:
     return f"{b / GIB:.1f} GiB"
+
+
+def fsdp_qlora_load_bytes(model, precision: str) -> int:
+    """GPU bytes while a 4-bit base loads under FSDP: each rank quantizes the whole base on its GPU.
+
+    accelerate shards a 4-bit model only after it is loaded (it cannot put Params4bit on the
+    meta device), so every rank briefly holds the full nf4 linears plus the 16-bit embeddings,
+    norms and lm_head, before FSDP frees what is not its shard.
+    """
+    bp = 2 if precision in ("bf16", "fp16") else 4
+    linear = model.layers * model.layer_linear_params()
+    rest = max(0, model.params - linear)
+    return int((linear * NF4_BYTES + rest * bp) * (1 + SLACK) + CUDA_CONTEXT)

@@ -15,7 +15,7 @@ import warnings
 from dataclasses import asdict, dataclass
 
 from kit import config
-from kit.errors import CannotTrain
+from kit.errors import CannotTrain, UsageError
 
 # transformers 5.2x renamed gradient_checkpointing to activation_checkpointing; the old names
 # still work and are the only ones older 5.x releases (e.g. 5.17) know, so kit keeps them.
@@ -54,6 +54,8 @@ class RuntimePlan:
     backend: str                 # transformers | unsloth
     optimizer: str
     notes: list
+    strategy: str = "ddp"        # single | ddp | fsdp | model_parallel (see kit.sharding)
+    quantization: str | None = None  # "nf4" for a 4-bit base
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -120,4 +122,23 @@ def plan_for(ctx, cfg: config.RunConfig, planned: dict) -> RuntimePlan:
         checkpointing = bool(planned.get("gradient_checkpointing", False))
     else:
         checkpointing = cfg.gradient_checkpointing == "on"
-    return RuntimePlan(precision, per_device, accum, global_batch, checkpointing, backend, optimizer, notes)
+    strategy = _strategy(ctx, cfg, planned, notes)
+    quantization = "nf4" if cfg.method == "qlora" else planned.get("quantization")
+    return RuntimePlan(precision, per_device, accum, global_batch, checkpointing, backend, optimizer, notes,
+                       strategy, quantization)
+
+
+def _strategy(ctx, cfg, planned: dict, notes: list) -> str:
+    """The rendered strategy, or the config's when it names one; model parallel never under torchrun."""
+    strategy = cfg.strategy if cfg.strategy != "auto" else planned.get("strategy", "ddp")
+    if strategy == "model_parallel":
+        if ctx.world_size > 1:
+            raise UsageError(f"strategy model_parallel runs as one process that spreads the layers over the GPUs, "
+                             f"but this is rank {ctx.rank} of {ctx.world_size}: launch it with python train_ddp.py, "
+                             "not torchrun")
+        if ctx.device.type != "cuda":
+            raise CannotTrain("strategy model_parallel spreads the layers over GPUs, and this machine has none: "
+                              "use strategy=auto")
+    if strategy in ("single", "ddp") and ctx.world_size > 1:
+        strategy = "ddp"
+    return strategy
