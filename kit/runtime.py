@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import os
 import warnings
 from dataclasses import asdict, dataclass
 
@@ -139,6 +140,11 @@ def _strategy(ctx, cfg, planned: dict, notes: list) -> str:
         if ctx.device.type != "cuda":
             raise CannotTrain("strategy model_parallel spreads the layers over GPUs, and this machine has none: "
                               "use strategy=auto")
+    if strategy == "fsdp" and ctx.world_size == 1 and (ctx.device.type == "cpu" or "LOCAL_RANK" not in os.environ):
+        # Trainer runs FSDP only in a process group; one process alone shards nothing anyway.
+        notes.append("one process without torchrun (or on the CPU): training without FSDP sharding; start it with "
+                     "torchrun --standalone --nproc_per_node=N train_ddp.py to shard")
+        strategy = "single"
     if strategy in ("single", "ddp") and ctx.world_size > 1:
         strategy = "ddp"
     return strategy
