@@ -11,8 +11,7 @@ Run it (from the folder that holds the `kit` package):
 The run saves a checkpoint every save_steps steps and every save_every_minutes minutes, pushes it
 to the store in the background (rank 0 only), and stops cleanly before the session's deadline.
 Run the same command again to resume where it stopped, from the local output_dir or the store.
-Re-render after editing the config (the command that wrote this file):
-    python -m kit render --config configs/default.yaml --gpus 2xT4 -o train_ddp.py --force
+Re-render after editing the config: python -m kit render --config configs/default.yaml -o train_ddp.py
 """
 
 import os
@@ -21,8 +20,8 @@ import sys
 from transformers import set_seed
 from trl import SFTConfig, SFTTrainer
 
-from kit import data, dist, modeling, runtime
-from kit.errors import KitError, exit_words
+from kit import data, dist, modeling, runtime, sharding
+from kit.errors import KitError
 from kit.job import Job
 
 CONFIG_PATH = "configs/default.yaml"
@@ -34,6 +33,7 @@ SETTINGS = {
     'revision': None,
     'method': 'lora',
     'backend': 'auto',
+    'strategy': 'auto',
     'lora': {'r': 16, 'alpha': 32.0, 'dropout': 0.0, 'target_modules': 'all-linear'},
     'data': {
         'path': 'data/ha_commands.jsonl',
@@ -54,8 +54,6 @@ SETTINGS = {
     'warmup_steps': 5,
     'weight_decay': 0.0,
     'optimizer': 'auto',
-    'batching': 'auto',
-    'kernels': 'auto',
     'max_grad_norm': 1.0,
     'precision': 'auto',
     'gradient_checkpointing': 'off',
@@ -64,7 +62,6 @@ SETTINGS = {
     'save_steps': 20,
     'save_every_minutes': 30.0,
     'keep_checkpoints': 3,
-    'lease_heartbeat_seconds': 60.0,
     'time_budget_minutes': None,
     'seed': 42,
     'logging_steps': 5,
@@ -85,8 +82,6 @@ PLAN = {
     'gradient_checkpointing': False,
     'backend': 'transformers',
     'optimizer': 'adamw_torch',
-    'batching': 'padding_free',
-    'kernels': 'none',
 }
 
 
@@ -104,13 +99,18 @@ def main(argv: list[str]) -> int:
             return code
 
         set_seed(cfg.seed)  # the same LoRA init on every rank and in every run
-        model, tokenizer = modeling.load(cfg, plan, ctx)  # 4-bit loads pinned to device_map={"": local_rank}
-        model = modeling.add_lora(model, cfg, plan)
+        with dist.local_main_first():  # downloads once per node; the node's other ranks read the cache
+            model, tokenizer = modeling.load(cfg, plan, ctx)  # 4-bit loads pinned to device_map={"": local_rank}
+            model = modeling.add_lora(model, cfg, plan)
+            dataset = data.prepare(cfg, tokenizer)
         job.log(modeling.trainable_summary(model))
-        dataset = data.prepare(cfg, tokenizer, pack=plan.batching == "packed")
         job.log(dataset.summary())
-        for note in runtime.settle_batching(plan, cfg, dataset.mean_tokens):  # padding-free for short rows only
-            job.log(note)
+
+        # Strategy (DDP over 2 GPUs (Tesla T4), fp16). ddp: a full replica per rank. fsdp: FSDP2 shards the
+        # frozen base, the LoRA weights, their gradients and Adam states over all ranks, each
+        # decoder layer a unit, checkpoints still plain PEFT adapters. model_parallel: the layers
+        # split over the GPUs in this one process (never under torchrun). See kit/sharding.py.
+        strategy = sharding.trainer_args(plan, model, ctx)
 
         training_args = SFTConfig(
             output_dir=cfg.output_dir,
@@ -126,19 +126,12 @@ def main(argv: list[str]) -> int:
             optim=plan.optimizer,
             bf16=plan.precision == "bf16",
             fp16=plan.precision == "fp16",  # AMP with loss scaling: T4 and V100 have no native bf16
-            gradient_checkpointing=plan.gradient_checkpointing,
+            gradient_checkpointing=plan.gradient_checkpointing and plan.strategy != "fsdp",  # FSDP does its own
             gradient_checkpointing_kwargs={"use_reentrant": False},
             # Trainer turns this on for a PeftModel; with gradient checkpointing DDP then fails with
             # "Expected to mark a variable ready only once" (huggingface/peft#313, trl#921).
             ddp_find_unused_parameters=False,
-            # kit.data has truncated (or packed) every row to seq_len already; TRL refuses max_length
-            # with padding-free batches.
-            max_length=None if plan.padding_free else cfg.seq_len,
-            # Rows laid end to end with no pad tokens; position_ids restart at each row, from which
-            # the attention builds a block-diagonal mask, so rows never attend to each other.
-            padding_free=plan.padding_free,
-            use_liger_kernel=plan.kernels == "liger",  # Triton RMSNorm, SwiGLU and RoPE
-            **runtime.sampler_args(plan),  # batching "grouped": batches of rows of similar length
+            max_length=cfg.seq_len,
             completion_only_loss=True,  # the loss masks come from kit.data
             save_strategy="steps",
             save_steps=cfg.save_steps,
@@ -151,6 +144,7 @@ def main(argv: list[str]) -> int:
             report_to="none",
             disable_tqdm=not ctx.is_main,
             use_cpu=ctx.device.type == "cpu",
+            **strategy,
         )
         trainer = SFTTrainer(
             model=model,
@@ -161,7 +155,8 @@ def main(argv: list[str]) -> int:
             callbacks=job.callbacks(model, dataset),  # saves, deadline, upload, speed and memory
         )
         modeling.settle_adapter_dtype(trainer.model, plan)  # fp16 loss scaling needs fp32 LoRA weights
-        trainer.train(resume_from_checkpoint=job.resume_from)
+        # A checkpoint the other strategy wrote resumes through a converted copy (same numbers).
+        trainer.train(resume_from_checkpoint=sharding.resumable(trainer, job.resume_from, plan, ctx))
         code = job.finish(trainer)  # rank 0: last upload (blocking, with a timeout), outcome line
         ok = True
         return code
@@ -176,5 +171,5 @@ if __name__ == "__main__":
         sys.exit(main(sys.argv[1:]))
     except KitError as e:  # bad config, data, store or hardware: one line and its exit code
         if os.environ.get("RANK", "0") == "0":
-            print(f"error: {e}{exit_words(e.exit_code)}", file=sys.stderr)
+            print(f"error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)

@@ -25,6 +25,7 @@ KERNELS = ("auto", "liger", "none")
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
 CHECKPOINTING = ("auto", "on", "off")
+STRATEGIES = ("auto", "ddp", "fsdp", "model_parallel")
 
 
 def _f(default, help_text, **kw):
@@ -65,6 +66,8 @@ class RunConfig:
     revision: str | None = _f(None, "Hub revision (branch, tag or commit) of the model; null = main")
     method: str = _f("lora", "lora (16-bit base + adapter) | qlora (4-bit nf4 base + adapter) | full")
     backend: str = _f("auto", "auto|transformers|unsloth; auto picks unsloth on one NVIDIA GPU when installed")
+    strategy: str = _f("auto", "auto|ddp|fsdp|model_parallel; auto = a replica per GPU (DDP) when one fits, "
+                               "else FSDP sharding, else the layers split over the GPUs in one process")
     lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": "LoRA adapter settings"})
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "training data settings"})
     seq_len: int = _f(512, "maximum tokens per example; longer examples are truncated")
@@ -107,7 +110,7 @@ _POSITIVE = {"seq_len", "per_device_batch", "global_batch", "epochs", "max_steps
 _NON_NEGATIVE = {"warmup_steps", "weight_decay", "max_grad_norm", "learning_rate"}
 _CHOICES = {"method": METHODS, "backend": BACKENDS, "data.format": FORMATS, "optimizer": OPTIMIZERS,
             "precision": PRECISIONS, "lr_scheduler": SCHEDULERS, "gradient_checkpointing": CHECKPOINTING,
-            "batching": BATCHINGS, "kernels": KERNELS}
+            "batching": BATCHINGS, "kernels": KERNELS, "strategy": STRATEGIES}
 _FINGERPRINT = ("model", "revision", "method", "lora.r", "lora.target_modules", "data.path",
                 "data.format", "data.columns", "seq_len")
 

@@ -15,6 +15,7 @@ in a notebook cell: without a process group every helper acts as the only rank (
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import sys
@@ -77,6 +78,58 @@ def barrier() -> None:
             tdist.barrier(device_ids=[torch.cuda.current_device()])
         else:
             tdist.barrier()
+
+
+@contextlib.contextmanager
+def local_main_first():
+    """Run the block on each node's first rank, then on the node's other ranks.
+
+    What the block downloads (model, tokenizer, data) is fetched once per node into the node's
+    cache; the others read it from there. Every rank passes one barrier, so it is safe in any
+    world size, one node or many.
+    """
+    local_rank = _env_int("LOCAL_RANK", 0)
+    if local_rank != 0:
+        barrier()
+    yield  # no barrier after a failure: the failed rank exits and torchrun ends the job
+    if local_rank == 0:
+        barrier()
+
+
+def multi_node() -> bool:
+    """More ranks in the job than on this node (torchrun sets LOCAL_WORLD_SIZE)."""
+    return _env_int("WORLD_SIZE", 1) > _env_int("LOCAL_WORLD_SIZE", _env_int("WORLD_SIZE", 1))
+
+
+def share_folder(src: str, dest: str) -> list[str]:
+    """Copy rank 0's folder `src` to `dest` on the other nodes: the files `dest` lacks there.
+
+    Each node keeps its own output_dir, and only global rank 0 saves the model and talks to the
+    store, so a checkpoint to resume from is complete on node 0 alone. Its files go over the
+    process group, one file per broadcast, to each node's first rank. Returns the names written
+    here. A no-op on one node.
+    """
+    if not multi_node() or not (tdist.is_available() and tdist.is_initialized()):
+        return []
+    from pathlib import Path
+
+    rank, local_rank = tdist.get_rank(), _env_int("LOCAL_RANK", 0)
+    src_p, dest_p = Path(src), Path(dest)
+    files = broadcast(sorted(p.relative_to(src_p).as_posix() for p in src_p.rglob("*") if p.is_file())
+                      if rank == 0 else None)
+    lacking = [] if rank == 0 or local_rank != 0 else [f for f in files if not (dest_p / f).is_file()]
+    wanted = sorted({f for names in gather(lacking) for f in names})
+    written = []
+    for name in wanted:
+        data = broadcast((src_p / name).read_bytes() if rank == 0 else None)
+        if name in lacking:
+            target = dest_p / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(target.name + ".part")
+            tmp.write_bytes(data)
+            os.replace(tmp, target)
+            written.append(name)
+    return written
 
 
 def broadcast(obj, src: int = 0):

@@ -51,33 +51,80 @@ def training_loop(facts) -> dict:
             "fused_lm_head": memory.fuses_lm_head((facts.packages or {}).get("trl"))}
 
 
-def fit(model, cfg, precision, quantized, optimizer, n, budget, device="cuda", loop=None, replica_only=False):
-    """First (strategy, world, per_device_batch, checkpointing, estimate) that fits, or None."""
-    if n == 1:
-        strategies = [("single", 1, "none")]
-    elif device == "cpu":  # gloo DDP only: sharding buys nothing when every rank shares the same RAM
-        strategies = [("ddp", n, "none")]
-    else:
-        strategies = [("ddp", n, "none")] + ([] if replica_only else [("fsdp", n, "fsdp"), ("model_parallel", 1, "layers")])
+def strategies(cfg, n: int, nodes: int = 1, device: str = "cuda", replica_only: bool = False) -> list[tuple]:
+    """(strategy, processes, sharding) to try, cheapest first, as cfg.strategy allows.
+
+    A replica per GPU (DDP) first: no communication but the gradients'. FSDP next: all-gathers
+    every layer each step. The layer split last: one process, the GPUs take turns, one node only.
+
+    Raises:
+        UsageError: the config asks for a strategy this machine cannot express.
+    """
+    world = n * nodes
+    replica = [("single", 1, "none")] if world == 1 else [("ddp", world, "none")]
+    if cfg.strategy == "model_parallel":
+        if nodes > 1:
+            raise UsageError(f"strategy model_parallel runs in one process on one machine, not over {nodes} nodes: "
+                             "use strategy=fsdp or strategy=auto")
+        if device == "cpu":
+            return [("model_parallel", 1, "layers")]  # refused by the CPU planner, with the reason
+        if n < 2:
+            raise UsageError("strategy model_parallel splits the layers over several GPUs, and this plan has one: "
+                             "use strategy=auto")
+        return [("model_parallel", 1, "layers")]
+    if cfg.strategy == "fsdp":
+        return [("fsdp", world, "fsdp")]
+    if cfg.strategy == "ddp" or device == "cpu" or replica_only:
+        return replica  # on a CPU every rank shares one RAM: sharding buys nothing
+    if world == 1:
+        return replica
+    return replica + [("fsdp", world, "fsdp")] + ([("model_parallel", 1, "layers")] if nodes == 1 else [])
+
+
+def fit(model, cfg, precision, quantized, optimizer, n, budget, device="cuda", loop=None, replica_only=False,
+        nodes=1, ram=None, why=None):
+    """First (strategy, world, per_device_batch, checkpointing, estimate) that fits, or None.
+
+    `ram`: host RAM per node for loading (None: not checked); `why`: a list that collects why a
+    strategy was passed over for something other than GPU memory in training.
+    """
+    from kit import hostram
+
+    why = [] if why is None else why
     if cfg.gradient_checkpointing != "auto":
         gcs = [cfg.gradient_checkpointing == "on"]
     else:
         gcs = [False, True] if model.params < CHECKPOINTING_FROM_PARAMS else [True]
-    for strategy, world, sharding in strategies:
+    for strategy, world, sharding in strategies(cfg, n, nodes, device, replica_only):
+        if device == "cuda" and ram is not None:
+            load = hostram.node_load_bytes(model, strategy, quantized, world // nodes if strategy != "model_parallel"
+                                           else 1, full_method=cfg.method == "full")
+            if load.total_bytes > ram:
+                why.append(f"{strategy}: loading needs ~{load.total_bytes / GIB:.1f} GiB of host RAM per node "
+                           f"({load.words}), more than the {ram / GIB:.1f} GiB usable here")
+                continue
+        if strategy == "fsdp" and quantized and device == "cuda":
+            load = memory.fsdp_qlora_load_bytes(model, precision)
+            if load > budget:
+                why.append(f"fsdp: each rank quantizes the whole 4-bit base on its GPU before sharding it "
+                           f"(~{load / GIB:.1f} GiB, more than the {budget / GIB:.1f} GiB of one GPU)")
+                continue
         batches = [cfg.per_device_batch] if cfg.per_device_batch else list(AUTO_BATCHES)
         if cfg.global_batch is not None:
             batch_for_world(cfg, batches[0], world)  # raises UsageError when it cannot divide
             batches = [b for b in batches if cfg.global_batch % (b * world) == 0]
         for b in batches:
             for gc in gcs:
-                est = memory.estimate(model, cfg, precision, b, gc, quantized, world_size=n,
+                est = memory.estimate(model, cfg, precision, b, gc, quantized,
+                                      world_size=n if sharding == "layers" else world,
                                       sharding=sharding, optimizer=optimizer, device=device, **(loop or {}))
                 if est.total_bytes <= budget:
                     return strategy, world, b, gc, est
     return None
 
 
-def cheaper_change(model, cfg, precision, optimizer, n, budget, gpu_name, loop=None, replica_only=False) -> str:
+def cheaper_change(model, cfg, precision, optimizer, n, budget, gpu_name, loop=None, replica_only=False,
+                   nodes=1, ram=None) -> str:
     """The cheapest change that would make the job fit, as a sentence.
 
     Changes, cheapest for the user first: gradient checkpointing (slower steps), micro-batch 1 (the
@@ -101,7 +148,7 @@ def cheaper_change(model, cfg, precision, optimizer, n, budget, gpu_name, loop=N
                 setattr(trial, k, val)
         try:
             found = fit(model, trial, precision, trial.method == "qlora" or bool(model.prequantized), optimizer, n,
-                        budget, loop=loop, replica_only=replica_only)
+                        budget, loop=loop, replica_only=replica_only, nodes=nodes, ram=ram)
         except UsageError:
             return None
         if found is None:
@@ -119,5 +166,29 @@ def cheaper_change(model, cfg, precision, optimizer, n, budget, gpu_name, loop=N
         found = attempt(changes)
         if found:
             return found
-    return (f"nothing kit can change fits {n}× {gpu_name} ({budget / GIB:.1f} GiB each): pick a GPU with more "
-            "memory, more GPUs, or a smaller model")
+    bigger = _bigger_gpu(model, cfg, precision, optimizer, n, budget, loop, replica_only, nodes, ram)
+    if bigger:
+        return bigger
+    where = f"{nodes} nodes of {n}× {gpu_name}" if nodes > 1 else f"{n}× {gpu_name}"
+    return (f"nothing kit can change fits {where} ({budget / GIB:.1f} GiB each): pick a GPU with more "
+            "memory, more GPUs or nodes, or a smaller model")
+
+
+def _bigger_gpu(model, cfg, precision, optimizer, n, budget, loop, replica_only, nodes, ram) -> str | None:
+    """The smallest GPU of kit's table with more memory on which the same config fits, as a sentence."""
+    from kit.hardware import GPUS
+
+    quantized = cfg.method == "qlora" or bool(model.prequantized)
+    for key, (name, vendor, _, total) in sorted(GPUS.items(), key=lambda item: item[1][3]):
+        if vendor != "nvidia" or total <= budget:
+            continue
+        try:
+            found = fit(model, cfg, precision, quantized, optimizer, n, total, loop=loop,
+                        replica_only=replica_only, nodes=nodes, ram=ram)
+        except UsageError:
+            return None
+        if found:
+            return (f"cheapest change that fits: a machine with {n}× {key} ({name}, {total / GIB:.0f} GiB each; "
+                    f"strategy {found[0]}, micro-batch {found[2]}: estimated {found[4].total_bytes / GIB:.1f} GiB "
+                    "per GPU)")
+    return None

@@ -73,6 +73,7 @@ class Job:
             self._release()
             raise value[0](value[1])
         self.decision = value
+        self._localize()
         for w in self.decision.warnings:
             self.log(f"warning: {w}")
         self.log(f"plan: {self.plan.precision}, {self.ctx.world_size} × {self.ctx.device.type}, "
@@ -90,6 +91,19 @@ class Job:
         elif self.decision.resume_from:
             self.log(f"resuming from step {self.decision.step} ({self.decision.source}: {self.decision.resume_from})")
         self.signals.install()
+
+    def _localize(self) -> None:
+        """On several nodes each keeps its own output_dir: resume from this node's copy of the
+        checkpoint rank 0 chose, the files it lacks sent by rank 0 (kit.dist.share_folder)."""
+        chosen = self.decision.resume_from
+        if not chosen or self.decision.source == "path" or not dist.multi_node():
+            return
+        here = os.path.join(self.cfg.output_dir, os.path.basename(chosen))
+        got = dist.share_folder(chosen, here)
+        if got:
+            print(f"[kit] rank {self.ctx.rank}: {len(got)} file(s) of {os.path.basename(chosen)} received from rank 0",
+                  flush=True)
+        self.decision.resume_from = here
 
     def _deadline_words(self) -> str:
         left = self.deadline.seconds_left()

@@ -184,6 +184,9 @@ def estimate(model, cfg, precision: str, per_device_batch: int, gradient_checkpo
     if sharding == "fsdp":
         unit = model.layer_linear_params() * (NF4_BYTES if quantized and cfg.method != "full" else bp)
         terms["fsdp_gathered_layers"] = 2 * unit  # the layer being computed plus the prefetched one
+        # accelerate puts the final norm and lm_head in one unit that stays gathered from the end of
+        # forward to the start of backward: the other ranks' part of the head is here at the peak.
+        terms["fsdp_gathered_head"] = model.vocab * model.hidden * bp * (world_size - 1) / world_size
         notes.append(f"weights, gradients and optimizer states are sharded {world_size} ways")
 
     # Activations and logits.
@@ -258,3 +261,16 @@ def _fused_head_terms(tokens: int, hidden: int, vocab: int, bp: int) -> dict[str
 
 def _gib(b: float) -> str:
     return f"{b / GIB:.1f} GiB"
+
+
+def fsdp_qlora_load_bytes(model, precision: str) -> int:
+    """GPU bytes while a 4-bit base loads under FSDP: each rank quantizes the whole base on its GPU.
+
+    accelerate shards a 4-bit model only after it is loaded (it cannot put Params4bit on the
+    meta device), so every rank briefly holds the full nf4 linears plus the 16-bit embeddings,
+    norms and lm_head, before FSDP frees what is not its shard.
+    """
+    bp = 2 if precision in ("bf16", "fp16") else 4
+    linear = model.layers * model.layer_linear_params()
+    rest = max(0, model.params - linear)
+    return int((linear * NF4_BYTES + rest * bp) * (1 + SLACK) + CUDA_CONTEXT)

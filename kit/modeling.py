@@ -17,6 +17,7 @@ require grad under gradient checkpointing, done below.
 
 from __future__ import annotations
 
+from kit import sharding
 from kit.errors import CannotTrain, UsageError
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -38,8 +39,8 @@ def _load_kwargs(cfg, plan, ctx) -> dict:
         kwargs["dtype"] = torch.float32
     else:
         kwargs["dtype"] = _torch_dtype(plan.precision)
-    if ctx.device.type == "cuda":
-        kwargs["device_map"] = {"": ctx.local_rank}
+    if ctx.device.type == "cuda" and _device_map(plan, ctx) is not None:
+        kwargs["device_map"] = _device_map(plan, ctx)
     if cfg.method == "qlora":
         if ctx.device.type != "cuda":
             raise CannotTrain("method qlora needs a CUDA GPU (bitsandbytes 4-bit); use method=lora on CPU")
@@ -47,8 +48,26 @@ def _load_kwargs(cfg, plan, ctx) -> dict:
 
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-            bnb_4bit_compute_dtype=_torch_dtype(plan.precision if plan.precision != "fp32" else "fp16"))
+            bnb_4bit_compute_dtype=_torch_dtype(plan.precision if plan.precision != "fp32" else "fp16"),
+            # FSDP shards float tensors only: the packed nf4 bytes are viewed as the other weights' dtype.
+            **({"bnb_4bit_quant_storage": _torch_dtype_name(sharding.quant_storage(plan.precision))}
+               if plan.strategy == "fsdp" else {}))
     return kwargs
+
+
+def _device_map(plan, ctx):
+    """Where the weights load: this rank's GPU; the CPU for 16-bit FSDP; spread for model parallel."""
+    if plan.strategy == "model_parallel":
+        return "auto"  # layers over all visible GPUs, in order; one process (see kit.sharding)
+    if sharding.loads_on_cpu(plan):
+        return None  # one rank per node reads, FSDP moves each rank's shard to its GPU
+    return {"": ctx.local_rank}
+
+
+def _torch_dtype_name(name: str):
+    import torch
+
+    return getattr(torch, name)
 
 
 def check_seq_len(cfg, model_config) -> None:
@@ -70,6 +89,7 @@ def load(cfg, plan, ctx):
         raise UsageError(f"model {cfg.model!r} could not be loaded: {str(e).splitlines()[0]} "
                          "(offline? give a local path or set HF_HUB_OFFLINE=0)") from e
     check_seq_len(cfg, model_config)
+    sharding.prepare_loading(plan)
     model = AutoModelForCausalLM.from_pretrained(cfg.model, **_load_kwargs(cfg, plan, ctx))
     _prepare(model, tokenizer, plan)
     return model, tokenizer
@@ -80,7 +100,7 @@ def _prepare(model, tokenizer, plan) -> None:
         tokenizer.pad_token = tokenizer.eos_token
     model.config.use_cache = False  # the KV cache is useless in training and breaks checkpointing
     model.config.return_dict = True
-    if plan.gradient_checkpointing:
+    if plan.gradient_checkpointing and plan.strategy != "fsdp":  # FSDP checkpoints its own layers
         # Non-reentrant: works with frozen inputs and DDP without find_unused_parameters.
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()

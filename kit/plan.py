@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from kit import memory, models, speed, verdicts
+from kit import hostram, memory, models, speed, verdicts
+from kit import nodes as nodes_mod
 from kit.errors import CannotTrain, UsageError
 from kit.fit import CHECKPOINTING_FROM_PARAMS, batch_for_world, cheaper_change, fit, training_loop
 
@@ -45,21 +46,29 @@ class Plan:
     launch: str = ""
     model: str = ""
     gpu: str = ""
+    gpus: int = 0                   # GPUs used per node (model parallel: all of them, in one process)
+    nodes: int = 1                  # machines; nproc is per node
+    node_launch: list = field(default_factory=list)  # with nodes > 1: one torchrun command per node
+    snippets: dict = field(default_factory=dict)     # with nodes > 1: {"slurm": ..., "skypilot": ...}
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def make_plan(facts, cfg, nproc: int | None = None, *, replica_only: bool = False) -> Plan:
+def make_plan(facts, cfg, nproc: int | None = None, *, replica_only: bool = False, nodes: int = 1,
+              rdzv_endpoint: str | None = None) -> Plan:
     """Plan `cfg` on the machine `facts` describes (a Facts or its dict); `nproc` limits the GPUs used.
 
-    `replica_only` leaves out sharding and model parallelism: only plans that kit's train_ddp.py
-    can run (one full replica per GPU), with the cheapest change that makes one fit.
+    `replica_only` leaves out sharding and model parallelism (one full replica per GPU only).
+    `nodes`: that many machines like `facts` (GPUs per node), started by torchrun's c10d
+    rendezvous at `rdzv_endpoint` (HOST:PORT of node 0; default $MASTER_ADDR:29500).
 
     Raises:
         CannotTrain: the hardware cannot run it or it does not fit (`.plan` holds the "none" plan).
         UsageError: the model is unknown, the batch sizes do not divide, nproc exceeds the GPUs.
     """
+    nodes_mod.check_nodes(nodes)
+    endpoint = nodes_mod.check_endpoint(rdzv_endpoint or f"$MASTER_ADDR:{nodes_mod.DEFAULT_PORT}")
     facts = _as_facts(facts)
     model = models.model_facts(cfg.model, cfg.revision)
     plan = Plan(model=cfg.model)
@@ -70,6 +79,8 @@ def make_plan(facts, cfg, nproc: int | None = None, *, replica_only: bool = Fals
         raise UsageError(f"{cfg.model} is a 4-bit checkpoint and cannot be fully fine-tuned: use method=lora, "
                          "or the unquantized model")
     if not facts.gpus:
+        if nodes > 1:
+            raise UsageError(f"--nodes {nodes} on CPU-only machines: multi-node training is for GPU machines")
         return _cpu_plan(facts, cfg, model, plan, nproc)
 
     v = verdicts.judge(facts)
@@ -100,30 +111,33 @@ def make_plan(facts, cfg, nproc: int | None = None, *, replica_only: bool = Fals
     budget = _budget(usable, plan.reasons)
     plan.batching = speed.batching(cfg, gpu, plan.reasons)
     loop = {**training_loop(facts), "batching": plan.batching}
-    found = fit(model, cfg, plan.precision, quantized, plan.optimizer, n, budget, loop=loop, replica_only=replica_only)
+    ram, why = hostram.budget(facts.ram_bytes), []
+    found = fit(model, cfg, plan.precision, quantized, plan.optimizer, n, budget, loop=loop, replica_only=replica_only,
+                nodes=nodes, ram=ram, why=why)
     plan.memory["budget_bytes"] = budget
+    plan.nodes = nodes
     if found is None:
         gc = cfg.gradient_checkpointing != "off"  # show what the smallest replica would need
         est = memory.estimate(model, cfg, plan.precision, cfg.per_device_batch or 1, gc, quantized,
                               world_size=n, optimizer=plan.optimizer, **loop)
         plan.memory.update(per_gpu_bytes=est.total_bytes, allocated_bytes=est.allocated_bytes, terms=est.terms,
                            notes=[f"one replica at micro-batch {cfg.per_device_batch or 1}"] + est.notes)
-        how = " with one full replica per GPU (kit's train_ddp.py does not shard yet)" if replica_only and n > 1 else ""
-        _refuse(plan, f"{cfg.model} ({cfg.method}, seq_len {cfg.seq_len}) does not fit on {n}× {gpu['name']}{how}: "
+        how = " with one full replica per GPU" if replica_only and n > 1 else ""
+        where = f"{nodes} nodes of {n}× {gpu['name']}" if nodes > 1 else f"{n}× {gpu['name']}"
+        passed = f" (passed over {'; '.join(why)})" if why else ""
+        _refuse(plan, f"{cfg.model} ({cfg.method}, seq_len {cfg.seq_len}) does not fit on {where}{how}{passed}: "
                       + cheaper_change(model, cfg, plan.precision, plan.optimizer, n, budget, gpu["name"], loop,
-                                        replica_only))
+                                        replica_only, nodes=nodes, ram=ram))
     strategy, world, pdb, gc, est = found
     plan.strategy, plan.device, plan.gradient_checkpointing = strategy, "cuda", gc
-    plan.nproc = world
     plan.per_device_batch, plan.grad_accum, plan.global_batch = batch_for_world(cfg, pdb, world)
     plan.memory.update(per_gpu_bytes=est.total_bytes, allocated_bytes=est.allocated_bytes, terms=est.terms,
                        notes=est.notes)
-    plan.reasons += _strategy_reasons(strategy, n, gpu["name"], est, budget, model, cfg, gc, quantized, plan)
-    if strategy not in ("single", "ddp"):
-        plan.reasons.append("kit's train_ddp.py runs one full replica per GPU and does not shard yet, so `kit render` "
-                            "refuses this plan; for a script it can write, "
-                            + cheaper_change(model, cfg, plan.precision, plan.optimizer, n, budget, gpu["name"], loop,
-                                              replica_only=True) + ".")
+    plan.nproc = world // nodes if strategy in ("ddp", "fsdp") else world  # per node
+    plan.gpus = len(usable) if strategy == "model_parallel" else plan.nproc
+    plan.reasons += [f"passed over {w}." for w in why]  # cheaper strategies that fit the GPUs but not the load
+    plan.reasons += _strategy_reasons(strategy, n if strategy == "model_parallel" else world, gpu["name"], est, budget, model, cfg, gc, quantized, plan)
+    plan.reasons.append(_host_words(model, strategy, quantized, plan.nproc, cfg, ram))
     plan.backend = _backend(cfg, facts, gpu, strategy, plan.reasons)
     if plan.backend == "unsloth" and speed.unsloth_batching(cfg, plan.batching, plan.reasons) != plan.batching:
         plan.batching = "padded"  # and the estimate without the padding-free mask (Unsloth is single-GPU here)
@@ -132,8 +146,25 @@ def make_plan(facts, cfg, nproc: int | None = None, *, replica_only: bool = Fals
         plan.memory.update(per_gpu_bytes=est.total_bytes, allocated_bytes=est.allocated_bytes, terms=est.terms,
                            notes=est.notes)
     plan.kernels = speed.kernels(cfg, facts, gpu, plan.backend, model.model_type, plan.reasons)
-    plan.launch = _launch(strategy, world, usable, facts, gpu)
+    plan.launch = _launch(strategy, plan.nproc, usable, facts, gpu)
+    if nodes > 1:
+        run_id = "kit-" + "".join(ch if ch.isalnum() else "-" for ch in cfg.model.split("/")[-1].lower())
+        plan.node_launch = nodes_mod.commands(nodes, plan.nproc, endpoint, run_id)
+        plan.launch = plan.node_launch[0]
+        plan.snippets = {"slurm": nodes_mod.slurm(nodes, plan.nproc, run_id),
+                         "skypilot": nodes_mod.skypilot(nodes, plan.nproc, gpu["name"].split()[-1])}
+        plan.reasons.append(f"{nodes} nodes × {plan.nproc} GPU(s) = {world} ranks, started by torchrun's c10d "
+                            f"rendezvous at {endpoint}; only global rank 0 talks to the store, each node downloads the "
+                            "model and data once and keeps its own output_dir; a node that dies ends the job (non-zero "
+                            "exit), and the same commands resume it.")
     return plan
+
+
+def _host_words(model, strategy, quantized, ranks, cfg, ram) -> str:
+    load = hostram.node_load_bytes(model, strategy, quantized, ranks if strategy != "model_parallel" else 1,
+                                   full_method=cfg.method == "full")
+    have = f"{ram / GIB:.1f} GiB usable" if ram else "unknown RAM: not checked"
+    return f"host RAM while loading: ~{load.total_bytes / GIB:.1f} GiB per node ({load.words}; {have})."
 
 
 def _budget(usable: list[dict], reasons: list[str]) -> int:
@@ -183,6 +214,12 @@ def _cpu_plan(facts, cfg, model, plan: Plan, nproc) -> Plan:
         _refuse(plan, "4-bit QLoRA needs a GPU (bitsandbytes): use method=lora on the CPU")
     if cfg.precision == "fp16":
         _refuse(plan, "precision fp16 needs a GPU: use precision=fp32 (or auto) on the CPU")
+    if cfg.strategy == "model_parallel":
+        _refuse(plan, "strategy model_parallel splits the layers over GPUs, and this machine has none: use "
+                      "strategy=auto")
+    if cfg.strategy == "fsdp" and plan.nproc < 2:
+        _refuse(plan, "strategy fsdp on one CPU process has nothing to shard over (FSDP on the CPU is for checking "
+                      "the script, over gloo): use --nproc 2 or more, or strategy=auto")
     plan.precision = "bf16" if cfg.precision == "bf16" else "fp32"
     plan.optimizer = "adamw_torch" if cfg.optimizer in ("auto", "adamw_8bit", "paged_adamw_8bit") else cfg.optimizer
     ram = facts.ram_bytes or 8 * GIB  # ranks on a CPU share the machine's memory
@@ -199,7 +236,9 @@ def _cpu_plan(facts, cfg, model, plan: Plan, nproc) -> Plan:
     plan.memory.update(per_gpu_bytes=est.total_bytes, allocated_bytes=est.allocated_bytes,
                        budget_bytes=ram // plan.nproc, terms=est.terms, notes=est.notes)
     plan.reasons.append(f"precision {plan.precision} on the CPU; " +
-                        (f"{plan.nproc} processes over gloo." if plan.nproc > 1 else "one process."))
+                        (f"{plan.nproc} processes over gloo" if plan.nproc > 1 else "one process") +
+                        (", FSDP-sharded (checks the script's FSDP path; no memory saved: the ranks share one RAM)."
+                         if plan.strategy == "fsdp" else "."))
     plan.launch = (f"torchrun --standalone --nproc_per_node={plan.nproc} train_ddp.py" if plan.nproc > 1
                    else "python train_ddp.py")
     return plan
@@ -246,15 +285,23 @@ def _strategy_reasons(strategy, n, gpu_name, est, budget, model, cfg, gc, quanti
     out = {"single": f"single device: one {gpu_name}; {need}.",
            "ddp": f"DDP over {n}× {gpu_name}: one replica fits each GPU ({need}); each rank trains on its "
                   f"own share of the batches, so {n} GPUs give about {n}× the throughput.",
-           "fsdp": f"FSDP over {n}× {gpu_name}: a full replica does not fit one GPU, sharded {n} ways it does "
-                   f"({need}).",
-           "model_parallel": f"model parallel (device_map) over {n}× {gpu_name}: it fits only with the layers "
-                             f"spread over the GPUs ({need}); one process, the GPUs take turns, so it is no "
-                             "speed-up; launched with python, never torchrun."}[strategy]
+           "fsdp": (f"FSDP over {n}× {gpu_name} as configured ({need})." if cfg.strategy == "fsdp" else
+                    f"FSDP over {n}× {gpu_name}: a full replica does not fit one GPU, sharded {n} ways it does "
+                    f"({need})."),
+           "model_parallel": f"model parallel (device_map) over {n}× {gpu_name}: neither a replica nor FSDP fits, "
+                             f"only the layers spread over the GPUs ({need}): about {model.layers // max(n, 1)} of "
+                             f"the {model.layers} layers on each GPU (device_map=\"auto\" balances them by size); "
+                             "one process, the GPUs run one after another, so it is no speed-up; launched with "
+                             "python, never torchrun."}[strategy]
     reasons = [out]
     if strategy == "fsdp" and quantized:
-        reasons.append("QLoRA under FSDP needs bnb_4bit_quant_storage set to the compute dtype so the 4-bit "
-                       "weights can be flat-sharded.")
+        reasons.append(f"QLoRA under FSDP: the 4-bit weights are stored as {plan.precision} "
+                       "(bnb_4bit_quant_storage) so FSDP2 can shard them; each rank quantizes the whole base on its GPU "
+                       f"while loading (~{memory.fsdp_qlora_load_bytes(model, plan.precision) / GIB:.1f} GiB) "
+                       "before sharding it.")
+    elif strategy == "fsdp":
+        reasons.append("FSDP with a 16-bit base: the weights load on the CPU, one rank per node reads them and "
+                       "the others receive their shards; no GPU holds a full replica.")
     why_gc = ("set in the config" if cfg.gradient_checkpointing != "auto" else
               f"the model has {model.params / 1e9:.1f}B ≥ 1B parameters" if model.params >= CHECKPOINTING_FROM_PARAMS
               else "needed to fit" if gc else f"the model is small ({_count(model.params)} parameters)")
@@ -284,8 +331,9 @@ def _backend(cfg, facts, gpu, strategy, reasons) -> str:
 
 
 def _launch(strategy, world, usable, facts, gpu) -> str:
+    # Trainer runs FSDP only in a process group, so even one FSDP process starts under torchrun.
     command = (f"torchrun --standalone --nproc_per_node={world} train_ddp.py"
-               if strategy in ("ddp", "fsdp") and world > 1 else "python train_ddp.py")
+               if strategy == "fsdp" or (strategy == "ddp" and world > 1) else "python train_ddp.py")
     used = usable if strategy != "single" else [gpu]
     if len(used) < len(facts.gpus):  # hide the rest, or Trainer would wrap the model in DataParallel
         var = "HIP_VISIBLE_DEVICES" if gpu["vendor"] == "amd" else "CUDA_VISIBLE_DEVICES"

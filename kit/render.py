@@ -35,7 +35,17 @@ def _strategy_words(plan: dict) -> str:
     where = "CPU processes (gloo)" if device == "cpu" else f"GPUs ({plan.get('gpu_name', 'GPU')})"
     if plan.get("strategy") == "ddp":
         return f"DDP over {n} {where}, {plan.get('precision')}"
+    if plan.get("strategy") == "fsdp":
+        return f"FSDP over {n} {where}, {plan.get('precision')}"
+    if plan.get("strategy") == "model_parallel":
+        return f"model parallel over the {where} of one process, {plan.get('precision')}"
     return f"{plan.get('strategy')} on {n} {where}, {plan.get('precision')}"
+
+
+def _launch_line(plan: dict) -> str:
+    if plan.get("strategy") == "model_parallel":
+        return "python train_ddp.py" + " " * 33  # one process drives all GPUs (aligned with the torchrun line)
+    return f"torchrun --standalone --nproc_per_node={plan.get('nproc', 1)} train_ddp.py"
 
 
 def rerender_command(config_path: str, machine_args=(), overrides=(), output: str = "train_ddp.py") -> str:
@@ -62,6 +72,7 @@ def render(cfg: config.RunConfig, plan: dict, config_path: str, machine: str, re
         method_words=METHOD_WORDS[cfg.method],
         config_path=Path(config_path).as_posix(),
         nproc=kept.get("nproc", 1),
+        launch=_launch_line(kept),
         strategy_words=_strategy_words(plan),
         unsloth_import=unsloth_import,
         kit_version=__version__,

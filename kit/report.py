@@ -152,7 +152,9 @@ GIB = 2**30
 
 def plan_to_text(plan, launch: bool = True) -> str:
     """The plan as aligned text: what, where, memory term by term, reasons, and (`launch`) the next command."""
-    where = f"{plan.nproc}× {plan.gpu}" if plan.device == "cuda" and plan.gpu else plan.gpu or plan.device
+    where = f"{plan.gpus or plan.nproc}× {plan.gpu}" if plan.device == "cuda" and plan.gpu else plan.gpu or plan.device
+    if getattr(plan, "nodes", 1) > 1:
+        where = f"{plan.nodes} nodes × {where}"
     rows = [("strategy", plan.strategy)]
     if plan.strategy != "none":
         rows += [("device", where), ("precision", plan.precision), ("quantization", plan.quantization or "-"),
@@ -172,6 +174,12 @@ def plan_to_text(plan, launch: bool = True) -> str:
         lines += [f"  ({note})" for note in plan.memory.get("notes", [])]
     lines.append("reasons")
     lines += [f"  - {r}" for r in plan.reasons]
-    if plan.launch and launch:
+    if getattr(plan, "node_launch", None) and launch:
+        lines.append("next, on each node (node 0 hosts the rendezvous):")
+        lines += [f"  node {i}: {c}" for i, c in enumerate(plan.node_launch)]
+        for name, text in plan.snippets.items():
+            lines.append(f"or as a {name} {'batch script' if name == 'slurm' else 'task'}:")
+            lines += [f"  {line}" for line in text.splitlines()]
+    elif plan.launch and launch:
         lines.append(f"next: {plan.launch}")
     return "\n".join(lines)

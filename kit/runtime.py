@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import os
 import warnings
 from dataclasses import asdict, dataclass
 
@@ -56,6 +57,8 @@ class RuntimePlan:
     notes: list
     batching: str = "padded"     # padded | grouped | padding_free | packed
     kernels: str = "none"        # liger | none
+    strategy: str = "ddp"        # single | ddp | fsdp | model_parallel (see kit.sharding)
+    quantization: str | None = None  # "nf4" for a 4-bit base
 
     @property
     def padding_free(self) -> bool:
@@ -159,8 +162,31 @@ def plan_for(ctx, cfg: config.RunConfig, planned: dict) -> RuntimePlan:
     if optimizer == "adamw_torch_fused" and ctx.device.type != "cuda":
         notes.append("optimizer adamw_torch_fused is planned for a GPU: using adamw_torch on the CPU")
         optimizer = "adamw_torch"
+    strategy = _strategy(ctx, cfg, planned, notes)
+    quantization = "nf4" if cfg.method == "qlora" else planned.get("quantization")
     return RuntimePlan(precision, per_device, accum, global_batch, checkpointing, backend, optimizer, notes,
-                       batching, kernels)
+                       batching=batching, kernels=kernels, strategy=strategy, quantization=quantization)
+
+
+def _strategy(ctx, cfg, planned: dict, notes: list) -> str:
+    """The rendered strategy, or the config's when it names one; model parallel never under torchrun."""
+    strategy = cfg.strategy if cfg.strategy != "auto" else planned.get("strategy", "ddp")
+    if strategy == "model_parallel":
+        if ctx.world_size > 1:
+            raise UsageError(f"strategy model_parallel runs as one process that spreads the layers over the GPUs, "
+                             f"but this is rank {ctx.rank} of {ctx.world_size}: launch it with python train_ddp.py, "
+                             "not torchrun")
+        if ctx.device.type != "cuda":
+            raise CannotTrain("strategy model_parallel spreads the layers over GPUs, and this machine has none: "
+                              "use strategy=auto")
+    if strategy == "fsdp" and ctx.world_size == 1 and (ctx.device.type == "cpu" or "LOCAL_RANK" not in os.environ):
+        # Trainer runs FSDP only in a process group; one process alone shards nothing anyway.
+        notes.append("one process without torchrun (or on the CPU): training without FSDP sharding; start it with "
+                     "torchrun --standalone --nproc_per_node=N train_ddp.py to shard")
+        strategy = "single"
+    if strategy in ("single", "ddp") and ctx.world_size > 1:
+        strategy = "ddp"
+    return strategy
 
 
 def _kernels(cfg, ctx, planned: str, backend: str, notes: list) -> str:

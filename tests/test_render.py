@@ -75,12 +75,22 @@ def test_package_version_matches_setup_cfg():
     assert meta["metadata"]["version"] == __version__
 
 
-def test_plans_the_script_cannot_run_are_refused(tmp_path):
-    # Qwen3-8B LoRA in 16-bit fits 2×T4 only sharded (FSDP); the template has one replica per rank.
+def test_plans_that_fit_only_sharded_render_an_fsdp_script(tmp_path):
+    # Qwen3-8B LoRA in 16-bit fits 2×T4 only sharded: the script trains it with FSDP.
     out = tmp_path / "x.py"
     r = kit("render", "--config", "configs/default.yaml", "model=Qwen/Qwen3-8B", "method=lora", "seq_len=512",
             "gradient_checkpointing=auto", "per_device_batch=null", "global_batch=null", "--gpus", "2xT4", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "wrote" in r.stdout and "fsdp over 2" in r.stdout
+    text = out.read_text()
+    assert "'strategy': 'fsdp'" in text and "FSDP over 2 GPUs (Tesla T4), fp16" in text
+    assert "torchrun --standalone --nproc_per_node=2 train_ddp.py" in text
+
+
+def test_plans_that_do_not_fit_at_all_are_refused(tmp_path):
+    out = tmp_path / "x.py"
+    r = kit("render", "--config", "configs/default.yaml", "model=meta-llama/Llama-3.1-70B", "method=qlora",
+            "--gpus", "2xT4", "-o", str(out))
     assert r.returncode == 3, r.stderr
-    assert "with one full replica per GPU (kit's train_ddp.py does not shard yet)" in r.stderr
-    assert "cheapest change that fits: method=qlora (strategy ddp" in r.stderr  # a change to a script it can write
+    assert "does not fit on 2× Tesla T4" in r.stderr and "cheapest change that fits: a machine with 2×" in r.stderr
     assert not out.exists()

@@ -2,6 +2,7 @@
 
     kit plan --config configs/qwen3-8b-qlora-kaggle-t4x2.yaml --gpus 2xT4
     kit plan --facts probe.json lora.r=8 --json
+    kit plan --config C --gpus 8xH100 --nodes 2 --rdzv-endpoint 10.0.0.1:29500
 
 Exit 0 when a plan exists, 3 when the job does not fit or the hardware cannot run it (the plan,
 with strategy "none" and the reasons, is still printed), 2 for a bad config or flags.
@@ -25,22 +26,35 @@ def add_arguments(parser) -> None:
     machine.add_argument("--gpus", metavar="NxNAME",
                          help="plan for a machine from kit's GPU table, e.g. 2xT4, 1xA100-80, MI300X, cpu")
     parser.add_argument("--nproc", type=int, default=None, help="use at most this many GPUs (default: all usable)")
+    parser.add_argument("--nodes", type=int, default=1,
+                        help="machines like this one (--gpus is per node); prints each node's torchrun command")
+    parser.add_argument("--rdzv-endpoint", metavar="HOST:PORT", default=None,
+                        help="node 0's address and a free port for torchrun's c10d rendezvous (default $MASTER_ADDR:29500)")
+    parser.add_argument("--node-rank", type=int, default=None, help="with --nodes: print only this node's command")
     parser.add_argument("--json", action="store_true", help="print the plan as one JSON object")
 
 
 def run(args) -> int:
     from kit import plan as planner
 
+    from kit import nodes
+
+    nodes.check_nodes(args.nodes, args.node_rank)
+    if args.rdzv_endpoint is not None:
+        nodes.check_endpoint(args.rdzv_endpoint)
     cfg = config.from_args(args)
     facts = _facts(args)
     try:
-        plan = planner.make_plan(facts, cfg, nproc=args.nproc)
+        plan = planner.make_plan(facts, cfg, nproc=args.nproc, nodes=args.nodes, rdzv_endpoint=args.rdzv_endpoint)
     except CannotTrain as e:
         if getattr(e, "plan", None) is not None:
             # The refusal is the error line below; the plan's reasons show it only in JSON, so it
             # is printed once.
             print(_render(e.plan, args.json, refusal=str(e)))
         raise
+    if args.node_rank is not None and plan.node_launch:
+        print(plan.node_launch[args.node_rank])  # for a node's own start-up script
+        return 0
     print(_render(plan, args.json))
     if not args.json and plan.launch:
         print(f"next: {_next(args, cfg, facts, plan)}")

@@ -8,7 +8,7 @@ from pathlib import Path
 from kit import config, render
 from kit.errors import UsageError
 
-RENDERABLE = ("single", "ddp")  # what the script template can run: one full replica per rank
+RENDERABLE = ("single", "ddp", "fsdp", "model_parallel")  # the strategies the template runs (kit.sharding)
 
 
 def add_arguments(parser) -> None:
@@ -59,10 +59,7 @@ def render_for(cfg, config_path: str, facts: dict, gpus_spec: str | None = None,
     """
     from kit.plan import make_plan
 
-    # The template runs one full replica per rank: plan only what it can run, so a job that fits
-    # only sharded is refused now, with the cheapest change that makes a replica fit, rather than
-    # running out of memory an hour into a session.
-    plan = make_plan(facts, cfg, replica_only=True)
+    plan = make_plan(facts, cfg)
     assert plan.strategy in RENDERABLE, plan.strategy
     planned = plan.to_dict()
     planned["gpu_name"] = plan.gpu

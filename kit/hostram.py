@@ -1,0 +1,51 @@
+"""Host RAM while the model loads: what each rank holds, summed over one node's ranks.
+
+    need = node_load_bytes(model_facts("Qwen/Qwen3-14B"), "fsdp", quantized=False, ranks=2)
+    need.total_bytes, need.words   # ~32.5 GiB, "its first rank reads the 27.5 GiB of 16-bit weights ..."
+
+Kaggle gives ~29 GiB of RAM to both T4 ranks together: a plan whose load does not fit there is
+killed by the kernel's OOM killer before the first step, so the planner counts it. Loading is
+the peak: training itself keeps the weights on the GPUs.
+
+What each rank holds (numbers are kit's assumptions, not measurements):
+- every rank: the Python process with torch, CUDA, transformers and TRL imported (PROCESS_BYTES);
+- a rank loading to its GPU (DDP, single, QLoRA under FSDP, model parallel): the tensors on
+  their way from the memory-mapped safetensors shard to the GPU (IN_FLIGHT_BYTES at most; the
+  mapped file itself is page cache the kernel can drop, not the process's own memory);
+- 16-bit LoRA under FSDP: the node's first rank reads the whole 16-bit model into RAM and
+  broadcasts it while sharding, the node's other ranks build theirs on the meta device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = 2**30
+PROCESS_BYTES = 5 * GIB // 2
+IN_FLIGHT_BYTES = 2 * GIB
+HEADROOM = 0.9  # of the machine's RAM: the OS, the notebook kernel and the page cache need the rest
+
+
+@dataclass
+class HostLoad:
+    total_bytes: int
+    words: str
+
+
+def node_load_bytes(model, strategy: str, quantized: bool, ranks: int, full_method: bool = False) -> HostLoad:
+    """Peak host RAM of one node while `ranks` processes load `model` for `strategy`."""
+    weights16 = model.params * (4 if full_method else 2)
+    if strategy == "fsdp" and not quantized:
+        total = ranks * PROCESS_BYTES + weights16
+        words = (f"its first rank reads the {weights16 / GIB:.1f} GiB of 16-bit weights into RAM and the others "
+                 f"receive them while sharding, plus {PROCESS_BYTES / GIB:.1f} GiB per process")
+    else:
+        per_rank = PROCESS_BYTES + min(weights16, IN_FLIGHT_BYTES)
+        total = ranks * per_rank
+        words = (f"{ranks} process(es) of ~{per_rank / GIB:.1f} GiB each: torch and CUDA, plus the weights "
+                 f"on their way to the GPU")
+    return HostLoad(int(total), words)
+
+
+def budget(ram_bytes: int | None) -> int | None:
+    return None if not ram_bytes else int(ram_bytes * HEADROOM)
