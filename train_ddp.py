@@ -43,6 +43,15 @@ SETTINGS = {
         'max_duplicate_fraction': 0.05,
         'allow_duplicates': False,
     },
+    'eval': {
+        'baseline': True,
+        'final': True,
+        'subset': 64,
+        'metric': 'auto',
+        'min_rows': 10,
+        'samples': 5,
+        'max_new_tokens': 64,
+    },
     'seq_len': 256,
     'per_device_batch': 8,
     'global_batch': 16,
@@ -93,8 +102,8 @@ def main(argv: list[str]) -> int:
         plan = runtime.plan_for(ctx, cfg, PLAN)
         job = Job(cfg, ctx, plan, smoke=args.smoke, force=args.force)
         job.start()  # rank 0 finds the newest complete checkpoint (local, then store); all ranks agree
-        if job.complete:
-            ok, code = True, 0
+        if job.complete:  # nothing to train; a final/ the store lacks is pushed
+            ok, code = True, job.exit_code
             return code
 
         set_seed(cfg.seed)  # the same LoRA init on every rank and in every run
@@ -103,6 +112,7 @@ def main(argv: list[str]) -> int:
         job.log(modeling.trainable_summary(model))
         dataset = data.prepare(cfg, tokenizer)
         job.log(dataset.summary())
+        job.evaluate_before(model, tokenizer, dataset)  # the baseline: once per job, kept in the store
 
         training_args = SFTConfig(
             output_dir=cfg.output_dir,
@@ -147,7 +157,7 @@ def main(argv: list[str]) -> int:
         )
         modeling.settle_adapter_dtype(trainer.model, plan)  # fp16 loss scaling needs fp32 LoRA weights
         trainer.train(resume_from_checkpoint=job.resume_from)
-        code = job.finish(trainer)  # rank 0: last upload (blocking, with a timeout), outcome line
+        code = job.finish(trainer)  # rank 0: last upload, final evaluation, final/ and its push, closing lines
         ok = True
         return code
     finally:

@@ -22,6 +22,7 @@ from kit import config, dist, resume
 from kit.callbacks import Checkpoints, Control, Meter, StopSignals, meter_words
 from kit.deadline import session_deadline
 from kit.errors import KitError, StoreError
+from kit.evaluation import stage
 
 FINAL_UPLOAD_TIMEOUT_S = 600.0
 
@@ -36,6 +37,9 @@ class Job:
         self.started = time.time()
         self._control = self._checkpoints = self._smoke = self._meter = None
         self._max_steps = None
+        self.run: dict = {}  # run id and base revision (kit.evaluation.identity), rank 0's copy on every rank
+        self.baseline = self.eval_inputs = None
+        self.exit_code = 0  # of a job found complete: 4 when pushing its pending final/ failed
 
     # -- words ------------------------------------------------------------------------------
     def log(self, message: str) -> None:
@@ -59,14 +63,16 @@ class Job:
         if self.ctx.is_main:
             try:
                 self._open_store()
-                outcome = ("ok", resume.choose(self.cfg, self.store, self.ctx.world_size, self.force))
+                decision = resume.choose(self.cfg, self.store, self.ctx.world_size, self.force)
+                outcome = ("ok", (decision, stage.open_run(self.cfg, self.store)))
             except KitError as e:
                 outcome = ("error", (type(e), str(e)))
         kind, value = dist.broadcast(outcome)
         if kind == "error":  # every rank raises the same one-line error, so the job exits cleanly
             self._release()
             raise value[0](value[1])
-        self.decision = value
+        self.decision, self.run = value
+        self.log(f"run id: {self.run['run_id']}")
         for w in self.decision.warnings:
             self.log(f"warning: {w}")
         self.log(f"plan: {self.plan.precision}, {self.ctx.world_size} × {self.ctx.device.type}, "
@@ -79,6 +85,7 @@ class Job:
                      f"({self.decision.resume_from})")
             if self.ctx.is_main:
                 self._max_steps = self.decision.max_steps
+                self._push_final_if_missing()
                 self._record(self.decision.step, "already complete")
             self._release()
         elif self.decision.resume_from:
@@ -122,6 +129,42 @@ class Job:
         if event["event"] in ("published", "superseded", "failed", "retrying"):
             self.log(f"store: step {event['step']} {event['event']}: {event['detail']}")
 
+    def _push_final_if_missing(self) -> None:
+        from kit.deliver import wrapup
+
+        try:
+            code, lines = wrapup.push_if_missing(self, self.decision.step)
+        except KitError as e:
+            code, lines = e.exit_code, [f"error: final/ could not be pushed: {e}"]
+        for line in lines:
+            self.log(line)
+        self.exit_code = code
+
+    # -- evaluation -------------------------------------------------------------------------
+    def evaluate_before(self, model, tokenizer, dataset) -> None:
+        """Tie the run to the base weights just loaded, then the baseline: once per job, kept in the store.
+
+        Rank 0 measures on the model before any step (LoRA starts as a no-op, so this is the base
+        model); the other ranks wait for its outcome and raise the same error if there is one.
+        """
+        self.eval_inputs = (tokenizer, dataset)
+        if self.smoke:
+            return
+        outcome = None
+        if self.ctx.is_main:
+            try:
+                self.baseline, notes = stage.before(self.run, self.cfg, model, tokenizer, dataset, self.store,
+                                                    self.plan.per_device_batch, self.force)
+                outcome = ("ok", notes)
+            except KitError as e:
+                outcome = ("error", (type(e), str(e)))
+        kind, value = dist.broadcast(outcome)
+        if kind == "error":
+            self._release()
+            raise value[0](value[1])
+        for note in value:
+            self.log(note)
+
     # -- training ---------------------------------------------------------------------------
     def max_steps(self, n_train: int) -> int:
         if self.smoke:
@@ -141,7 +184,8 @@ class Job:
     def callbacks(self, model, dataset) -> list:
         self._control = Control(self.ctx, self.deadline, self.cfg.save_every_minutes, self.signals,
                                 self._save_cost_s)
-        self._checkpoints = Checkpoints(self.ctx, config.fingerprint(self.cfg), self.sync)
+        self._checkpoints = Checkpoints(self.ctx, config.fingerprint(self.cfg), self.sync,
+                                        extra={k: self.run.get(k) for k in ("run_id", "base_revision")})
         self._meter = Meter(self.ctx.device, self.plan.global_batch * dataset.mean_tokens)
         out = [self._control, self._checkpoints, self._meter]
         if self.smoke:
@@ -163,6 +207,7 @@ class Job:
         step = trainer.state.global_step
         paused = self._control.stop_reason is not None and step < trainer.state.max_steps
         outcome = "paused" if paused else "complete"
+        code, closing = 0, []
         if self.ctx.is_main:
             measured = self._meter.summary()
             words = meter_words(measured)
@@ -170,6 +215,11 @@ class Job:
                 self.log(words)
             if self.sync is not None:
                 self.sync.close(timeout=FINAL_UPLOAD_TIMEOUT_S)
+            if not paused:
+                from kit.deliver import wrapup
+
+                code, closing, delivered = wrapup.deliver(self, trainer, step)
+                measured = {**measured, **delivered}
             self._record(step, outcome, measured)
             self._release()
             if paused:
@@ -178,10 +228,13 @@ class Job:
             else:
                 self.log(f"complete: step {step} of {trainer.state.max_steps}; checkpoint in "
                          f"{self.cfg.output_dir}/checkpoint-{step}")
-        return 0
+                for line in closing:
+                    self.log(line)
+        return code
 
     def _record(self, step: int, outcome: str, measured: dict | None = None) -> None:
-        record = {"host": socket.gethostname(), "started": self.started, "ended": time.time(),
+        record = {"run_id": self.run.get("run_id"), "host": socket.gethostname(), "started": self.started,
+                  "ended": time.time(),
                   "start_step": self.decision.step, "end_step": step, "max_steps": self._max_steps,
                   "world_size": self.ctx.world_size, "outcome": outcome, **(measured or {})}
         line = json.dumps(record) + "\n"
