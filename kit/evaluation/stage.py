@@ -14,23 +14,22 @@ from kit.evaluation import heldout, identity, results
 
 
 def open_run(cfg, store) -> dict:
-    """The job's run record ({run_id, created, base_revision?}); created on the job's first start."""
+    """The job's run record ({run_id, created, base_revision?}); a new one on the job's first start.
+
+    Nothing is written here: a start refused for bad data must leave output_dir as it was. The
+    record is saved by `bind_base`, once the model and data have loaded.
+    """
     local = Path(cfg.output_dir) / identity.RUN_LOCAL
     record = identity.parse_record(store.read_text(identity.RUN_RECORD)) if store is not None else None
     if record is None and local.exists():
         record = identity.parse_record(local.read_text())
-    if record is None:
-        record = {"run_id": identity.new_run_id(), "created": time.time(), "model": cfg.model}
-        save_run(record, cfg, store)
-    elif not local.exists():  # another machine's session started the job: keep a local copy too
-        results.write_atomic(local, json.dumps(record, indent=1))
-    return record
+    return record or {"run_id": identity.new_run_id(), "created": time.time(), "model": cfg.model}
 
 
-def save_run(record: dict, cfg, store) -> None:
+def save_run(record: dict, cfg, store, *, to_store: bool = True) -> None:
     text = json.dumps(record, indent=1)
     results.write_atomic(Path(cfg.output_dir) / identity.RUN_LOCAL, text)
-    if store is not None:
+    if store is not None and to_store:
         store.write_text(identity.RUN_RECORD, text)
 
 
@@ -38,12 +37,12 @@ def bind_base(run: dict, cfg, model, store, force: bool) -> list[str]:
     """Tie the run to the base weights just loaded; refuse another revision unless forced."""
     current = identity.base_revision(cfg.model, getattr(model, "config", None))
     warning = identity.check_same_base(run.get("base_revision"), current, f"run {run['run_id']}", force)
-    if run.get("base_revision") != current:
-        if warning:
-            run.setdefault("forced_base_revisions", []).append(current)
-        else:
-            run["base_revision"] = current
-        save_run(run, cfg, store)
+    changed = run.get("base_revision") != current
+    if changed and warning:
+        run.setdefault("forced_base_revisions", []).append(current)
+    elif changed:
+        run["base_revision"] = current
+    save_run(run, cfg, store, to_store=changed)  # the store is written only when the record changes
     return [warning] if warning else []
 
 
