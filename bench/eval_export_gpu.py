@@ -97,7 +97,7 @@ def main() -> None:
     model = make_random_model("Qwen/Qwen3-8B", Path(a.models) / "qwen3-8b")
     result["make_model_s"] = round(time.monotonic() - started, 1)
     job = work / "job"
-    overrides = [f"model={model}", f"method={a.method}", "seq_len=512", "global_batch=16", f"max_steps={a.steps}",
+    overrides = [f"model={model}", f"method={a.method}", "backend=transformers", "seq_len=512", "global_batch=16", f"max_steps={a.steps}",
                  "warmup_steps=0", "logging_steps=1", "eval_steps=null", f"save_steps={10 * a.steps}",
                  f"output_dir={job}", "precision=" + ("bf16" if a.method == "qlora" else "auto")]
     export_proc = None

@@ -87,7 +87,7 @@ def job_plot(history: list[dict], sessions: list[dict], out_png, max_steps: int 
     runs = _runs(sessions)
     has_loss = any(_losses(history))
     if not has_loss and not runs:
-        raise UsageError("no checkpoint with a logged loss and no session recorded yet: nothing to plot "
+        raise UsageError("no sessions recorded yet and no checkpoint with a logged loss: nothing to plot "
                          "(run the job once first)")
     fig, (top, bottom) = _pyplot().subplots(2, 1, figsize=(8, 7))
     if has_loss:
