@@ -40,6 +40,7 @@ class Job:
         self.run: dict = {}  # run id and base revision (kit.evaluation.identity), rank 0's copy on every rank
         self.baseline = self.eval_inputs = None
         self.exit_code = 0  # of a job found complete: 4 when pushing its pending final/ failed
+        self._recorded = False
 
     # -- words ------------------------------------------------------------------------------
     def log(self, message: str) -> None:
@@ -187,6 +188,10 @@ class Job:
         self._checkpoints = Checkpoints(self.ctx, config.fingerprint(self.cfg), self.sync,
                                         extra={k: self.run.get(k) for k in ("run_id", "base_revision")})
         self._meter = Meter(self.ctx.device, self.plan.global_batch * dataset.mean_tokens)
+        if self.ctx.is_main and not self.smoke:
+            # A session that dies once training began (an exception, not kill -9) is recorded too.
+            # Registered after the lease's release, so it runs first, while the lease is still held.
+            atexit.register(self._record_if_unfinished)
         out = [self._control, self._checkpoints, self._meter]
         if self.smoke:
             from kit.smoke import Smoke
@@ -232,7 +237,14 @@ class Job:
                     self.log(line)
         return code
 
+    def _record_if_unfinished(self) -> None:
+        if not self._recorded:
+            m = self._meter
+            step = m.first_step - 1 + len(m.step_ends) - 1 if m is not None and m.first_step else self.decision.step
+            self._record(step, "failed", {"error": "the session ended without finishing (see its log)"})
+
     def _record(self, step: int, outcome: str, measured: dict | None = None) -> None:
+        self._recorded = True
         record = {"run_id": self.run.get("run_id"), "host": socket.gethostname(), "started": self.started,
                   "ended": time.time(),
                   "start_step": self.decision.step, "end_step": step, "max_steps": self._max_steps,

@@ -16,7 +16,7 @@ import yaml
 
 from kit.evaluation.identity import local_revision
 from tests.hubserver import WRITE_TOKEN, HubServer
-from tests.scripts import FAST, ROOT, cpu_env, kill_job, torchrun_cmd, train
+from tests.scripts import FAST, ROOT, SCRIPT, cpu_env, kill_job, run, torchrun_cmd, train
 
 TINY = ROOT / "models" / "tiny-qwen3"
 FINAL_FILES = {"README.md", "adapter_config.json", "adapter_model.safetensors", "eval_results.json", "samples.md",
@@ -192,3 +192,33 @@ def test_a_different_base_revision_is_refused_and_nothing_is_overwritten(tmp_pat
     forced = train([*args, "max_steps=4", "--force"], nproc=1)
     assert forced.returncode == 0, forced.stderr[-2000:]
     assert "[kit] warning: --force: run " in forced.stdout or "--force: run" in forced.stdout
+
+
+def test_a_session_that_fails_mid_training_is_recorded_as_failed(tmp_path):
+    # The real script with one extra callback raising at step 3: an out-of-memory error or a bad batch.
+    wrapper = tmp_path / "fail.py"
+    wrapper.write_text(f"""
+import sys
+sys.path.insert(0, {str(ROOT)!r})
+from transformers import TrainerCallback
+import kit.job
+
+class Boom(TrainerCallback):
+    def on_step_end(self, args, state, control, **kw):
+        if state.global_step == 3:
+            raise RuntimeError("failed on purpose")
+
+_callbacks = kit.job.Job.callbacks
+kit.job.Job.callbacks = lambda self, model, dataset: _callbacks(self, model, dataset) + [Boom()]
+import runpy
+sys.argv = [{str(SCRIPT)!r}] + sys.argv[1:]
+runpy.run_path({str(SCRIPT)!r}, run_name="__main__")
+""")
+    out, store = tmp_path / "out", tmp_path / "store"
+    import sys
+
+    r = run([sys.executable, str(wrapper), f"output_dir={out}", f"store={store}", "max_steps=50", *FAST])
+    assert r.returncode != 0 and "failed on purpose" in r.stderr
+    record = json.loads((out / "kit_sessions.jsonl").read_text().splitlines()[-1])
+    assert record["outcome"] == "failed" and record["end_step"] == 3 and record["run_id"]
+    assert json.loads((store / "kit" / "sessions.jsonl").read_text().splitlines()[-1])["outcome"] == "failed"

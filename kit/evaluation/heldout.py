@@ -22,6 +22,9 @@ import time
 from kit.errors import UsageError
 
 TEXT_PROMPT_TOKENS = 32  # plain text samples: continue the first tokens of a row
+# Generation holds no activations for a backward pass, only a KV cache: it takes this many times
+# the training micro-batch (fewer generate calls: on a small model their per-token overhead dominates).
+GENERATE_BATCH_FACTOR = 4
 
 
 def choose_rows(n_rows: int, subset: int, seed: int) -> list[int]:
@@ -85,7 +88,8 @@ def measure(model, tokenizer, rows: dict, *, metric: str | None, skip_reason: st
                        for (p, _), ids in zip(asked, rows["input_ids"])]
             refs = [a if p else ids[len(pr):] for (p, a), ids, pr in zip(asked, rows["input_ids"], prompts)]
             longest = max((len(r) for r in refs), default=0)
-            outputs = _generate(model, tokenizer, prompts, min(eval_cfg.max_new_tokens, longest + 8), batch_size)
+            outputs = _generate(model, tokenizer, prompts, min(eval_cfg.max_new_tokens, longest + 8),
+                                batch_size * GENERATE_BATCH_FACTOR)
     finally:
         model.train(was_training)
     words = [tokenizer.decode(r, skip_special_tokens=True).strip() for r in refs]
