@@ -25,8 +25,22 @@ def test_config_loads_and_states_its_command(path, monkeypatch):
     first = path.read_text().splitlines()[0]
     assert first.startswith("# ") and re.search(r"(train_ddp\.py|\bkit\b)", first), first
     cfg = config.load(str(path))
-    assert config.load(None, [f"{k}={v}" for k, v in config.fingerprint(cfg).items()
-                              if not isinstance(v, (dict, list)) and v is not None]).model == cfg.model
+    # The YAML's values are what the run uses: every key it sets arrives in the loaded config.
+    import yaml
+    def flat(d, prefix=""):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                yield from flat(v, f"{prefix}{k}.")
+            else:
+                yield f"{prefix}{k}", v
+    loaded = config.to_dict(cfg)
+    for key, value in flat(yaml.safe_load(path.read_text()) or {}):
+        got = loaded
+        for part in key.split("."):
+            got = got[part]
+        if isinstance(value, bool) and got in ("on", "off"):  # YAML 1.1 reads `on` as true
+            value = "on" if value else "off"
+        assert got == value, f"{path.name}: {key} is {got!r} after loading, the YAML says {value!r}"
     gpus = re.search(r"--gpus\s+(\S+)", first)
     if gpus:  # a shipped config must fit the machine it was written for
         plan = make_plan(hardware.synthesize(gpus.group(1)), cfg)

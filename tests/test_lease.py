@@ -42,9 +42,16 @@ def test_second_holder_is_refused_with_holder_and_age(store_factory):
 def test_same_holder_object_can_reacquire(store_factory):
     lease = Lease(store_factory(), "me")
     lease.acquire()
-    lease.acquire()
+    lease.acquire()  # our own lease does not block us
+    assert lease.held
+    with pytest.raises(StoreError, match="is leased by me"):
+        Lease(store_factory(), "other").acquire()
     lease.release()
     lease.release()  # a second release is a no-op
+    assert not lease.held
+    other = Lease(store_factory(), "other").acquire()  # released: free at once
+    assert other.held
+    other.release()
 
 
 def test_stale_lease_is_taken_over_with_a_warning(store_factory, caplog):
