@@ -169,3 +169,15 @@ def test_a_directory_store_takes_final_whole(tmp_path):
     assert store.final_step() is None
     assert store.publish_final(src) == str(tmp_path / "store" / "final")
     assert store.final_step() == 7 and not list((tmp_path / "store").glob(".tmp-final-*"))
+
+
+def test_export_push_is_one_commit_of_the_merged_folder(adapter, hub, tmp_path, monkeypatch, capsys):  # noqa: F811
+    monkeypatch.setenv("HF_TOKEN", WRITE_TOKEN)
+    out = tmp_path / "merged"
+    assert cli.main(["export", "--adapter", str(adapter), "-o", str(out), "--push", "hf://me/merged"]) == 0
+    assert f"pushed: {hub.url}/me/merged" in capsys.readouterr().out
+    commits = [c for c in hub.commit_log("me/merged") if c.title == "kit: merged model"]
+    assert len(commits) == 1
+    assert set(commits[0].added) == {p.name for p in out.iterdir()} >= {"config.json", "model.safetensors",
+                                                                          "tokenizer.json"}
+    assert WRITE_TOKEN not in capsys.readouterr().out
