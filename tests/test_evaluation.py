@@ -158,3 +158,16 @@ def test_results_words_and_primary_metric():
     skipped = {"skipped": "no held-out data (data.eval_fraction is 0)", "result": None}
     assert results.primary(skipped, skipped)["name"] == "eval_loss"
     assert "skipped: no held-out data" in results.change_line({"baseline": skipped, "final": skipped})
+
+
+def test_an_evaluation_that_fails_is_a_recorded_skip_not_a_lost_job(tiny, tmp_path, monkeypatch):
+    model, tok = tiny
+    cfg = _cfg(tmp_path)
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
+
+    monkeypatch.setattr(heldout, "_generate", out_of_memory)  # stands in for a T4 running out of memory
+    record = stage.measure(cfg, model, tok, data.prepare(cfg, tok), 8, "final")
+    assert record["skipped"] == "the evaluation failed: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert record["result"] is None

@@ -66,8 +66,12 @@ def measure(cfg, model, tokenizer, dataset, batch_size: int, which: str) -> dict
     idx = heldout.choose_rows(len(dataset.eval), cfg.eval.subset, cfg.seed)
     rows = dataset.eval.select(idx)[:]
     record["rows"] = idx
-    record["result"] = heldout.measure(model, tokenizer, rows, metric=metric, skip_reason=why, eval_cfg=cfg.eval,
-                                       batch_size=batch_size)
+    try:
+        record["result"] = heldout.measure(model, tokenizer, rows, metric=metric, skip_reason=why,
+                                           eval_cfg=cfg.eval, batch_size=batch_size)
+    except (RuntimeError, ValueError) as e:  # CUDA out of memory, a backend that cannot generate: say so,
+        # and keep the job: its checkpoints and final/ matter more than one measurement.
+        record["skipped"] = f"the evaluation failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
     return record
 
 
