@@ -112,8 +112,9 @@ class Control(TrainerCallback):
 class Checkpoints(TrainerCallback):
     """Seal each checkpoint with a manifest, then hand it to the background uploader (rank 0)."""
 
-    def __init__(self, ctx, fingerprint: dict, sync=None, on_sealed=None):
+    def __init__(self, ctx, fingerprint: dict, sync=None, on_sealed=None, extra: dict | None = None):
         self.ctx, self.fingerprint, self.sync, self.on_sealed = ctx, fingerprint, sync, on_sealed
+        self.extra = extra  # run id and base revision, kept in each manifest
         self.last_seal_s = 0.0
 
     def on_save(self, args, state, control, **kwargs):
@@ -123,7 +124,7 @@ class Checkpoints(TrainerCallback):
             return
         started = time.monotonic()
         path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        manifest.write_manifest(path, state.global_step, self.ctx.world_size, self.fingerprint)
+        manifest.write_manifest(path, state.global_step, self.ctx.world_size, self.fingerprint, self.extra)
         self.last_seal_s = time.monotonic() - started
         if self.sync is not None:
             self.sync.submit(path, state.global_step)

@@ -23,6 +23,7 @@ COMMANDS = {
     "status": ("kit.commands.status", "what a run's checkpoint store holds and how far the job is"),
     "schedule": ("kit.commands.schedule", "resume a job unattended with papermill until it is complete"),
     "convert": ("kit.commands.convert", "turn a training notebook into a rank-aware torchrun script"),
+    "export": ("kit.commands.export", "merge the finished LoRA into 16-bit weights (sharded safetensors, GGUF)"),
 }
 
 

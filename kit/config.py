@@ -26,6 +26,7 @@ PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
 CHECKPOINTING = ("auto", "on", "off")
 STRATEGIES = ("auto", "ddp", "fsdp", "model_parallel")
+EVAL_METRICS = ("auto", "exact_match", "none")
 
 
 def _f(default, help_text, **kw):
@@ -59,6 +60,20 @@ class DataConfig:
 
 
 @dataclass
+class EvalConfig:
+    """The evaluation before the first step and after the last (kit.evaluation), on held-out rows."""
+
+    baseline: bool = _f(True, "evaluate the starting model before the first step (once per job, kept in the store)")
+    final: bool = _f(True, "evaluate again after the last step, on the same rows (final/ is written either way)")
+    subset: int = _f(64, "held-out rows evaluated (a fixed, seeded choice; all of them when fewer)")
+    metric: str = _f("auto", "auto|exact_match|none; auto = exact match of the generated answer when the "
+                     "data has prompts and answers, none for plain text")
+    min_rows: int = _f(10, "fewest held-out rows the task metric is computed on; fewer = skipped, reason recorded")
+    samples: int = _f(5, "held-out prompts answered before and after training (greedy), written to samples.md")
+    max_new_tokens: int = _f(64, "most tokens generated per answer for the metric and the samples")
+
+
+@dataclass
 class RunConfig:
     """One fine-tuning run: model, method, data, schedule, checkpoints."""
 
@@ -70,6 +85,7 @@ class RunConfig:
                                "else FSDP sharding, else the layers split over the GPUs in one process")
     lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": "LoRA adapter settings"})
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "training data settings"})
+    eval: EvalConfig = field(default_factory=EvalConfig, metadata={"help": "baseline and final evaluation"})
     seq_len: int = _f(512, "maximum tokens per example; longer examples are truncated")
     per_device_batch: int | None = _f(None, "micro-batch per GPU; null = the planner picks what fits")
     global_batch: int | None = _f(None, "examples per optimizer step over all GPUs; null = per_device x world")
@@ -101,16 +117,17 @@ class RunConfig:
     resume: str = _f("auto", "auto (newest complete checkpoint, silent if none) | never | a checkpoint PATH")
 
 
-_SECTIONS = {"lora": LoraConfig, "data": DataConfig}
+_SECTIONS = {"lora": LoraConfig, "data": DataConfig, "eval": EvalConfig}
 # (type accepted, allows None). bool is an int subclass, so it is refused for int/float fields.
 # learning_rate may be 0: a smoke run with it must be able to show "LoRA weights unchanged".
 _POSITIVE = {"seq_len", "per_device_batch", "global_batch", "epochs", "max_steps",
              "save_steps", "save_every_minutes", "keep_checkpoints", "lease_heartbeat_seconds", "time_budget_minutes",
-             "logging_steps", "eval_steps", "lora.r", "lora.alpha"}
-_NON_NEGATIVE = {"warmup_steps", "weight_decay", "max_grad_norm", "learning_rate"}
+             "logging_steps", "eval_steps", "lora.r", "lora.alpha", "eval.subset", "eval.min_rows",
+             "eval.max_new_tokens"}
+_NON_NEGATIVE = {"warmup_steps", "weight_decay", "max_grad_norm", "learning_rate", "eval.samples"}
 _CHOICES = {"method": METHODS, "backend": BACKENDS, "data.format": FORMATS, "optimizer": OPTIMIZERS,
             "precision": PRECISIONS, "lr_scheduler": SCHEDULERS, "gradient_checkpointing": CHECKPOINTING,
-            "batching": BATCHINGS, "kernels": KERNELS, "strategy": STRATEGIES}
+            "batching": BATCHINGS, "kernels": KERNELS, "strategy": STRATEGIES, "eval.metric": EVAL_METRICS}
 _FINGERPRINT = ("model", "revision", "method", "lora.r", "lora.target_modules", "data.path",
                 "data.format", "data.columns", "seq_len")
 

@@ -22,6 +22,7 @@ from kit import config, dist, resume, runtime
 from kit.callbacks import Checkpoints, Control, Meter, StopSignals, meter_words
 from kit.deadline import session_deadline
 from kit.errors import KitError, StoreError, under_torchrun
+from kit.evaluation import stage
 
 FINAL_UPLOAD_TIMEOUT_S = 600.0
 
@@ -39,6 +40,10 @@ class Job:
         self._device_facts: dict | None = None
         self._rate_checked = False
         self.stored_step: int | None = None  # the newest checkpoint this session got into the store
+        self.run: dict = {}  # run id and base revision (kit.evaluation.identity), rank 0's copy on every rank
+        self.baseline = self.eval_inputs = None
+        self.exit_code = 0  # of a job found complete: 4 when pushing its pending final/ failed
+        self._recorded = False
 
     # -- words ------------------------------------------------------------------------------
     def log(self, message: str) -> None:
@@ -65,14 +70,16 @@ class Job:
             try:
                 runtime.check_output_dir(self.cfg.output_dir)  # before any model, data or store is touched
                 self._open_store()
-                outcome = ("ok", resume.choose(self.cfg, self.store, self.ctx.world_size, self.force))
+                decision = resume.choose(self.cfg, self.store, self.ctx.world_size, self.force)
+                outcome = ("ok", (decision, stage.open_run(self.cfg, self.store)))
             except KitError as e:
                 outcome = ("error", (type(e), str(e)))
         kind, value = dist.broadcast(outcome)
         if kind == "error":  # every rank raises the same one-line error, so the job exits cleanly
             self._release()
             raise value[0](value[1])
-        self.decision = value
+        self.decision, self.run = value
+        self.log(f"run id: {self.run['run_id']}")
         self._localize()
         for w in self.decision.warnings:
             self.log(f"warning: {w}")
@@ -86,6 +93,7 @@ class Job:
                      f"({self.decision.resume_from})")
             if self.ctx.is_main:
                 self._max_steps = self.decision.max_steps
+                self._push_final_if_missing()
                 self._record(self.decision.step, "already complete")
             self._release()
         elif self.decision.resume_from:
@@ -153,6 +161,42 @@ class Job:
         if event["event"] in ("published", "superseded", "failed", "retrying", "paced"):
             self.log(f"store: step {event['step']} {event['event']}: {event['detail']}")
 
+    def _push_final_if_missing(self) -> None:
+        from kit.deliver import wrapup
+
+        try:
+            code, lines = wrapup.push_if_missing(self, self.decision.step)
+        except KitError as e:
+            code, lines = e.exit_code, [f"error: final/ could not be pushed: {e}"]
+        for line in lines:
+            self.log(line)
+        self.exit_code = code
+
+    # -- evaluation -------------------------------------------------------------------------
+    def evaluate_before(self, model, tokenizer, dataset) -> None:
+        """Tie the run to the base weights just loaded, then the baseline: once per job, kept in the store.
+
+        Rank 0 measures on the model before any step (LoRA starts as a no-op, so this is the base
+        model); the other ranks wait for its outcome and raise the same error if there is one.
+        """
+        self.eval_inputs = (tokenizer, dataset)
+        if self.smoke:
+            return
+        outcome = None
+        if self.ctx.is_main:
+            try:
+                self.baseline, notes = stage.before(self.run, self.cfg, model, tokenizer, dataset, self.store,
+                                                    self.plan.per_device_batch, self.force)
+                outcome = ("ok", notes)
+            except KitError as e:
+                outcome = ("error", (type(e), str(e)))
+        kind, value = dist.broadcast(outcome)
+        if kind == "error":
+            self._release()
+            raise value[0](value[1])
+        for note in value:
+            self.log(note)
+
     # -- training ---------------------------------------------------------------------------
     def max_steps(self, n_train: int) -> int:
         if self.smoke:
@@ -180,8 +224,13 @@ class Job:
     def callbacks(self, model, dataset) -> list:
         self._control = Control(self.ctx, self.deadline, self.cfg.save_every_minutes, self.signals,
                                 self._save_cost_s, say=self.log, halt=self._lease_lost)
-        self._checkpoints = Checkpoints(self.ctx, config.fingerprint(self.cfg), self.sync)
+        self._checkpoints = Checkpoints(self.ctx, config.fingerprint(self.cfg), self.sync,
+                                        extra={k: self.run.get(k) for k in ("run_id", "base_revision")})
         self._meter = Meter(self.ctx.device, self.plan.global_batch * dataset.mean_tokens, self._on_step)
+        if self.ctx.is_main and not self.smoke:
+            # A session that dies once training began (an exception, not kill -9) is recorded too.
+            # Registered after the lease's release, so it runs first, while the lease is still held.
+            atexit.register(self._record_if_unfinished)
         out = [self._control, self._checkpoints, self._meter]
         if self.smoke:
             from kit.smoke import Smoke
@@ -250,6 +299,7 @@ class Job:
             return 4
         paused = self._control.stop_reason is not None and step < self._max_steps
         outcome = "paused" if paused else "complete"
+        code, closing = 0, []
         if self.ctx.is_main:
             measured = self._meter.summary()
             words = meter_words(measured)
@@ -257,6 +307,11 @@ class Job:
                 self.log(words)
             if self.sync is not None:
                 self.sync.close(timeout=FINAL_UPLOAD_TIMEOUT_S)
+            if not paused:
+                from kit.deliver import wrapup
+
+                code, closing, delivered = wrapup.deliver(self, trainer, step)
+                measured = {**measured, **delivered}
             self._record(step, outcome, measured)
             self._release()
             if paused:
@@ -269,11 +324,21 @@ class Job:
             else:
                 self.log(f"complete: step {step} of {self._max_steps}; checkpoint in "
                          f"{self.cfg.output_dir}/checkpoint-{step}")
-        return 0
+                for line in closing:
+                    self.log(line)
+        return code
+
+    def _record_if_unfinished(self) -> None:
+        if not self._recorded:
+            m = self._meter
+            step = m.first_step - 1 + len(m.step_ends) - 1 if m is not None and m.first_step else self.decision.step
+            self._record(step, "failed", {"error": "the session ended without finishing (see its log)"})
 
     def _record(self, step: int, outcome: str, measured: dict | None = None) -> None:
         began = self._meter.began_at if self._meter else None
-        record = {"host": socket.gethostname(), "started": self.started, "ended": time.time(),
+        self._recorded = True
+        record = {"run_id": self.run.get("run_id"), "host": socket.gethostname(), "started": self.started,
+                  "ended": time.time(),
                   "start_step": self.decision.step, "end_step": step, "max_steps": self._max_steps,
                   "world_size": self.ctx.world_size, "outcome": outcome,
                   "setup_s": round(began - self.started, 1) if began else None,

@@ -71,22 +71,67 @@ def loss_curve(ckpt_or_state, out_png) -> Path:
         UsageError: no trainer_state.json, or it logged no loss.
     """
     history = log_history(ckpt_or_state)
+    if not _losses(history)[0] and not _losses(history)[1]:
+        raise UsageError(f"{ckpt_or_state}: the training log holds no loss yet (logging_steps too large?)")
+    fig, ax = _pyplot().subplots(figsize=(7, 4))
+    _draw_loss(ax, history, f"loss, {Path(ckpt_or_state).name}")
+    return _save(fig, out_png)
+
+
+def job_plot(history: list[dict], sessions: list[dict], out_png, max_steps: int | None = None,
+             goodput: dict | None = None) -> Path:
+    """Two panels: train and eval loss against step (the newest checkpoint's log), progress across sessions;
+    a third, goodput per session, when `goodput` (`kit.goodput.ledger()`) has rows.
+
+    Raises:
+        UsageError: neither a logged loss nor a recorded session: nothing to draw yet.
+    """
+    runs = _runs(sessions)
+    has_loss = any(_losses(history))
+    if not has_loss and not runs:
+        raise UsageError("no sessions recorded yet and no checkpoint with a logged loss: nothing to plot "
+                         "(run the job once first)")
+    rows = [r for r in (goodput or {}).get("sessions", []) if r.get("goodput") is not None]
+    if rows:
+        fig, (top, bottom, bars) = _pyplot().subplots(3, 1, figsize=(8, 9.5), gridspec_kw={"height_ratios": [3, 3, 2]})
+        _goodput_bars(bars, rows, goodput)
+    else:
+        fig, (top, bottom) = _pyplot().subplots(2, 1, figsize=(8, 7))
+    if has_loss:
+        _draw_loss(top, history, "loss against step")
+    else:
+        top.text(0.5, 0.5, "no loss logged yet", ha="center", va="center", transform=top.transAxes)
+        top.set_axis_off()
+    if runs:
+        _draw_progress(bottom, runs, max_steps)
+    else:
+        bottom.text(0.5, 0.5, "no session recorded yet", ha="center", va="center", transform=bottom.transAxes)
+        bottom.set_axis_off()
+    fig.tight_layout()
+    return _save(fig, out_png)
+
+
+def _losses(history: list[dict]) -> tuple[list, list]:
     train = [(h["step"], h["loss"]) for h in history if "loss" in h and "step" in h]
     evals = [(h["step"], h["eval_loss"]) for h in history if "eval_loss" in h and "step" in h]
-    if not train and not evals:
-        raise UsageError(f"{ckpt_or_state}: the training log holds no loss yet (logging_steps too large?)")
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    return train, evals
+
+
+def _draw_loss(ax, history: list[dict], title: str) -> None:
+    train, evals = _losses(history)
     if train:
         ax.plot(*zip(*train), label="train loss", color="tab:blue", linewidth=1.4)
     if evals:
         ax.plot(*zip(*evals), "o-", label="eval loss", color="tab:orange", linewidth=1.4)
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
-    ax.set_title(f"loss, {Path(ckpt_or_state).name}")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
-    return _save(fig, out_png)
+
+
+def _runs(sessions: list[dict]) -> list[dict]:
+    return sorted((s for s in sessions if s.get("started") and s.get("ended")), key=lambda s: s["started"])
 
 
 def progress(sessions: list[dict], out_png, max_steps: int | None = None, goodput: dict | None = None) -> Path:
@@ -101,23 +146,29 @@ def progress(sessions: list[dict], out_png, max_steps: int | None = None, goodpu
     Raises:
         UsageError: no session has been recorded yet.
     """
-    from datetime import datetime, timezone
-
-    runs = sorted((s for s in sessions if s.get("started") and s.get("ended")), key=lambda s: s["started"])
+    runs = _runs(sessions)
     if not runs:
         raise UsageError("no sessions recorded yet: nothing to plot (run the job once first)")
+    rows = [r for r in (goodput or {}).get("sessions", []) if r.get("goodput") is not None]
+    if rows:
+        fig, (ax, bars) = _pyplot().subplots(2, 1, figsize=(8, 6.5), gridspec_kw={"height_ratios": [3, 2]})
+        _goodput_bars(bars, rows, goodput)
+    else:
+        fig, ax = _pyplot().subplots(figsize=(8, 4))
+    _draw_progress(ax, runs, max_steps)
+    if rows:
+        fig.tight_layout()
+    return _save(fig, out_png)
+
+
+def _draw_progress(ax, runs: list[dict], max_steps: int | None) -> None:
+    from datetime import datetime, timezone
+
     max_steps = max_steps or next((s["max_steps"] for s in reversed(runs) if s.get("max_steps")), None)
 
     def t(x):
         return datetime.fromtimestamp(x, tz=timezone.utc)
 
-    plt = _pyplot()
-    rows = [r for r in (goodput or {}).get("sessions", []) if r.get("goodput") is not None]
-    if rows:
-        fig, (ax, bars) = plt.subplots(2, 1, figsize=(8, 6.5), gridspec_kw={"height_ratios": [3, 2]})
-        _goodput_bars(bars, rows, goodput)
-    else:
-        fig, ax = plt.subplots(figsize=(8, 4))
     labelled: set[str] = set()
 
     def mark(x, y, style, label, **kw):
@@ -154,9 +205,6 @@ def progress(sessions: list[dict], out_png, max_steps: int | None = None, goodpu
     locator = mdates.AutoDateLocator()
     ax.xaxis.set_major_locator(locator)
     ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
-    if rows:
-        fig.tight_layout()
-    return _save(fig, out_png)
 
 
 def _goodput_bars(ax, rows: list[dict], led: dict) -> None:

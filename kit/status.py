@@ -32,7 +32,8 @@ def gather(cfg, now: float | None = None) -> dict:
     Returns:
         A JSON-able dict: ``store`` (its description, or None), ``output_dir``, ``checkpoints``
         (steps present, ascending), ``latest_step`` (newest complete one, or None), ``max_steps``,
-        ``complete``, ``progress`` (0..1 or None), ``sessions`` (the session records, oldest
+        ``complete``, ``progress`` (0..1 or None), ``run_id`` (None before the first start),
+        ``log_history`` (the newest checkpoint's Trainer log: loss by step), ``sessions`` (the session records, oldest
         first), ``lease`` (holder, since, heartbeat, heartbeat_age_s, released; None when the job
         never took one) and ``warnings``.
     Raises:
@@ -74,11 +75,14 @@ def _from_store(cfg, now: float) -> dict:
         lease_raw, released_if_absent = store.read_text("lease.lock"), True
     else:
         lease_raw, released_if_absent = store.read_text("lease.json"), False
+    run = _json(store.read_text("run.json"), "kit/run.json") or {}
     return {
         "store": store.describe(),
+        "run_id": run.get("run_id"),
         "checkpoints": store.list_steps(),
         "latest_step": latest,
         "state_max_steps": (state or {}).get("max_steps"),
+        "log_history": (state or {}).get("log_history") or [],
         "sessions": _records(store.read_text(SESSIONS_STORE), f"the store's kit/{SESSIONS_STORE}"),
         "lease": _lease(_json(lease_raw, "kit lease"), now, released_if_absent and lease_raw is None),
     }
@@ -90,11 +94,14 @@ def _from_output_dir(cfg, warnings: list) -> dict:
     state = None
     if newest is not None:
         state = _json(_read(newest[1] / "trainer_state.json"), f"{newest[1].name}/trainer_state.json")
+    run = _json(_read(out / "kit_run.json"), "kit_run.json") or {}
     return {
         "store": None,
+        "run_id": run.get("run_id"),
         "checkpoints": sorted(step for step, _ in resume.local_checkpoints(out)),
         "latest_step": newest[0] if newest else None,
         "state_max_steps": (state or {}).get("max_steps"),
+        "log_history": (state or {}).get("log_history") or [],
         "sessions": _records(_read(out / SESSIONS_LOCAL), str(out / SESSIONS_LOCAL)),
         "lease": None,
     }
@@ -179,6 +186,8 @@ def session_line(i: int, rec: dict, ledger_row: dict | None = None) -> str:
 def format_text(s: dict) -> str:
     """A short aligned report of `gather()`'s dict."""
     rows = [("store", s["store"] or f"none (local {s['output_dir']})")]
+    if s.get("run_id"):
+        rows.append(("run id", s["run_id"]))
     steps = s["checkpoints"]
     shown = ", ".join(map(str, steps[-6:])) + (f" (+{len(steps) - 6} older)" if len(steps) > 6 else "")
     rows.append(("checkpoints", shown or "none"))

@@ -17,7 +17,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object: latest_step, max_steps, "
                         "complete, checkpoints, sessions, lease, store")
     parser.add_argument("--plot", metavar="PNG",
-                        help="also draw progress across sessions (step against wall time) and "
+                        help="also draw train and eval loss against step, progress across sessions and "
                         "goodput per session into PNG")
 
 
@@ -29,9 +29,12 @@ def run(args) -> int:
     if args.plot:
         from kit import plots
 
-        facts["plot"] = str(plots.progress(facts["sessions"], args.plot, facts["max_steps"],
-                                                   facts["goodput"]))
+        facts["plot"] = str(plots.job_plot(facts["log_history"], facts["sessions"], args.plot, facts["max_steps"],
+                                           facts["goodput"]))
+    history = facts.pop("log_history")
     if args.json:
+        facts["losses"] = [{k: h[k] for k in ("step", "loss", "eval_loss") if k in h} for h in history
+                           if "loss" in h or "eval_loss" in h]
         print(json.dumps(facts, indent=2))
     else:
         print(status.format_text(facts))

@@ -93,6 +93,18 @@ class Store(ABC):
         """How many commits an hour this store takes; None: no such limit."""
         return None
 
+    def publish_final(self, local_dir: Path) -> str:
+        """Put a finished job's ``final/`` folder into the store in one step; returns where it is."""
+        raise StoreError(f"{self.describe()} cannot hold a final/ folder")
+
+    def final_step(self) -> int | None:
+        """The step of the ``final/`` folder the store holds, or None when it holds none."""
+        raw = self._read_bytes("final/eval_results.json", self._snapshot())
+        try:
+            return int(json.loads(raw)["step"]) if raw else None
+        except (ValueError, KeyError, TypeError):
+            return None
+
     @abstractmethod
     def check_writable(self) -> None:
         """Raise StoreError when a training run could not publish here (checked before one starts)."""

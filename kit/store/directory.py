@@ -118,6 +118,19 @@ class DirStore(Store):
             shutil.rmtree(trash, ignore_errors=True)
             log.info("%s: removed checkpoint-%d (keeping the newest %d)", self.describe(), old, keep)
 
+    def publish_final(self, local_dir: Path) -> str:
+        """Copy ``local_dir`` in as ``final/``, renamed into place once whole."""
+        root = self._writable_dir(self.root)
+        tmp = root / f".tmp-final-{uuid.uuid4().hex[:8]}"
+        try:
+            shutil.copytree(local_dir, tmp)
+            _swap_into(tmp, root / "final")
+        except OSError as err:
+            raise StoreError(f"publishing final/ to {self.describe()} failed: {err}") from err
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return str(root / "final")
+
     def read_text(self, name: str) -> str | None:
         try:
             return (self.root / record_path(name)).read_text()

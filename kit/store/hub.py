@@ -233,6 +233,24 @@ class HubStore(Store):
                          self.describe(), step, attempt + 1)
         raise TransientStoreError(f"{self.describe()} kept changing under us; step {step} not published yet")
 
+    def publish_final(self, local_dir: Path) -> str:
+        """Upload ``local_dir`` as ``final/`` plus its README.md (the model card) at the root, in ONE commit."""
+        return self.publish_folder(local_dir, "final/", "kit: final (adapter, eval results, model card)",
+                                   card_at_root=True)
+
+    def publish_folder(self, local_dir: Path, prefix: str, message: str, card_at_root: bool = False) -> str:
+        """Upload every file of ``local_dir`` under ``prefix`` in one commit; returns the folder's URL."""
+        self._need_token()
+        self.ensure_repo()
+        local_dir = Path(local_dir)
+        ops = [CommitOperationAdd(f"{prefix}{p.relative_to(local_dir).as_posix()}", str(p))
+               for p in sorted(local_dir.rglob("*")) if p.is_file()]
+        if card_at_root and (local_dir / "README.md").is_file():
+            ops.append(CommitOperationAdd("README.md", str(local_dir / "README.md")))
+        with self._errors(f"publishing {prefix or 'the folder'}"):
+            self.api.create_commit(self.repo_id, ops, commit_message=message)
+        return f"{self.endpoint}/{self.repo_id}" + (f"/tree/main/{prefix.rstrip('/')}" if prefix else "")
+
     def _additions(self, local: Path, step: int, manifest: dict, names: list[str]) -> list:
         ops = []
         for rel in names:

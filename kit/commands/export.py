@@ -1,0 +1,64 @@
+"""`kit export`: the finished adapter merged into 16-bit weights, checked, optionally pushed and GGUF'd.
+
+    kit export --config configs/default.yaml                  # output_dir/final -> output_dir/merged
+    kit export --adapter outputs/default/final -o /tmp/merged --push hf://me/ha-merged
+    kit export --adapter outputs/default/final -o /tmp/merged --gguf q8_0 --llama-cpp ~/llama.cpp
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kit import config
+
+
+def add_arguments(parser) -> None:
+    config.add_config_arguments(parser)
+    parser.add_argument("--adapter", metavar="DIR", help="adapter folder (default: the config's output_dir/final)")
+    parser.add_argument("-o", "--output", metavar="DIR", help="new folder for the merged model "
+                        "(default: the config's output_dir/merged)")
+    parser.add_argument("--base", metavar="PATH_OR_ID", help="the base model, when not the adapter's own "
+                        "(e.g. a local copy); its revision must still match unless --force")
+    parser.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="weights to save")
+    parser.add_argument("--push", metavar="hf://OWNER/NAME", help="also upload the merged folder, in one commit")
+    parser.add_argument("--gguf", metavar="TYPE", help="also write a GGUF with llama.cpp (q8_0, f16, Q4_K_M, …)")
+    parser.add_argument("--llama-cpp", metavar="DIR", help="llama.cpp checkout (default: $LLAMA_CPP_DIR)")
+    parser.add_argument("--force", action="store_true", help="merge even if the base revision differs")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def run(args) -> int:
+    from kit.deliver import export, gguf
+
+    cfg = config.from_args(args)
+    adapter = Path(args.adapter or Path(cfg.output_dir) / "final")
+    out = Path(args.output or Path(cfg.output_dir) / "merged")
+    qtype = gguf.check_type(args.gguf) if args.gguf else None
+    llama = gguf.find_llama_cpp(args.llama_cpp) if qtype else None  # refused before any work
+    if args.push and not args.push.startswith("hf://"):
+        from kit.errors import UsageError
+
+        raise UsageError(f"--push {args.push}: give a Hub repo as hf://owner/name")
+    plan = export.prepare(adapter, out, base=args.base, dtype=args.dtype, force=args.force,
+                          gguf_type=qtype)
+    for w in plan.warnings:
+        print(f"warning: {w}")
+    print(f"export: {plan.adapter} onto {plan.base} ({plan.base_revision}) in {plan.dtype} -> {plan.out} "
+          f"(needs ~{plan.need_bytes / 1e9:.2f} GB, {plan.free_bytes / 1e9:.1f} GB free)", flush=True)
+    result = {"plan": plan.to_dict(), **export.merge(plan)}
+    print(f"verified: merged logits match base + adapter on {result['prompts']} prompts: max |Δ| "
+          f"{result['max_abs_logit_diff']:.3g} ≤ {result['tolerance']:.3g}, greedy agreement "
+          f"{100 * result['top1_agreement']:.1f} %")
+    if qtype:
+        result["gguf"] = str(gguf.convert(out, qtype, llama))
+        print(f"gguf: {result['gguf']}")
+    if args.push:
+        from kit.store.hub import HubStore
+
+        result["pushed"] = HubStore(args.push).publish_folder(out, "", "kit: merged model")
+        print(f"pushed: {result['pushed']}")
+    print(f"load it: AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    if args.json:
+        print(json.dumps(result, indent=1))
+    return 0

@@ -1,0 +1,102 @@
+"""The model card (README.md) of a finished job: YAML metadata the Hub reads, then what a user needs.
+
+The YAML follows the Hub's model card metadata: `base_model` (a Hub id; a local base is named in
+the text only, as the Hub rejects a path there), `library_name: peft`, `tags`, `datasets` (a Hub
+dataset id), `license` (taken from the base model's own card when it has one), plus
+`base_model_revision`, the exact weights the adapter belongs to.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from kit.evaluation.results import change_line, words
+
+
+def _hub_id(name: str) -> bool:
+    return not Path(name).exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", name) is not None
+
+
+def base_license(model: str) -> str | None:
+    """`license:` of a local base model's README.md front matter, when it has one."""
+    card = Path(model) / "README.md"
+    if not card.is_file():
+        return None
+    m = re.search(r"^---\n(.*?)\n---", card.read_text(errors="replace"), re.S)
+    found = re.search(r"^license:\s*(\S+)", m.group(1), re.M) if m else None
+    return found.group(1) if found else None
+
+
+def metadata(cfg, run: dict) -> dict:
+    meta = {}
+    if _hub_id(cfg.model):
+        meta["base_model"] = cfg.model
+    meta["base_model_revision"] = run.get("base_revision")
+    meta["library_name"] = "peft" if cfg.method != "full" else "transformers"
+    meta["pipeline_tag"] = "text-generation"
+    meta["tags"] = ["kit", "trl", "sft"] + ([cfg.method, "peft"] if cfg.method != "full" else ["full-fine-tune"])
+    if _hub_id(cfg.data.path):
+        meta["datasets"] = [cfg.data.path]
+    lic = base_license(cfg.model)
+    if lic:
+        meta["license"] = lic
+    return meta
+
+
+def render(cfg, run: dict, results: dict, facts: dict) -> str:
+    """README.md text. `facts`: plan words, hardware, sessions, gpu_hours, command, hub_repo, final_dir."""
+    import yaml
+
+    b, f = results.get("baseline"), results.get("final")
+    repo = facts.get("hub_repo")
+    where = f'"{repo}", subfolder="final"' if repo else f'"{facts.get("final_dir", "final")}"'
+    lora = (f"LoRA r={cfg.lora.r}, alpha={cfg.lora.alpha:g}, dropout={cfg.lora.dropout:g}, "
+            f"target modules {cfg.lora.target_modules}") if cfg.method != "full" else "all weights"
+    lines = [
+        "---", yaml.safe_dump(metadata(cfg, run), sort_keys=False).rstrip(), "---", "",
+        f"# {Path(cfg.output_dir).name}: {cfg.method} fine-tune of {cfg.model}", "",
+        f"Run `{run.get('run_id')}`, trained with kit (TRL SFTTrainer + PEFT).", "",
+        "## What it is", "",
+        f"- Base model: `{cfg.model}`, revision `{run.get('base_revision')}`"
+        + (f" (asked for `{cfg.revision}`)" if cfg.revision else ""),
+        f"- Data: `{cfg.data.path}` ({results['data'].get('format')}, fingerprint `{results['data']['fingerprint']}`), "
+        f"{cfg.data.eval_fraction:g} held out for evaluation",
+        f"- Method: {cfg.method}, {lora}; seq_len {cfg.seq_len}, learning rate {cfg.learning_rate:g} "
+        f"({cfg.lr_scheduler}), {results.get('step')} steps",
+        f"- Plan and hardware: {facts.get('plan', '?')}; {facts.get('hardware', '?')}",
+        f"- Sessions: {facts.get('sessions', '?')}, {facts.get('gpu_hours', 0):.2f} GPU hours", "",
+        "## Evaluation", "",
+        f"Held-out rows, the same ones before and after (greedy decoding, seed {cfg.seed}):", "",
+        "| | before (step 0) | after |", "| --- | --- | --- |",
+        f"| result | {words(b)} | {words(f)} |", "",
+        change_line(results) + ".", "",
+        "Files: `eval_results.json` (both results, the configuration), `samples.md` (5 answers before and after).", "",
+        "## Limitations", "",
+        "Measured on a small held-out subset of the training data's own distribution; exact match is a strict "
+        "string comparison. Neither says how the model does on other data or on safety.", "",
+        "## Use it", "",
+        "```python",
+        *(["from peft import PeftModel"] if cfg.method != "full" else []),
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "",
+    ]
+    if cfg.method != "full":
+        lines += [f'base = AutoModelForCausalLM.from_pretrained("{cfg.model}", revision='
+                  f'{_revision_literal(run)}, dtype="auto")',
+                  f"model = PeftModel.from_pretrained(base, {where})"]
+    else:
+        lines += [f"model = AutoModelForCausalLM.from_pretrained({where})"]
+    lines += [f"tokenizer = AutoTokenizer.from_pretrained({where})", "```", "",
+              "Merged into plain 16-bit weights (loads with `AutoModelForCausalLM` alone; GGUF via llama.cpp):", "",
+              "```", facts.get("export_command", "python -m kit export --adapter final -o merged"), "```", "",
+              "## Re-run the job", "", "```", facts.get("command", "python train_ddp.py"), "```", "",
+              "Where things are" + (f" in `{repo}` (branch main)" if repo else "") + ": `final/` this deliverable; "
+              "`checkpoints/` the resumable training checkpoints; `kit/` the job's records "
+              "(run.json, baseline.json, sessions.jsonl).", ""]
+    return "\n".join(lines)
+
+
+def _revision_literal(run: dict) -> str:
+    rev = run.get("base_revision") or ""
+    return f'"{rev[4:]}"' if rev.startswith("hub:") else "None"

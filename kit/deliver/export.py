@@ -1,0 +1,246 @@
+"""`kit export`: merge a LoRA adapter into 16-bit weights that load with `AutoModelForCausalLM` alone.
+
+Facts first (`prepare`: the adapter, its base, the base's revision, the disk it needs and has),
+then the merge (`merge`), then the check (`verify`). For QLoRA the base is reloaded in 16-bit
+from its original weights and merged there: merging into 4-bit weights would round the update
+away and save a model that is neither. The base is loaded on the CPU (a Kaggle T4 cannot hold an
+8B model in 16-bit); it takes the model's 16-bit size in RAM, once: the check loads the merged
+model only after the merge is freed.
+
+Verification: the merged model's logits on a few prompts against base + adapter (unmerged) in the
+same dtype. Both round to 16 bits at different points, so they agree within
+`TOLERANCE[dtype] × max|logit|`, and the greedy next token must agree at nearly every position.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import shutil
+import struct
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from kit.errors import CannotTrain, UsageError
+from kit.evaluation import identity
+
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+TOLERANCE = {"bf16": 0.03, "fp16": 0.01, "fp32": 1e-4}  # × max |logit| of base + adapter
+MIN_TOP1_AGREEMENT = 0.95
+SHARD = "2GB"  # small shards: each is written (and later read) without a second copy of the model
+MARGIN = 256 << 20  # tokenizer, config, card, filesystem slack
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+FALLBACK_PROMPTS = ["Hello, how are you?", "Write one sentence about the sea."]
+
+
+@dataclass
+class ExportPlan:
+    adapter: str
+    base: str
+    base_dir: str
+    base_revision: str
+    recorded_revision: str | None
+    out: str
+    dtype: str
+    need_bytes: int
+    free_bytes: int
+    warnings: list
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def free_bytes(path) -> int:
+    """Free bytes on the filesystem that will hold `path` (its nearest existing parent)."""
+    p = Path(path).resolve()
+    while not p.exists():
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+def read_adapter(adapter_dir) -> tuple[dict, dict]:
+    """(adapter_config.json, kit_run.json or {}) of an adapter folder."""
+    folder = Path(adapter_dir)
+    cfg_path = folder / "adapter_config.json"
+    if not cfg_path.is_file():
+        what = "a full model (nothing to merge)" if (folder / "config.json").is_file() else "not an adapter"
+        raise UsageError(f"{folder} has no adapter_config.json: {what}; give --adapter a final/ or checkpoint-N folder "
+                         "of a LoRA/QLoRA job")
+    adapter_cfg = json.loads(cfg_path.read_text())
+    run = {}
+    for candidate in (folder / identity.RUN_LOCAL, folder.parent / identity.RUN_LOCAL):
+        if candidate.is_file():
+            run = json.loads(candidate.read_text())
+            break
+    if not run:  # a checkpoint folder: its manifest keeps the revision
+        extra = json.loads((folder / "kit_manifest.json").read_text()).get("extra", {}) \
+            if (folder / "kit_manifest.json").is_file() else {}
+        run = {k: v for k, v in extra.items() if v}
+    return adapter_cfg, run
+
+
+def resolve_base(name: str, revision: str | None) -> Path:
+    """A local folder holding the base's config, tokenizer and weights (the Hub cache for a Hub id).
+
+    Raises:
+        UsageError: a Hub base that is neither cached nor downloadable (offline, or missing).
+    """
+    if Path(name).is_dir():
+        return Path(name)
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+    patterns = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "tokenizer*"]
+    try:
+        return Path(snapshot_download(name, revision=revision, allow_patterns=patterns, local_files_only=offline))
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError) as e:
+        how = ("it is not in the Hugging Face cache and HF_HUB_OFFLINE is set: run once with HF_HUB_OFFLINE=0, "
+               "or pass --base PATH to a local copy") if offline else f"{str(e).splitlines()[0][:200]}"
+        raise UsageError(f"the adapter's base model {name!r} is not available: {how}") from None
+
+
+def sixteen_bit_bytes(base_dir: Path) -> int:
+    """Bytes of the base's weights stored in 16 bits, from the safetensors headers (no tensor is read)."""
+    total = 0
+    files = sorted(Path(base_dir).glob("*.safetensors"))
+    if not files:
+        raise UsageError(f"{base_dir} has no .safetensors weights: kit export reads safetensors only")
+    for path in files:
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+        for key, t in header.items():
+            if key == "__metadata__":
+                continue
+            numel = 1
+            for d in t["shape"]:
+                numel *= d
+            size = _DTYPE_BYTES.get(t["dtype"], 2)
+            total += numel * (2 if t["dtype"] in ("F32", "F64", "F16", "BF16") else size)
+    return total
+
+
+def prepare(adapter_dir, out_dir, *, base: str | None = None, dtype: str = "bf16", gguf_type: str | None = None,
+            force: bool = False) -> ExportPlan:
+    """Everything checked before a byte is written: adapter, base, revision, output, disk."""
+    adapter_cfg, run = read_adapter(adapter_dir)
+    if adapter_cfg.get("use_dora"):
+        raise UsageError(f"{adapter_dir} is a DoRA adapter: kit export merges plain LoRA only")
+    name = base or adapter_cfg.get("base_model_name_or_path")
+    if not name:
+        raise UsageError(f"{adapter_dir}/adapter_config.json names no base model: pass --base")
+    base_dir = resolve_base(name, adapter_cfg.get("revision"))
+    current = identity.base_revision(str(base_dir)) if Path(name).is_dir() else f"hub:{base_dir.name}"
+    warnings = []
+    warning = identity.check_same_base(run.get("base_revision"), current, f"adapter {adapter_dir}", force)
+    if warning:
+        warnings.append(warning)
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise UsageError(f"{out} exists and is not empty: export writes a new folder; pick another -o")
+    sixteen = sixteen_bit_bytes(base_dir)
+    need = sixteen * (2 if dtype == "fp32" else 1) + MARGIN
+    if gguf_type:
+        from kit.deliver.gguf import gguf_bytes
+
+        need += gguf_bytes(gguf_type, sixteen)
+    free = free_bytes(out)
+    if free < need:
+        raise CannotTrain(f"export needs ~{need / 1e9:.1f} GB free where {out} goes, only {free / 1e9:.1f} GB is: "
+                          "pick -o on a larger disk (on Kaggle /tmp, not /kaggle/working's ~20 GB)")
+    return ExportPlan(str(adapter_dir), name, str(base_dir), current, run.get("base_revision"), str(out), dtype,
+                      need, free, warnings)
+
+
+def prompts_for(adapter_dir, tokenizer, n: int = 3) -> list[list[int]]:
+    """A few held-out prompts from the job's eval_results.json, else fixed sentences; as token ids."""
+    path = Path(adapter_dir) / "eval_results.json"
+    texts = []
+    if path.is_file():
+        doc = json.loads(path.read_text())
+        for side in ("final", "baseline"):
+            texts += [s["prompt"] for s in (((doc.get(side) or {}).get("result") or {}).get("samples") or [])]
+    texts = [t for t in texts if t][:n] or FALLBACK_PROMPTS
+    return [tokenizer(t, add_special_tokens=False)["input_ids"] or [0] for t in texts]
+
+
+def _logits(model, prompts) -> list:
+    import torch
+
+    with torch.no_grad():
+        return [model(input_ids=torch.tensor([p])).logits[0].float() for p in prompts]
+
+
+def merge(plan: ExportPlan) -> dict:
+    """Merge, save sharded safetensors + tokenizer into plan.out (via a temp folder), then verify."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = getattr(torch, DTYPES[plan.dtype])
+    out = Path(plan.out)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    timings = {}
+    try:
+        started = time.monotonic()
+        tokenizer = AutoTokenizer.from_pretrained(plan.adapter)
+        model = AutoModelForCausalLM.from_pretrained(plan.base_dir, dtype=dtype)  # 16-bit, CPU: never 4-bit
+        model = PeftModel.from_pretrained(model, plan.adapter)
+        model.eval()
+        prompts = prompts_for(plan.adapter, tokenizer)
+        reference = _logits(model, prompts)
+        timings["load_s"] = time.monotonic() - started
+        started = time.monotonic()
+        merged = model.merge_and_unload()
+        merged.save_pretrained(tmp, max_shard_size=SHARD)
+        tokenizer.save_pretrained(tmp)
+        _card(Path(plan.adapter), tmp)
+        timings["merge_save_s"] = time.monotonic() - started
+        del model, merged
+        gc.collect()
+        started = time.monotonic()
+        check = verify(tmp, prompts, reference, plan.dtype)
+        timings["verify_s"] = time.monotonic() - started
+        os.rename(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {**check, **{k: round(v, 2) for k, v in timings.items()}}
+
+
+def _card(adapter: Path, out: Path) -> None:
+    """The job's model card, now for plain transformers weights."""
+    card = adapter / "README.md"
+    if card.is_file():
+        text = card.read_text().replace("library_name: peft", "library_name: transformers", 1)
+        (out / "README.md").write_text(text.replace("- peft\n", "- merged\n", 1))
+
+
+def verify(folder, prompts, reference, dtype: str) -> dict:
+    """Load `folder` with plain AutoModelForCausalLM and compare its logits with `reference`.
+
+    Raises:
+        KitError: the merged model disagrees beyond the tolerance (nothing is kept then).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    merged = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, DTYPES[dtype]))
+    merged.eval()
+    got = _logits(merged, prompts)
+    scale = max(r.abs().max().item() for r in reference) or 1.0
+    worst = max((g - r).abs().max().item() for g, r in zip(got, reference))
+    agree = sum(int((g.argmax(-1) == r.argmax(-1)).sum()) for g, r in zip(got, reference))
+    positions = sum(r.shape[0] for r in reference)
+    result = {"max_abs_logit_diff": worst, "max_abs_logit": scale, "tolerance": TOLERANCE[dtype] * scale,
+              "top1_agreement": agree / positions, "positions": positions, "prompts": len(prompts)}
+    if worst > result["tolerance"] or result["top1_agreement"] < MIN_TOP1_AGREEMENT:
+        from kit.errors import KitError
+
+        raise KitError(f"the merged model does not match base + adapter: max |Δlogit| {worst:.3g} (tolerance "
+                       f"{result['tolerance']:.3g}), greedy agreement {100 * result['top1_agreement']:.1f} %; "
+                       "nothing was kept", 1)
+    return result

@@ -1,0 +1,47 @@
+"""The deliverable of a finished job: `output_dir/final/`, and its copy in the store.
+
+`final/` holds the adapter (or the full model), the tokenizer, the config (kit_config.yaml), the
+run record (kit_run.json), eval_results.json, samples.md and the model card (README.md). It is
+written into a temp folder and renamed, so a cut never leaves half a `final/`. The checkpoints
+stay where they are. With a store, `final/` is published in one step (the Hub: one commit that
+also puts the card at the repo's root, where the Hub shows it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from kit import config
+from kit.deliver import card
+from kit.evaluation import identity
+from kit.evaluation.results import samples_markdown
+
+FINAL_DIR = "final"
+FILES = ("README.md", "eval_results.json", "samples.md", "kit_config.yaml", identity.RUN_LOCAL)
+
+
+def write_final(cfg, model, tokenizer, results: dict, run: dict, facts: dict) -> Path:
+    """Write `output_dir/final/` and return its path (an earlier final/ is replaced only once complete)."""
+    out = Path(cfg.output_dir) / FINAL_DIR
+    tmp = out.with_name(f".{FINAL_DIR}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        model.save_pretrained(tmp)  # a PeftModel writes the adapter only: adapter_model.safetensors + config
+        tokenizer.save_pretrained(tmp)
+        (tmp / "kit_config.yaml").write_text(config.dump_yaml(cfg))
+        (tmp / identity.RUN_LOCAL).write_text(json.dumps(run, indent=1))
+        (tmp / "eval_results.json").write_text(json.dumps(results, indent=1))
+        (tmp / "samples.md").write_text(samples_markdown(results))
+        (tmp / "README.md").write_text(card.render(cfg, run, results, {**facts, "final_dir": str(out)}))
+        old = out.with_name(f".{FINAL_DIR}.old-{os.getpid()}")
+        if out.exists():
+            os.rename(out, old)
+        os.rename(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

@@ -1,0 +1,96 @@
+"""The end of a finished job (rank 0): final evaluation, `final/`, its push, and the closing lines.
+
+    [kit] eval loss 5.91 → 1.02, perplexity 369 → 2.77; exact match 0 % → 12 % (on 42 held-out rows)
+    [kit] final: outputs/default/final (adapter, tokenizer, config, eval results, samples, model card)
+    [kit] pushed: https://huggingface.co/me/ha-ckpts/tree/main/final
+    [kit] export: python -m kit export --adapter outputs/default/final -o outputs/default/merged
+
+A final push that fails leaves `final/` complete locally and exits 4; running the same command
+again finds the job complete and pushes it then.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from kit.deliver.final import FINAL_DIR, write_final
+from kit.errors import EXIT_STORE, StoreError
+from kit.evaluation import stage
+from kit.evaluation.results import change_line
+
+
+def rerun_command(world_size: int) -> str:
+    launcher = f"torchrun --standalone --nproc_per_node={world_size}" if world_size > 1 else "python"
+    return " ".join([launcher, *map(shlex.quote, sys.argv)])
+
+
+def _facts(job, sessions: list[dict]) -> dict:
+    cuda = job.ctx.device.type == "cuda"
+    hardware = f"{job.ctx.world_size} × {job.ctx.device.type}"
+    if cuda:
+        import torch
+
+        hardware = f"{job.ctx.world_size} × {torch.cuda.get_device_name(job.ctx.device)}"
+    hours = sum(max(0.0, (s.get("ended") or 0) - (s.get("started") or 0)) * (s.get("world_size") or 1)
+                for s in sessions) / 3600 if cuda else 0.0
+    plan = (f"{job.plan.precision}, batch {job.plan.per_device_batch} × accumulation {job.plan.grad_accum} × "
+            f"{job.ctx.world_size} = {job.plan.global_batch}")
+    store = job.store.describe() if job.store is not None else None
+    return {"plan": plan, "hardware": hardware, "sessions": len(sessions) + 1, "gpu_hours": hours,
+            "command": rerun_command(job.ctx.world_size),
+            "export_command": export_command(job.cfg),
+            "hub_repo": store[5:] if store and store.startswith("hf://") else None}
+
+
+def export_command(cfg) -> str:
+    out = Path(cfg.output_dir)
+    return f"python -m kit export --adapter {out / FINAL_DIR} -o {out / 'merged'}"
+
+
+def _sessions(job) -> list[dict]:
+    path = Path(job.cfg.output_dir) / "kit_sessions.jsonl"
+    text = path.read_text() if path.exists() else ""
+    return [json.loads(line) for line in text.splitlines() if line.strip().startswith("{")]
+
+
+def deliver(job, trainer, step: int) -> tuple[int, list[str], dict]:
+    """Final evaluation, final/, push. Returns (exit code, lines to print, what to record)."""
+    tokenizer, dataset = job.eval_inputs
+    results = stage.after(job.run, job.baseline, job.cfg, trainer.model, tokenizer, dataset,
+                          job.plan.per_device_batch, step)
+    final = write_final(job.cfg, trainer.model, tokenizer, results, job.run, _facts(job, _sessions(job)))
+    lines = [change_line(results),
+             f"final: {final} (adapter, tokenizer, config, eval results, samples, model card)"]
+    code, record = push(job, final, lines)
+    lines.append(f"export: {export_command(job.cfg)}   (16-bit weights for transformers; --gguf with llama.cpp)")
+    record["primary_metric"] = results["primary_metric"]
+    return code, lines, record
+
+
+def push(job, final: Path, lines: list[str]) -> tuple[int, dict]:
+    if job.store is None:
+        return 0, {"final": str(final)}
+    try:
+        where = job.store.publish_final(final)
+    except StoreError as e:
+        lines.append(f"error: final/ was not pushed to {job.store.describe()}: {e}; it is complete in {final} — "
+                     "fix that and run the same command again to push it")
+        return EXIT_STORE, {"final": str(final), "final_push": f"failed: {e}"}
+    lines.append(f"pushed: {where}")
+    return 0, {"final": str(final), "final_push": where}
+
+
+def push_if_missing(job, step: int) -> tuple[int, list[str]]:
+    """On a job found complete: push a local final/ of that step the store does not hold yet."""
+    final = Path(job.cfg.output_dir) / FINAL_DIR
+    if job.store is None or not (final / "eval_results.json").is_file():
+        return 0, []
+    local_step = json.loads((final / "eval_results.json").read_text()).get("step")
+    if local_step != step or job.store.final_step() == step:
+        return 0, []
+    lines: list[str] = []
+    code, _ = push(job, final, lines)
+    return code, lines

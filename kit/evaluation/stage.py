@@ -1,0 +1,97 @@
+"""The evaluation steps of a training job: `open_run` at start, `before` the first step, `after` the last.
+
+Rank 0 does all of it (reads and writes the store, measures on the unwrapped model); `kit.job`
+broadcasts the outcome so every rank raises the same one-line error or carries on together.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from kit.evaluation import heldout, identity, results
+
+
+def open_run(cfg, store) -> dict:
+    """The job's run record ({run_id, created, base_revision?}); a new one on the job's first start.
+
+    Nothing is written here: a start refused for bad data must leave output_dir as it was. The
+    record is saved by `bind_base`, once the model and data have loaded.
+    """
+    local = Path(cfg.output_dir) / identity.RUN_LOCAL
+    record = identity.parse_record(store.read_text(identity.RUN_RECORD)) if store is not None else None
+    if record is None and local.exists():
+        record = identity.parse_record(local.read_text())
+    return record or {"run_id": identity.new_run_id(), "created": time.time(), "model": cfg.model}
+
+
+def save_run(record: dict, cfg, store, *, to_store: bool = True) -> None:
+    text = json.dumps(record, indent=1)
+    results.write_atomic(Path(cfg.output_dir) / identity.RUN_LOCAL, text)
+    if store is not None and to_store:
+        store.write_text(identity.RUN_RECORD, text)
+
+
+def bind_base(run: dict, cfg, model, store, force: bool) -> list[str]:
+    """Tie the run to the base weights just loaded; refuse another revision unless forced."""
+    current = identity.base_revision(cfg.model, getattr(model, "config", None))
+    warning = identity.check_same_base(run.get("base_revision"), current, f"run {run['run_id']}", force)
+    changed = run.get("base_revision") != current
+    if changed and warning:
+        run.setdefault("forced_base_revisions", []).append(current)
+    elif changed:
+        run["base_revision"] = current
+    save_run(run, cfg, store, to_store=changed)  # the store is written only when the record changes
+    return [warning] if warning else []
+
+
+def _skip_reason(cfg, dataset, which: str) -> str | None:
+    if not getattr(cfg.eval, which):
+        return f"eval.{which} is false"
+    if dataset.eval is None or len(dataset.eval) == 0:
+        if cfg.data.eval_fraction == 0:
+            return "no held-out data (data.eval_fraction is 0)"
+        return "no held-out data (too few rows to split off an eval set)"
+    return None
+
+
+def measure(cfg, model, tokenizer, dataset, batch_size: int, which: str) -> dict:
+    """One evaluation record: {data_format, rows, skipped | result}, the same rows every time."""
+    metric, why = heldout.metric_plan(cfg.eval, dataset.format)  # a metric the data cannot have: UsageError
+    record = {"data_format": dataset.format, "when": time.time(), "skipped": _skip_reason(cfg, dataset, which),
+              "result": None}
+    if record["skipped"]:
+        return record
+    idx = heldout.choose_rows(len(dataset.eval), cfg.eval.subset, cfg.seed)
+    rows = dataset.eval.select(idx)[:]
+    record["rows"] = idx
+    try:
+        record["result"] = heldout.measure(model, tokenizer, rows, metric=metric, skip_reason=why,
+                                           eval_cfg=cfg.eval, batch_size=batch_size)
+    except (RuntimeError, ValueError) as e:  # CUDA out of memory, a backend that cannot generate: say so,
+        # and keep the job: its checkpoints and final/ matter more than one measurement.
+        record["skipped"] = f"the evaluation failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    return record
+
+
+def before(run: dict, cfg, model, tokenizer, dataset, store, batch_size: int, force: bool) -> tuple[dict, list[str]]:
+    """The job's baseline: the one kept from an earlier session, or measured now and kept."""
+    heldout.metric_plan(cfg.eval, dataset.format)
+    notes = bind_base(run, cfg, model, store, force)
+    found, where = results.read_baseline(cfg.output_dir, store)
+    if found is not None and found.get("run_id") == run["run_id"]:
+        notes.append(f"baseline: kept from {where} ({results.words(found)})")
+        return found, notes
+    record = {"run_id": run["run_id"], "step": 0, **measure(cfg, model, tokenizer, dataset, batch_size, "baseline")}
+    notes += results.write_baseline(record, cfg.output_dir, store)
+    notes.append(f"baseline: {results.words(record)}" +
+                 (f" in {record['result']['seconds']:.1f} s" if record.get("result") else ""))
+    return record, notes
+
+
+def after(run: dict, baseline: dict | None, cfg, model, tokenizer, dataset, batch_size: int, step: int) -> dict:
+    """eval_results.json's content: the final evaluation beside the baseline."""
+    final = {"run_id": run["run_id"], "step": step, **measure(cfg, model, tokenizer, dataset, batch_size, "final")}
+    return results.eval_results(cfg, run, baseline, final, step)
+

@@ -1,0 +1,224 @@
+"""The finished job end to end: the real train_ddp.py (2 gloo ranks under torchrun, or one process),
+a directory store and tests/hubserver.py with the real huggingface_hub client: baseline and final
+evaluation, final/ and its push, the model card, kill -9 after the baseline, a changed base."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kit.evaluation.identity import local_revision
+from tests.hubserver import WRITE_TOKEN, HubServer
+from tests.scripts import FAST, ROOT, SCRIPT, cpu_env, kill_job, run, torchrun_cmd, train
+
+TINY = ROOT / "models" / "tiny-qwen3"
+FINAL_FILES = {"README.md", "adapter_config.json", "adapter_model.safetensors", "eval_results.json", "samples.md",
+               "kit_config.yaml", "kit_run.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}
+
+
+def front_matter(card: str) -> dict:
+    m = re.match(r"^---\n(.*?)\n---\n", card, re.S)
+    assert m, "the model card starts with YAML front matter"
+    return yaml.safe_load(m.group(1))
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """One full job of the default config under torchrun (2 ranks) with a directory store."""
+    root = tmp_path_factory.mktemp("job")
+    out, store = root / "out", root / "store"
+    r = train([f"output_dir={out}", f"store={store}", "max_steps=20", "save_steps=10", "eval_steps=10",
+               "logging_steps=2"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out, store, r.stdout
+
+
+def test_a_full_job_evaluates_before_and_after_and_delivers_final(finished):
+    out, store, stdout = finished
+    final = out / "final"
+    assert {p.name for p in final.iterdir()} == FINAL_FILES
+    doc = json.loads((final / "eval_results.json").read_text())
+    b, f = doc["baseline"]["result"], doc["final"]["result"]
+    assert doc["baseline"]["step"] == 0 and doc["final"]["step"] == doc["step"] == 20
+    assert b["rows_sha256"] == f["rows_sha256"] and b["rows"] == f["rows"] > 10, "the same held-out rows"
+    assert f["loss"] < b["loss"], "training moved the held-out loss"
+    assert doc["primary_metric"]["name"] == "exact_match"
+    assert len(b["samples"]) == len(f["samples"]) == 5
+    run = json.loads((out / "kit_run.json").read_text())
+    assert doc["run_id"] == run["run_id"] and doc["base_revision"] == run["base_revision"] == local_revision(TINY)
+    assert doc["data"]["fingerprint"].startswith("sha256:") and doc["eval_config"]["subset"] == 64
+    samples = (final / "samples.md").read_text()
+    assert samples.count("## Sample ") == 5 and "Before (step 0):" in samples and "After (step 20):" in samples
+    # The end of the run says where things are and what to do next.
+    assert f"[kit] run id: {run['run_id']}" in stdout
+    assert re.search(r"\[kit\] eval loss [\d.]+ → [\d.]+, perplexity .*exact match \d+ % → \d+ %", stdout)
+    assert f"[kit] final: {final} (adapter" in stdout
+    assert f"[kit] pushed: {store / 'final'}" in stdout
+    assert f"[kit] export: python -m kit export --adapter {final}" in stdout
+    # The store holds the deliverable and the job's records; the checkpoints stay where they were.
+    assert {p.name for p in (store / "final").iterdir()} == FINAL_FILES
+    assert json.loads((store / "kit" / "baseline.json").read_text())["result"]["loss"] == b["loss"]
+    assert json.loads((store / "kit" / "run.json").read_text())["run_id"] == run["run_id"]
+    assert sorted(p.name for p in (store / "checkpoints").iterdir()) == ["checkpoint-10", "checkpoint-20"]
+    manifest = json.loads((store / "checkpoints" / "checkpoint-20" / "kit_manifest.json").read_text())
+    assert manifest["extra"] == {"run_id": run["run_id"], "base_revision": run["base_revision"]}
+    session = json.loads((out / "kit_sessions.jsonl").read_text().splitlines()[-1])
+    assert session["run_id"] == run["run_id"] and session["final_push"] == str(store / "final")
+    assert session["primary_metric"]["name"] == "exact_match"
+
+
+def test_the_model_card_has_hub_metadata_and_says_how_to_use_it(finished):
+    out, _, _ = finished
+    card = (out / "final" / "README.md").read_text()
+    meta = front_matter(card)
+    assert meta["library_name"] == "peft" and meta["base_model_revision"] == local_revision(TINY)
+    assert {"kit", "lora", "peft", "sft"} <= set(meta["tags"])
+    assert "base_model" not in meta, "a local base is no Hub id: named in the text, not in base_model"
+    for words in ("models/tiny-qwen3", "data/ha_commands.jsonl", "LoRA r=16", "2 × cpu", "| result | loss",
+                  "PeftModel.from_pretrained", "python -m kit export", "torchrun --standalone --nproc_per_node=2",
+                  "## Limitations"):
+        assert words in card, words
+
+
+def test_status_plots_loss_against_step_and_shows_the_run_id(finished, tmp_path):
+    out, store, _ = finished
+    png = tmp_path / "job.png"
+    r = subprocess.run([*_kit(), "status", "--config", "configs/default.yaml", f"output_dir={out}", f"store={store}",
+                        "--plot", str(png), "--json"], cwd=ROOT, env=cpu_env(), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    facts = json.loads(r.stdout)
+    assert facts["run_id"] == json.loads((out / "kit_run.json").read_text())["run_id"]
+    assert [h["step"] for h in facts["losses"] if "eval_loss" in h] == [10, 20]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = subprocess.run([*_kit(), "status", "--config", "configs/default.yaml", f"store={store}"], cwd=ROOT,
+                          env=cpu_env(), capture_output=True, text=True).stdout
+    assert f"run id       {facts['run_id']}" in text
+
+
+def _kit():
+    import sys
+
+    return [sys.executable, "-m", "kit"]
+
+
+def test_export_of_the_finished_job_loads_in_plain_transformers_and_matches(finished, tmp_path):
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    out, _, _ = finished
+    merged = tmp_path / "merged"
+    r = subprocess.run([*_kit(), "export", "--adapter", str(out / "final"), "-o", str(merged), "--dtype", "fp32"],
+                       cwd=ROOT, env=cpu_env(), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "verified: merged logits match base + adapter" in r.stdout
+    assert list(merged.glob("*.safetensors")) and (merged / "tokenizer.json").is_file()
+    assert front_matter((merged / "README.md").read_text())["library_name"] == "transformers"
+    plain = AutoModelForCausalLM.from_pretrained(merged)
+    assert not hasattr(plain, "peft_config")
+    both = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(TINY), out / "final")
+    ids = torch.tensor([[5, 17, 42, 99, 3, 250, 7]])
+    with torch.no_grad():
+        diff = (plain(input_ids=ids).logits - both(input_ids=ids).logits).abs().max().item()
+    assert diff < 1e-4, diff
+
+
+def test_final_push_to_the_hub_is_one_commit_with_the_expected_files(tmp_path):
+    out = tmp_path / "out"
+    with HubServer(tokens={WRITE_TOKEN: "write"}) as server:
+        env = cpu_env(HF_ENDPOINT=server.url, HF_TOKEN=WRITE_TOKEN, HF_HUB_OFFLINE="0", HF_HUB_DISABLE_TELEMETRY="1")
+        r = train([f"output_dir={out}", "store=hf://me/ha-final", "max_steps=4", "save_steps=4", *FAST], nproc=1,
+                  env=env)
+        assert r.returncode == 0, r.stderr[-3000:]
+        finals = [c for c in server.commit_log("me/ha-final") if c.title.startswith("kit: final")]
+        assert len(finals) == 1
+        assert set(finals[0].added) == {f"final/{n}" for n in FINAL_FILES} | {"README.md"}
+        files = server.files("me/ha-final")
+        card = files["README.md"].decode()
+        assert card == files["final/README.md"].decode()
+        assert front_matter(card)["base_model_revision"] == local_revision(TINY)
+        assert "in `me/ha-final` (branch main): `final/` this deliverable; `checkpoints/`" in card
+        assert f"[kit] pushed: {server.url}/me/ha-final/tree/main/final" in r.stdout
+        assert {"kit/run.json", "kit/baseline.json", "checkpoints/checkpoint-4/kit_manifest.json"} <= set(files)
+
+
+def test_a_job_killed_after_the_baseline_resumes_without_measuring_it_again(tmp_path):
+    out, store = tmp_path / "out", tmp_path / "store"
+    args = [f"output_dir={out}", f"store={store}", "max_steps=400", "save_steps=5", *FAST]
+    log = tmp_path / "first.log"
+    proc = subprocess.Popen(torchrun_cmd(nproc=1) + args, cwd=ROOT, env=cpu_env(), stdout=open(log, "w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while "[kit] baseline: loss" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "[kit] baseline: loss" in log.read_text(), log.read_text()[-2000:]
+    kill_job(proc, str(out))
+    kept = (store / "kit" / "baseline.json").read_bytes()
+    shutil.rmtree(out)  # a new machine: only the store remains
+    r = train([*args[:2], "max_steps=6", *args[3:]], nproc=1)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"[kit] baseline: kept from directory {store}" in r.stdout
+    assert "[kit] baseline: loss" not in r.stdout
+    assert (store / "kit" / "baseline.json").read_bytes() == kept
+    doc = json.loads((out / "final" / "eval_results.json").read_text())
+    assert doc["baseline"] == json.loads(kept)
+
+
+def test_a_different_base_revision_is_refused_and_nothing_is_overwritten(tmp_path):
+    base, out = tmp_path / "base", tmp_path / "out"
+    shutil.copytree(TINY, base)
+    args = [f"model={base}", f"output_dir={out}", "save_steps=2", *FAST]
+    assert train([*args, "max_steps=2"], nproc=1).returncode == 0
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(base / "model.safetensors")
+    key = next(k for k in weights if "proj" in k)
+    weights[key] = weights[key] * 1.01
+    save_file(weights, base / "model.safetensors", metadata={"format": "pt"})
+    snapshot = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    r = train([*args, "max_steps=4"], nproc=1)
+    assert r.returncode == 2, r.stderr[-2000:]
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in r.stderr
+    assert "was trained on base revision local-sha256:" in errors[0] and "pass --force" in errors[0]
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == snapshot
+    forced = train([*args, "max_steps=4", "--force"], nproc=1)
+    assert forced.returncode == 0, forced.stderr[-2000:]
+    assert "[kit] warning: --force: run " in forced.stdout or "--force: run" in forced.stdout
+
+
+def test_a_session_that_fails_mid_training_is_recorded_as_failed(tmp_path):
+    # The real script with one extra callback raising at step 3: an out-of-memory error or a bad batch.
+    wrapper = tmp_path / "fail.py"
+    wrapper.write_text(f"""
+import sys
+sys.path.insert(0, {str(ROOT)!r})
+from transformers import TrainerCallback
+import kit.job
+
+class Boom(TrainerCallback):
+    def on_step_end(self, args, state, control, **kw):
+        if state.global_step == 3:
+            raise RuntimeError("failed on purpose")
+
+_callbacks = kit.job.Job.callbacks
+kit.job.Job.callbacks = lambda self, model, dataset: _callbacks(self, model, dataset) + [Boom()]
+import runpy
+sys.argv = [{str(SCRIPT)!r}] + sys.argv[1:]
+runpy.run_path({str(SCRIPT)!r}, run_name="__main__")
+""")
+    out, store = tmp_path / "out", tmp_path / "store"
+    import sys
+
+    r = run([sys.executable, str(wrapper), f"output_dir={out}", f"store={store}", "max_steps=50", *FAST])
+    assert r.returncode != 0 and "failed on purpose" in r.stderr
+    record = json.loads((out / "kit_sessions.jsonl").read_text().splitlines()[-1])
+    assert record["outcome"] == "failed" and record["end_step"] == 3 and record["run_id"]
+    assert json.loads((store / "kit" / "sessions.jsonl").read_text().splitlines()[-1])["outcome"] == "failed"
