@@ -18,10 +18,10 @@ import sys
 import tempfile
 import time
 
-from kit import config, dist, resume
+from kit import dist, fingerprint, resume
 from kit.callbacks import Checkpoints, Control, Meter, StopSignals, meter_words
 from kit.deadline import session_deadline
-from kit.errors import KitError, StoreError
+from kit.errors import KitError
 
 FINAL_UPLOAD_TIMEOUT_S = 600.0
 
@@ -102,13 +102,10 @@ class Job:
         if not self.cfg.store:
             return
         from kit.lease import Lease
-        from kit.store import open_store
+        from kit.store import connect
         from kit.sync import BackgroundSync
 
-        if self.cfg.store.startswith("hf://") and os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
-            raise StoreError(f"store {self.cfg.store} is on the Hub, but HF_HUB_OFFLINE is set: unset it, "
-                             "or use a directory store")
-        self.store = open_store(self.cfg.store)
+        self.store = connect(self.cfg.store)  # the same one-line checks as `kit status`
         self.lease = Lease(self.store).acquire()
         self.lease.keep_alive()
         atexit.register(self._release)  # also on a crash; only kill -9 leaves the lease to go stale
@@ -141,7 +138,7 @@ class Job:
     def callbacks(self, model, dataset) -> list:
         self._control = Control(self.ctx, self.deadline, self.cfg.save_every_minutes, self.signals,
                                 self._save_cost_s)
-        self._checkpoints = Checkpoints(self.ctx, config.fingerprint(self.cfg), self.sync)
+        self._checkpoints = Checkpoints(self.ctx, fingerprint.of_job(self.cfg), self.sync)
         self._meter = Meter(self.ctx.device, self.plan.global_batch * dataset.mean_tokens)
         out = [self._control, self._checkpoints, self._meter]
         if self.smoke:

@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import Callable
 
 from kit.errors import StoreError
+from kit.leftovers import STAGING, owned_name
 from kit.manifest import MANIFEST_NAME, write_manifest
 from kit.store.base import Store, TransientStoreError
 
 log = logging.getLogger("kit.sync")
-STAGING = ".kit-staging"
 
 
 class SyncEvent(dict):
@@ -227,7 +227,8 @@ def _stage(ckpt_dir: Path, step: int) -> tuple[Path, int]:
     """Hard-link (or copy, across filesystems) every file of ``ckpt_dir`` into a private folder."""
     if not ckpt_dir.is_dir():
         raise FileNotFoundError(f"{ckpt_dir} is not a folder")
-    staged = ckpt_dir.parent / STAGING / f"checkpoint-{step}-{uuid.uuid4().hex[:8]}"
+    # The owner in the name lets the next run remove it after a kill (kit.leftovers).
+    staged = ckpt_dir.parent / STAGING / f"{owned_name(f'checkpoint-{step}')}-{uuid.uuid4().hex[:8]}"
     staged.mkdir(parents=True)
     nbytes = 0
     try:

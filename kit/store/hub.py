@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, constants
-from huggingface_hub.errors import HfHubHTTPError
+from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 from huggingface_hub.utils import _http as hf_http
 
 from kit.auth import find_token, redact
@@ -28,16 +28,22 @@ from kit.store.base import (
     Store,
     TransientStoreError,
     local_files,
+    prune,
     record_path,
     steps_to_delete,
 )
+from kit.manifest import sha256_file
 
 log = logging.getLogger("kit.store")
 
 REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+OFFLINE = ("store {store} is on the Hub, but HF_HUB_OFFLINE is set: unset it (or set HF_HUB_OFFLINE=0), "
+           "or use a directory store")
 NO_TOKEN = "no Hugging Face token: set HF_TOKEN or add a Kaggle/Colab secret named HF_TOKEN"
 DEFAULT_TIMEOUT_S = 60.0
+TIMEOUT_ENV = "KIT_NETWORK_TIMEOUT_S"  # seconds one socket operation may stall; default 60
 _CAS_ATTEMPTS = 4
+DEEP_CHECK_MAX_BYTES = 10 * 2**20  # the Hub stores larger files through LFS/Xet, with a sha256 in the listing
 # The HTTP library huggingface_hub itself uses: httpx2 from 2.0, httpx in 1.x (still preinstalled on
 # many notebook images, and on the H200 here). Its errors and clients are the ones to catch and build.
 _httpx = getattr(hf_http, "httpx2", None) or hf_http.httpx
@@ -49,6 +55,47 @@ def parse_repo_id(spec: str) -> str:
         raise UsageError(f"invalid Hugging Face repo id {repo_id!r} in store {spec!r}: "
                          "expected hf://owner/name (letters, digits, '-', '_', '.')")
     return repo_id
+
+
+def network_timeout_s() -> float:
+    """The per-operation network timeout: ``KIT_NETWORK_TIMEOUT_S`` or 60 s.
+
+    Raises:
+        UsageError: the variable is set to something that is not a positive number.
+    """
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not value > 0 or value == float("inf"):
+        raise UsageError(f"{TIMEOUT_ENV}={raw[:40]!r} must be a positive number of seconds")
+    return value
+
+
+def hub_offline() -> bool:
+    """huggingface_hub's own rule (``HF_HUB_OFFLINE`` read at each request): the Hub is off limits."""
+    return constants.is_offline_mode() or os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in constants.ENV_VARS_TRUE_VALUES
+
+
+def _bounded(timeout_s: float):
+    """A request hook that gives a timeout to a request that has none.
+
+    huggingface_hub 2.x passes ``timeout=None`` explicitly on most API calls (repo_info,
+    list_repo_tree, create_commit…), which in httpx switches the client's timeout off for that
+    request: a server that accepts the connection and never answers then hangs it forever.
+    Requests that set their own timeout (downloads: 10 s) keep it.
+    """
+    bounded = _httpx.Timeout(timeout_s).as_dict()
+
+    def hook(request) -> None:
+        current = request.extensions.get("timeout") or {}
+        if all(v is None for v in current.values()):
+            request.extensions["timeout"] = dict(bounded)
+
+    return hook
 
 
 def use_timeouts(timeout_s: float) -> None:
@@ -64,7 +111,8 @@ def use_timeouts(timeout_s: float) -> None:
         return
 
     def factory() -> _httpx.Client:
-        return _httpx.Client(event_hooks={"request": [hf_http.hf_request_event_hook]},
+        # Ours runs after the hub's hook, which raises first in offline mode.
+        return _httpx.Client(event_hooks={"request": [hf_http.hf_request_event_hook, _bounded(timeout_s)]},
                              follow_redirects=True, timeout=_httpx.Timeout(timeout_s))
 
     factory.kit_timeout = timeout_s  # type: ignore[attr-defined]
@@ -75,13 +123,14 @@ class HubStore(Store):
     """Checkpoints in a private Hub repo. The token is used, never shown."""
 
     def __init__(self, repo_id: str, *, token: str | None = None, endpoint: str | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S):
+                 timeout_s: float | None = None):
         self.repo_id = parse_repo_id(repo_id)
         self.endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
         self._token = token if token is not None else find_token()
         self.api = HfApi(endpoint=self.endpoint, token=self._token or False)
         self._repo_ready = False
-        use_timeouts(timeout_s)
+        self.timeout_s = network_timeout_s() if timeout_s is None else timeout_s
+        use_timeouts(self.timeout_s)
 
     def __repr__(self) -> str:
         return f"HubStore({self.describe()!r})"
@@ -98,9 +147,14 @@ class HubStore(Store):
             mapped = self._http_error(err, action)
             mapped.status = err.response.status_code if err.response is not None else None
             raise mapped from None
+        except _httpx.TimeoutException as err:
+            raise TransientStoreError(f"{action} on {self.describe()} failed: {self.endpoint} did not answer "
+                                      f"within {self.timeout_s:g} s ({type(err).__name__})") from None
         except _httpx.TransportError as err:
-            raise TransientStoreError(f"{action} on {self.describe()} failed: {type(err).__name__} "
-                                      f"({redact(_first_line(err), self._token)[:200]})") from None
+            raise TransientStoreError(f"{action} on {self.describe()} failed: {type(err).__name__} from "
+                                      f"{self.endpoint} ({redact(_first_line(err), self._token)[:200]})") from None
+        except OfflineModeIsEnabled:
+            raise StoreError(OFFLINE.format(store=self.describe())) from None
 
     def _http_error(self, err: HfHubHTTPError, action: str) -> StoreError:
         code = err.response.status_code if err.response is not None else None
@@ -119,6 +173,19 @@ class HubStore(Store):
         if code in (408, 429) or (code is not None and code >= 500):
             return TransientStoreError(f"{action} on {where} failed: HTTP {code}")
         return StoreError(f"{action} on {where} failed: HTTP {code}: {redact(_first_line(err), self._token)[:200]}")
+
+    def preflight(self) -> None:
+        """One request, before anything else: offline mode and a silent endpoint fail here, in one line.
+
+        A timeout here is final (exit 4), not retried: callers that retry (the lease) would
+        otherwise wait several timeouts on a server that never answers.
+        """
+        if hub_offline():
+            raise StoreError(OFFLINE.format(store=self.describe()))
+        try:
+            self.head()
+        except TransientStoreError as err:
+            raise StoreError(f"{err}: check HF_ENDPOINT and the network") from None
 
     def check_writable(self) -> None:
         self._need_token()  # whether the token may write shows at the first commit (403, one line)
@@ -154,14 +221,32 @@ class HubStore(Store):
         sha = self.head()
         if sha is None:
             return Snapshot(None, {})
-        files, sha256 = {}, {}
+        files, sha256, ids = {}, {}, {}
         with self._errors("listing the repo"):
             for entry in self.api.list_repo_tree(self.repo_id, recursive=True, revision=sha):
                 if hasattr(entry, "size"):
                     files[entry.path] = entry.size
+                    ids[entry.path] = getattr(entry, "blob_id", None) or ""
                     if getattr(entry, "lfs", None) is not None:
                         sha256[entry.path] = entry.lfs.sha256
-        return Snapshot(sha, files, sha256)
+        return Snapshot(sha, files, sha256, ids)
+
+    def _deep_check(self, cand, manifest: dict, snap: Snapshot) -> tuple[bool, str]:
+        """Hash what the listing gives no sha256 for (regular, non-LFS files: small by the Hub's rules).
+
+        Without this a same-size corrupt file passes until the resume download; with it, status
+        and pruning see it. Larger files without a sha256 stay checked by size only.
+        """
+        todo = [rel for rel in sorted(manifest["files"]) if f"{cand.prefix}/{rel}" not in snap.sha256
+                and manifest["files"][rel]["size"] <= DEEP_CHECK_MAX_BYTES]
+        if not todo:
+            return True, ""
+        with tempfile.TemporaryDirectory(prefix="kit-hub-check-") as tmp:
+            self._download([f"{cand.prefix}/{rel}" for rel in todo], snap, Path(tmp))
+            for rel in todo:
+                if sha256_file(Path(tmp) / cand.prefix / rel) != manifest["files"][rel]["sha256"]:
+                    return False, f"{rel} sha256 differs from the manifest"
+        return True, ""
 
     def _read_bytes(self, path: str, snap: Snapshot) -> bytes | None:
         if snap.version is None or path not in snap.files:
@@ -209,8 +294,7 @@ class HubStore(Store):
         self.ensure_repo()
         for attempt in range(_CAS_ATTEMPTS):
             snap = self._snapshot()
-            existing = [c.step for c in self.candidates(snap) if c.kind == "kit"]
-            doomed = steps_to_delete(existing, step, keep)
+            doomed = prune(self.inspect(snap, kinds=("kit",)), step, keep)
             ops = self._additions(Path(local_ckpt_dir), step, manifest, names)
             ops += [CommitOperationDelete(f"{CKPT_DIR}/checkpoint-{s}/", is_folder=True) for s in doomed]
             message = f"kit: checkpoint {step}" + (f", drop {', '.join(map(str, doomed))}" if doomed else "")
