@@ -83,6 +83,8 @@ class RunConfig:
     save_steps: int = _f(50, "save a checkpoint every this many optimizer steps")
     save_every_minutes: float = _f(30.0, "also save when this many minutes passed since the last save")
     keep_checkpoints: int = _f(3, "checkpoints kept locally and in the store")
+    squash_history_every: int = _f(0, "Hub store: squash the repo's history after every this many "
+                                   "publishes, so removed checkpoints stop using storage; 0 = never")
     time_budget_minutes: float | None = _f(None, "stop cleanly before this many minutes; null = platform default")
     seed: int = _f(42, "random seed")
     logging_steps: int = _f(10, "log loss every this many steps")
@@ -96,7 +98,7 @@ _SECTIONS = {"lora": LoraConfig, "data": DataConfig}
 _POSITIVE = {"seq_len", "per_device_batch", "global_batch", "epochs", "max_steps",
              "save_steps", "save_every_minutes", "keep_checkpoints", "time_budget_minutes",
              "logging_steps", "eval_steps", "lora.r", "lora.alpha"}
-_NON_NEGATIVE = {"warmup_steps", "weight_decay", "max_grad_norm", "learning_rate"}
+_NON_NEGATIVE = {"warmup_steps", "weight_decay", "max_grad_norm", "learning_rate", "squash_history_every"}
 _CHOICES = {"method": METHODS, "backend": BACKENDS, "data.format": FORMATS, "optimizer": OPTIMIZERS,
             "precision": PRECISIONS, "lr_scheduler": SCHEDULERS, "gradient_checkpointing": CHECKPOINTING}
 _FINGERPRINT = ("model", "revision", "method", "lora.r", "lora.target_modules", "data.path",

@@ -112,11 +112,12 @@ class Job:
         from huggingface_hub.utils import disable_progress_bars
 
         disable_progress_bars()  # upload bars from the sync thread would interleave with training's
-        self.sync = BackgroundSync(self.store, keep=self.cfg.keep_checkpoints, on_event=self._sync_event)
+        self.sync = BackgroundSync(self.store, keep=self.cfg.keep_checkpoints, on_event=self._sync_event,
+                                   squash_every=self.cfg.squash_history_every)
         self.log(f"store: {self.store.describe()}")
 
     def _sync_event(self, event: dict) -> None:
-        if event["event"] in ("published", "superseded", "failed", "retrying"):
+        if event["event"] in ("published", "superseded", "failed", "retrying", "squashed", "squash failed"):
             self.log(f"store: step {event['step']} {event['event']}: {event['detail']}")
 
     # -- training ---------------------------------------------------------------------------

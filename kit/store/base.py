@@ -112,6 +112,14 @@ class Store(ABC):
         """Backends check the bytes here where they can (a directory hashes, the Hub downloads small files)."""
         return True, ""
 
+    def compact_history(self) -> bool:
+        """Drop what the store keeps of removed checkpoints beyond its current files; True when it did.
+
+        A directory keeps no history: nothing to do. Call it only from the one thread that
+        publishes (BackgroundSync's worker), so it never runs during a publish.
+        """
+        return False
+
     def preflight(self) -> None:
         """Raise StoreError (one line) when the store cannot even be read: the check every entry point shares."""
 

@@ -307,6 +307,20 @@ class HubStore(Store):
                          self.describe(), step, attempt + 1)
         raise TransientStoreError(f"{self.describe()} kept changing under us; step {step} not published yet")
 
+    def compact_history(self) -> bool:
+        """Squash ``main`` into one commit (huggingface_hub's ``super_squash_history``).
+
+        Pruning deletes old checkpoints from the repo's current files only; every commit still
+        holds its files, so each checkpoint ever pushed keeps using storage until the history goes.
+        Commits and pinned shas from before the squash are gone afterwards: a reader pinned to one
+        (another machine's `kit status` mid-listing) gets a 404 and reads again.
+        """
+        self._need_token()
+        with self._errors("squashing the history"):
+            self.api.super_squash_history(self.repo_id, branch="main",
+                                          commit_message="kit: squash history (checkpoints removed earlier free their storage)")
+        return True
+
     def _additions(self, local: Path, step: int, manifest: dict, names: list[str]) -> list:
         ops = []
         for rel in names:
