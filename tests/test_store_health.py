@@ -77,9 +77,14 @@ def test_junk_folders_never_push_valid_checkpoints_out(backend, tmp_path):
 def test_valid_ones_beyond_keep_and_junk_older_than_them_are_removed(backend, tmp_path):
     store, server = backend
     add_junk(store, server, tmp_path, 5, "no-manifest")
-    for s in (10, 20, 30):
-        store.publish(make_ckpt(tmp_path / "local", s), s, keep=2)
-    assert store.list_steps() == [20, 30], "10 beyond keep=2, and junk 5 older than every kept one, are gone"
+    store.publish(make_ckpt(tmp_path / "local", 10), 10, keep=2)
+    store.publish(make_ckpt(tmp_path / "local", 20), 20, keep=2)
+    add_junk(store, server, tmp_path, 25, "no-manifest")
+    store.publish(make_ckpt(tmp_path / "local", 30), 30, keep=2)
+    # 10 is beyond keep=2 of the verified ones; junk 5 is older than every kept one; junk 25 is
+    # not counted (20 stays) and, newer than a kept one, is left for someone to look at.
+    assert store.list_steps() == [20, 25, 30]
+    assert [v.step for v in store.inspect() if v.ok] == [30, 20]
 
 
 # ---- 33: status reports the newest VERIFIED checkpoint and why the others are not -------------

@@ -334,27 +334,3 @@ def local_files(local_ckpt_dir: Path, step: int) -> tuple[dict, list[str]]:
         if not path.is_file() or path.stat().st_size != want["size"]:
             raise StoreError(f"{local_ckpt_dir}: {rel} is missing or changed since the manifest was written")
     return manifest, sorted(manifest["files"]) + [MANIFEST_NAME]
-
-
-def steps_to_delete(existing: list[int], step: int, keep: int) -> list[int]:
-    """Kit checkpoints beyond the newest ``keep`` once ``step`` is in (``existing``: the verified ones)."""
-    if keep < 1:
-        raise UsageError(f"keep_checkpoints must be at least 1, got {keep}")
-    ordered = sorted(set(existing) | {step}, reverse=True)
-    return [s for s in ordered[keep:] if s != step]
-
-
-def prune(verdicts: list[Verdict], step: int, keep: int) -> list[int]:
-    """What a publish of ``step`` removes: verified checkpoints beyond the newest ``keep`` (``step``
-    counted), and checkpoints that do not verify and are older than every one kept.
-
-    Only verified checkpoints count towards ``keep``: junk folders (no manifest, a corrupt file)
-    must never push a valid checkpoint out. A non-verifying folder newer than the oldest kept one
-    is left alone (it costs nothing to keep and someone may want to look at it).
-    """
-    kit = [v for v in verdicts if v.cand.kind == "kit"]
-    valid = [v.step for v in kit if v.ok]
-    doomed = steps_to_delete(valid, step, keep)
-    kept = sorted(set(valid) | {step}, reverse=True)[:keep]
-    junk = [v.step for v in kit if not v.ok and v.step < min(kept) and v.step != step]
-    return sorted(set(doomed) | set(junk))

@@ -26,9 +26,9 @@ from kit.store.base import (
     Store,
     _swap_into,
     local_files,
-    prune,
     record_path,
 )
+from kit.store.retention import prune
 
 log = logging.getLogger("kit.store")
 _CHUNK = 1 << 20
