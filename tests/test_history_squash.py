@@ -6,6 +6,7 @@ thread, between two publishes."""
 from __future__ import annotations
 
 import pytest
+from huggingface_hub import constants as hf_constants
 
 from kit import config
 from kit.store import DirStore
@@ -13,6 +14,12 @@ from kit.store.hub import HubStore
 from kit.sync import BackgroundSync
 from tests.hubserver import WRITE_TOKEN, hub  # noqa: F401  (fixture)
 from tests.test_store import REPO, make_ckpt, tree_bytes
+
+
+@pytest.fixture(autouse=True)
+def _online(monkeypatch):
+    """Whatever the caller exported: huggingface_hub reads HF_HUB_OFFLINE once, at import."""
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
 
 
 def publish_all(store, tmp_path, steps, squash_every: int, keep: int = 2) -> tuple[BackgroundSync, list]:
@@ -25,7 +32,7 @@ def publish_all(store, tmp_path, steps, squash_every: int, keep: int = 2) -> tup
     return sync, events
 
 
-def test_pruned_checkpoints_stay_in_the_history_without_squashing(hub, tmp_path):
+def test_by_default_pruned_checkpoints_stay_in_the_history(hub, tmp_path):
     store = HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url)
     publish_all(store, tmp_path, [1, 2, 3, 4], squash_every=0)
     assert store.list_steps() == [3, 4]

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from huggingface_hub import constants as hf_constants
 
 from kit import cli, config, status
 
@@ -25,6 +26,12 @@ from kit.store.hub import HubStore
 from tests.hubserver import WRITE_TOKEN, hub  # noqa: F401  (fixture)
 from tests.scripts import ROOT, SCRIPT, cpu_env
 from tests.test_store import REPO, make_ckpt, tree_bytes
+
+
+@pytest.fixture(autouse=True)
+def _online(monkeypatch):
+    """Whatever the caller exported: huggingface_hub reads HF_HUB_OFFLINE once, at import."""
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
 
 
 @pytest.fixture(params=["dir", "hub"])
