@@ -51,6 +51,14 @@ def of_job(cfg) -> dict:
     return out
 
 
+def _words(content) -> str:
+    if not isinstance(content, dict):
+        return repr(content)
+    if "sha256" in content:
+        return f"{content.get('size')} bytes, sha256 {str(content['sha256'])[:12]}…"
+    return f"dataset {content.get('dataset')!r}"
+
+
 def _same_path(a, b) -> bool:
     if a is None or b is None:
         return a == b
@@ -65,10 +73,10 @@ def differences(found: dict, cfg) -> tuple[list[str], list[str]]:
     found = dict(found)
     lines: list[str] = []
     if "data.content" in found:
-        mine = data_content(cfg.data.path)
-        if found.pop("data.content") != mine:
-            lines.append(f"data: the content of {cfg.data.path} differs from the data the checkpoint was "
-                         "trained on (size or sha256)")
+        mine, theirs = data_content(cfg.data.path), found.pop("data.content")
+        if theirs != mine:
+            lines.append(f"data: {cfg.data.path} ({_words(mine)}) is not the data the checkpoint was trained on "
+                         f"({_words(theirs)})")
         found.pop("data.path", None)
         current.pop("data.path", None)
     elif "data.path" in found and _same_path(found["data.path"], current.get("data.path")):

@@ -139,7 +139,7 @@ def test_data_edited_in_place_is_a_different_dataset(tmp_path, monkeypatch):
     Path("rows.jsonl").write_text('{"text": "a"}\n')
     sealed(tmp_path / "out", 4, cfg_for(tmp_path, "data.path=rows.jsonl"))
     Path("rows.jsonl").write_text('{"text": "b"}\n')  # same name, same size, other rows
-    with pytest.raises(UsageError, match=r"data: the content of rows.jsonl differs .*pass --force"):
+    with pytest.raises(UsageError, match=r"data: rows.jsonl \(14 bytes, sha256 [0-9a-f]{12}…\) is not the data the checkpoint was trained on \(14 bytes, sha256 .*pass --force"):
         resume.choose(cfg_for(tmp_path, "data.path=rows.jsonl"), None, world_size=1)
 
 
