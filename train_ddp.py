@@ -62,6 +62,7 @@ SETTINGS = {
     'save_steps': 20,
     'save_every_minutes': 30.0,
     'keep_checkpoints': 3,
+    'squash_history_every': 0,
     'time_budget_minutes': None,
     'seed': 42,
     'logging_steps': 5,

@@ -110,6 +110,8 @@ class RunConfig:
     keep_checkpoints: int = _f(3, "checkpoints kept locally and in the store")
     lease_heartbeat_seconds: float = _f(60.0, "refresh the store's lease this often; a cut session's lease is "
                                         "taken over after 3 missed heartbeats (each one is a Hub commit)")
+    squash_history_every: int = _f(0, "Hub store: squash the repo's history after every this many "
+                                   "publishes, so removed checkpoints stop using storage; 0 = never")
     time_budget_minutes: float | None = _f(None, "stop cleanly before this many minutes; null = platform default")
     seed: int = _f(42, "random seed")
     logging_steps: int = _f(10, "log loss every this many steps")
@@ -124,7 +126,7 @@ _POSITIVE = {"seq_len", "per_device_batch", "global_batch", "epochs", "max_steps
              "save_steps", "save_every_minutes", "keep_checkpoints", "lease_heartbeat_seconds", "time_budget_minutes",
              "logging_steps", "eval_steps", "lora.r", "lora.alpha", "eval.subset", "eval.min_rows",
              "eval.max_new_tokens"}
-_NON_NEGATIVE = {"warmup_steps", "weight_decay", "max_grad_norm", "learning_rate", "eval.samples"}
+_NON_NEGATIVE = {"warmup_steps", "weight_decay", "max_grad_norm", "learning_rate", "eval.samples", "squash_history_every"}
 _CHOICES = {"method": METHODS, "backend": BACKENDS, "data.format": FORMATS, "optimizer": OPTIMIZERS,
             "precision": PRECISIONS, "lr_scheduler": SCHEDULERS, "gradient_checkpointing": CHECKPOINTING,
             "batching": BATCHINGS, "kernels": KERNELS, "strategy": STRATEGIES, "eval.metric": EVAL_METRICS}

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 
-from kit import config, dist, resume, runtime
+from kit import dist, fingerprint, resume, runtime
 from kit.callbacks import Checkpoints, Control, Meter, StopSignals, meter_words
 from kit.deadline import session_deadline
 from kit.errors import KitError, StoreError, under_torchrun
@@ -133,13 +133,10 @@ class Job:
         if not self.cfg.store:
             return
         from kit.lease import Lease
-        from kit.store import open_store
+        from kit.store import connect
         from kit.sync import BackgroundSync
 
-        if self.cfg.store.startswith("hf://") and os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
-            raise StoreError(f"store {self.cfg.store} is on the Hub, but HF_HUB_OFFLINE is set: unset it, "
-                             "or use a directory store")
-        self.store = open_store(self.cfg.store)
+        self.store = connect(self.cfg.store)  # the same one-line checks as `kit status`
         self.lease = Lease(self.store, heartbeat_s=self.cfg.lease_heartbeat_seconds).acquire()
         self.lease.keep_alive()
         if self.lease.took_over:
@@ -148,7 +145,8 @@ class Job:
         from huggingface_hub.utils import disable_progress_bars
 
         disable_progress_bars()  # upload bars from the sync thread would interleave with training's
-        self.sync = BackgroundSync(self.store, keep=self.cfg.keep_checkpoints, on_event=self._sync_event)
+        self.sync = BackgroundSync(self.store, keep=self.cfg.keep_checkpoints, on_event=self._sync_event,
+                                   squash_every=self.cfg.squash_history_every)
         self.log(f"store: {self.store.describe()}")
 
     def _sync_event(self, event: dict) -> None:
@@ -158,7 +156,7 @@ class Job:
                 self.lease.progress["stored_step"] = self.stored_step
                 # So a cut right after this is recorded from here; at most one extra beat per half interval.
                 self.lease.beat_soon(unless_within_s=self.lease.heartbeat_s / 2)
-        if event["event"] in ("published", "superseded", "failed", "retrying", "paced"):
+        if event["event"] in ("published", "superseded", "failed", "retrying", "paced", "squashed", "squash failed"):
             self.log(f"store: step {event['step']} {event['event']}: {event['detail']}")
 
     def _push_final_if_missing(self) -> None:
@@ -224,7 +222,7 @@ class Job:
     def callbacks(self, model, dataset) -> list:
         self._control = Control(self.ctx, self.deadline, self.cfg.save_every_minutes, self.signals,
                                 self._save_cost_s, say=self.log, halt=self._lease_lost)
-        self._checkpoints = Checkpoints(self.ctx, config.fingerprint(self.cfg), self.sync,
+        self._checkpoints = Checkpoints(self.ctx, fingerprint.of_job(self.cfg), self.sync,
                                         extra={k: self.run.get(k) for k in ("run_id", "base_revision")})
         self._meter = Meter(self.ctx.device, self.plan.global_batch * dataset.mean_tokens, self._on_step)
         if self.ctx.is_main and not self.smoke:

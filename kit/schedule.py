@@ -81,12 +81,9 @@ def check_store(cfg) -> str | None:
     """
     if not cfg.store:
         return None
-    from kit.store import open_store
+    from kit.store import connect
 
-    if cfg.store.startswith("hf://") and os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
-        raise StoreError(f"store {cfg.store} is on the Hub, but HF_HUB_OFFLINE is set: unset it, or use a "
-                         "directory store")
-    store = open_store(cfg.store)
+    store = connect(cfg.store)  # the checks kit status and the training script make, in one line
     store.check_writable()  # training must be able to publish there
     store.latest_valid()
     return store.describe()

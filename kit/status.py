@@ -31,7 +31,8 @@ def gather(cfg, now: float | None = None) -> dict:
 
     Returns:
         A JSON-able dict: ``store`` (its description, or None), ``output_dir``, ``checkpoints``
-        (steps present, ascending), ``latest_step`` (newest complete one, or None), ``max_steps``,
+        (steps present, ascending), ``verified`` (each checkpoint newest first: step, where, state
+        ``verified`` | ``invalid``, why), ``latest_step`` (the newest that verifies, or None), ``max_steps``,
         ``complete``, ``progress`` (0..1 or None), ``run_id`` (None before the first start),
         ``log_history`` (the newest checkpoint's Trainer log: loss by step), ``sessions`` (the session records, oldest
         first), ``lease`` (holder, since, heartbeat, heartbeat_age_s, released; None when the job
@@ -62,10 +63,11 @@ def gather(cfg, now: float | None = None) -> dict:
 
 
 def _from_store(cfg, now: float) -> dict:
-    from kit.store import DirStore, open_store
+    from kit.store import DirStore, connect
 
-    store = open_store(cfg.store)
-    latest = store.latest_valid()
+    store = connect(cfg.store)
+    verdicts = store.inspect()
+    latest = next((v.step for v in verdicts if v.ok), None)
     state = None
     if latest is not None:
         raw = store.read_checkpoint_file(latest, "trainer_state.json")
@@ -79,7 +81,8 @@ def _from_store(cfg, now: float) -> dict:
     return {
         "store": store.describe(),
         "run_id": run.get("run_id"),
-        "checkpoints": store.list_steps(),
+        "checkpoints": sorted({v.step for v in verdicts if v.cand.kind == "kit"}),
+        "verified": _verified(verdicts),
         "latest_step": latest,
         "state_max_steps": (state or {}).get("max_steps"),
         "log_history": (state or {}).get("log_history") or [],
@@ -88,18 +91,31 @@ def _from_store(cfg, now: float) -> dict:
     }
 
 
+def _verified(verdicts) -> list[dict]:
+    """Each checkpoint, newest first: ``{step, where, state ("verified" | "invalid"), why}``."""
+    return [{"step": v.step, "where": v.cand.prefix, "state": "verified" if v.ok else "invalid",
+             "why": "" if v.ok else v.reason} for v in verdicts]
+
+
 def _from_output_dir(cfg, warnings: list) -> dict:
+    from kit import manifest
+    from kit.store.base import Candidate, Verdict
+
     out = Path(cfg.output_dir)
-    newest = resume.newest_local(out, warnings)
+    verdicts = [Verdict(Candidate(step, path.name, "kit", {}), *manifest.verify(path))
+                for step, path in resume.local_checkpoints(out)]
+    latest_path = next((out / v.cand.prefix for v in verdicts if v.ok), None)
+    latest = next((v.step for v in verdicts if v.ok), None)
     state = None
-    if newest is not None:
-        state = _json(_read(newest[1] / "trainer_state.json"), f"{newest[1].name}/trainer_state.json")
+    if latest_path is not None:
+        state = _json(_read(latest_path / "trainer_state.json"), f"{latest_path.name}/trainer_state.json")
     run = _json(_read(out / "kit_run.json"), "kit_run.json") or {}
     return {
         "store": None,
         "run_id": run.get("run_id"),
-        "checkpoints": sorted(step for step, _ in resume.local_checkpoints(out)),
-        "latest_step": newest[0] if newest else None,
+        "checkpoints": sorted(v.step for v in verdicts),
+        "verified": _verified(verdicts),
+        "latest_step": latest,
         "state_max_steps": (state or {}).get("max_steps"),
         "log_history": (state or {}).get("log_history") or [],
         "sessions": _records(_read(out / SESSIONS_LOCAL), str(out / SESSIONS_LOCAL)),
@@ -183,14 +199,32 @@ def session_line(i: int, rec: dict, ledger_row: dict | None = None) -> str:
             f"({', '.join(extra)})")
 
 
+def _checkpoint_words(s: dict) -> str:
+    """`20 (newest verified), verified: 10; 2 that do not verify (below)`."""
+    found = s.get("verified")
+    if found is None:  # a dict from before `verified` existed
+        steps = s["checkpoints"]
+        return ", ".join(map(str, steps[-6:])) + (f" (+{len(steps) - 6} older)" if len(steps) > 6 else "") or "none"
+    if not found:
+        return "none"
+    good = [str(c["step"]) for c in found if c["state"] == "verified"]
+    parts = []
+    if good:
+        parts.append(f"{good[0]} (newest verified)" + (", verified: " + ", ".join(good[1:6]) if good[1:] else ""))
+    bad = [c for c in found if c["state"] == "invalid"]
+    if bad:
+        parts.append(f"{len(bad)} that do not verify (below)")
+    return "; ".join(parts)
+
+
 def format_text(s: dict) -> str:
     """A short aligned report of `gather()`'s dict."""
     rows = [("store", s["store"] or f"none (local {s['output_dir']})")]
     if s.get("run_id"):
         rows.append(("run id", s["run_id"]))
-    steps = s["checkpoints"]
-    shown = ", ".join(map(str, steps[-6:])) + (f" (+{len(steps) - 6} older)" if len(steps) > 6 else "")
-    rows.append(("checkpoints", shown or "none"))
+    rows.append(("checkpoints", _checkpoint_words(s)))
+    rows += [("", f"{c['where']}: does not verify — {c['why']}") for c in s.get("verified", [])
+             if c["state"] == "invalid"]
     latest, total = s["latest_step"], s["max_steps"]
     if latest is None:
         progress = f"not started (0 of {total or '?'} steps)"

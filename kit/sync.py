@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import Callable
 
 from kit.errors import StoreError
+from kit.leftovers import STAGING, owned_name
 from kit.manifest import MANIFEST_NAME, write_manifest
 from kit.store.base import Store, TransientStoreError
 
 log = logging.getLogger("kit.sync")
-STAGING = ".kit-staging"
 
 
 class SyncEvent(dict):
@@ -60,8 +60,9 @@ class BackgroundSync:
 
     def __init__(self, store: Store, keep: int, *, retries: int = 5,
                  backoff: tuple[float, ...] = (1, 2, 4, 8, 16),
-                 on_event: Callable[[dict], None] | None = None):
+                 on_event: Callable[[dict], None] | None = None, squash_every: int = 0):
         self.store, self.keep, self.retries = store, keep, retries
+        self.squash_every = squash_every  # compact the store's history after every N publishes; 0 never
         self.backoff = tuple(backoff) or (0.0,)
         self.on_event = on_event
         self.errors: list[StoreError] = []
@@ -226,7 +227,24 @@ class BackgroundSync:
             log.info("published step %d to %s in %.1f s (%d bytes)", job.step, self.store.describe(),
                      self.last_upload_s, job.nbytes)
             self._emit("published", job.step, f"{self.last_upload_s:.1f} s, {job.nbytes} bytes")
+            self._maybe_squash(job.step)
             return
+
+    def _maybe_squash(self, step: int) -> None:
+        """Squash the history here, in the worker, between two publishes: it never races one.
+
+        Not while closing: the main thread then reads and writes job records, which a squash
+        would un-pin. A failed squash is only a warning — the checkpoint is published.
+        """
+        if not self.squash_every or len(self.published) % self.squash_every or self._closing:
+            return
+        try:
+            if self.store.compact_history():
+                self._emit("squashed", step, f"history squashed after {len(self.published)} publishes")
+        except StoreError as err:
+            log.warning("squashing the history of %s failed (%s); the checkpoints are unaffected",
+                        self.store.describe(), err)
+            self._emit("squash failed", step, str(err))
 
     def _fail(self, step: int, err: StoreError) -> None:
         self.errors.append(err)
@@ -246,7 +264,8 @@ def _stage(ckpt_dir: Path, step: int) -> tuple[Path, int]:
     """Hard-link (or copy, across filesystems) every file of ``ckpt_dir`` into a private folder."""
     if not ckpt_dir.is_dir():
         raise FileNotFoundError(f"{ckpt_dir} is not a folder")
-    staged = ckpt_dir.parent / STAGING / f"checkpoint-{step}-{uuid.uuid4().hex[:8]}"
+    # The owner in the name lets the next run remove it after a kill (kit.leftovers).
+    staged = ckpt_dir.parent / STAGING / f"{owned_name(f'checkpoint-{step}')}-{uuid.uuid4().hex[:8]}"
     staged.mkdir(parents=True)
     nbytes = 0
     try:

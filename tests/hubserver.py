@@ -49,12 +49,13 @@ ROUTES = [
     ("GET", re.compile(rf"^/api/models/{REPO}/commits/(?P<rev>[^/]+)$"), "commits"),
     ("POST", re.compile(rf"^/api/models/{REPO}/preupload/(?P<rev>[^/]+)$"), "preupload"),
     ("POST", re.compile(rf"^/api/models/{REPO}/commit/(?P<rev>[^/]+)$"), "commit"),
+    ("POST", re.compile(rf"^/api/models/{REPO}/super-squash/(?P<rev>[^/]+)$"), "super_squash"),
     ("POST", re.compile(rf"^/{REPO}\.git/info/lfs/objects/batch$"), "lfs_batch"),
     ("PUT", re.compile(r"^/lfs-upload/(?P<oid>[0-9a-f]{64})$"), "lfs_put"),
     ("GET", re.compile(rf"^/{REPO}/resolve/(?P<rev>[^/]+)/(?P<path>.+)$"), "resolve"),
     ("HEAD", re.compile(rf"^/{REPO}/resolve/(?P<rev>[^/]+)/(?P<path>.+)$"), "resolve"),
 ]
-WRITES = {"create_repo", "preupload", "commit", "lfs"}
+WRITES = {"create_repo", "preupload", "commit", "lfs", "super_squash"}
 LFS_PREFIX = "lfs:"  # blob keys of LFS objects are "lfs:<sha256>"; regular blobs are git sha1s
 
 
@@ -228,6 +229,18 @@ class HubServer:
             c = Commit(_new_sha(), repo.head.sha, title, tree, _now(), added=sorted(files))
             repo.commits.append(c)
             return c.sha
+
+    def stored_bytes(self) -> int:
+        """Bytes of every blob some commit of some repo still holds: what the storage costs."""
+        with self.lock:
+            live = {b for r in self.repos.values() for c in r.commits for b in c.files.values()}
+            return sum(len(self.blobs[b]) for b in live if b in self.blobs)
+
+    def free_unreferenced(self) -> None:
+        """Drop blobs no commit holds (call with the lock held), as the Hub's storage GC does."""
+        live = {b for r in self.repos.values() for c in r.commits for b in c.files.values()}
+        for key in [k for k in self.blobs if k not in live]:
+            del self.blobs[key]
 
     def corrupt_stored(self, repo_id: str, path: str, mode: str = "flip") -> None:
         """Damage a stored file in every commit that has it: ``flip`` a byte or ``truncate`` it."""
@@ -504,6 +517,19 @@ class _Handler(BaseHTTPRequestHandler):
         history = repo.commits[: repo.commits.index(commit) + 1]
         self._send_json(200, [{"id": c.sha, "title": c.title, "message": "", "date": c.date,
                                "authors": [{"user": "test"}]} for c in reversed(history)])
+        return 200
+
+    def _super_squash(self, method, groups, query, body) -> int:
+        """The branch becomes one commit holding its current tree; blobs no commit holds are freed."""
+        repo = self._repo_for("super_squash", groups["repo"])
+        if groups["rev"] != "main":
+            raise HubError(400, "this test server squashes main only")
+        message = (json.loads(body or b"{}") or {}).get("message", "squash")
+        with self.hub.lock:
+            head = repo.head
+            repo.commits[:] = [Commit(_new_sha(), None, message, dict(head.files), _now())]
+            self.hub.free_unreferenced()
+        self._send_json(200, {"commitId": repo.head.sha})
         return 200
 
     def _preupload(self, method, groups, query, body) -> int:

@@ -14,7 +14,7 @@ from kit import config
 
 def add_arguments(parser) -> None:
     config.add_config_arguments(parser)
-    parser.add_argument("--json", action="store_true", help="print one JSON object: latest_step, max_steps, "
+    parser.add_argument("--json", action="store_true", help="print one JSON object: latest_step (newest verified), verified, max_steps, "
                         "complete, checkpoints, sessions, lease, store")
     parser.add_argument("--plot", metavar="PNG",
                         help="also draw train and eval loss against step, progress across sessions and "

@@ -12,7 +12,7 @@ from pathlib import Path
 from kit.store.base import Candidate, StaleHead, Store, TransientStoreError
 from kit.store.directory import DirStore
 
-__all__ = ["open_store", "Store", "DirStore", "Candidate", "StaleHead", "TransientStoreError"]
+__all__ = ["open_store", "connect", "Store", "DirStore", "Candidate", "StaleHead", "TransientStoreError"]
 
 
 def open_store(spec: str | None, *, token: str | None = None, endpoint: str | None = None) -> Store | None:
@@ -32,3 +32,16 @@ def open_store(spec: str | None, *, token: str | None = None, endpoint: str | No
 
         return HubStore(spec, token=token, endpoint=endpoint)
     return DirStore(Path(spec))
+
+
+def connect(spec: str | None) -> Store | None:
+    """Open the store and check it can be read — the one check `kit status` and the training script share.
+
+    Raises:
+        UsageError: an invalid spec. StoreError: a file where a directory should be, the Hub
+        while ``HF_HUB_OFFLINE`` is set, or an endpoint that does not answer within the timeout.
+    """
+    store = open_store(spec)
+    if store is not None:
+        store.preflight()
+    return store

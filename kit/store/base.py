@@ -14,11 +14,13 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.errors import StoreError, UsageError
+from kit.leftovers import owned_name
 from kit.manifest import MANIFEST_NAME, parse_manifest, read_manifest, verify_files
 
 log = logging.getLogger("kit.store")
@@ -28,6 +30,9 @@ VANILLA_DIR = "last-checkpoint"
 RECORDS_DIR = "kit"
 _CKPT_RE = re.compile(r"^checkpoints/checkpoint-(\d+)/(.+)$")
 _WEIGHTS_RE = re.compile(r"^(adapter_model|model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)$")
+# A download that fails on a timeout, a dropped connection, 429 or 5xx is tried again after these
+# pauses; then the next older verified checkpoint is tried (as for one that does not verify).
+FETCH_BACKOFF_S = (1.0, 2.0, 4.0)
 
 
 class TransientStoreError(StoreError):
@@ -45,6 +50,7 @@ class Snapshot:
     version: str | None  # Hub: commit sha; directory: None
     files: dict[str, int]
     sha256: dict[str, str] = field(default_factory=dict)  # where the backend knows it for free
+    ids: dict[str, str] = field(default_factory=dict)  # what changes when a file's bytes do (blob id)
 
 
 @dataclass
@@ -53,6 +59,19 @@ class Candidate:
     prefix: str  # "checkpoints/checkpoint-N" or "last-checkpoint"
     kind: str  # "kit" | "vanilla"
     files: dict[str, int]  # path relative to prefix -> size
+
+
+@dataclass
+class Verdict:
+    """What :meth:`Store.inspect` found for one candidate."""
+
+    cand: Candidate
+    ok: bool
+    reason: str
+
+    @property
+    def step(self) -> int:
+        return self.cand.step
 
 
 class Store(ABC):
@@ -110,8 +129,19 @@ class Store(ABC):
         """Raise StoreError when a training run could not publish here (checked before one starts)."""
 
     def _deep_check(self, cand: Candidate, manifest: dict, snap: Snapshot) -> tuple[bool, str]:
-        """Backends that can hash cheaply (a local directory) check the bytes here."""
+        """Backends check the bytes here where they can (a directory hashes, the Hub downloads small files)."""
         return True, ""
+
+    def compact_history(self) -> bool:
+        """Drop what the store keeps of removed checkpoints beyond its current files; True when it did.
+
+        A directory keeps no history: nothing to do. Call it only from the one thread that
+        publishes (BackgroundSync's worker), so it never runs during a publish.
+        """
+        return False
+
+    def preflight(self) -> None:
+        """Raise StoreError (one line) when the store cannot even be read: the check every entry point shares."""
 
     # ---- shared logic ---------------------------------------------------------------------------
     def candidates(self, snap: Snapshot | None = None) -> list[Candidate]:
@@ -148,8 +178,21 @@ class Store(ABC):
         """Steps of the kit checkpoints present (complete or not), ascending."""
         return sorted(c.step for c in self.candidates() if c.kind == "kit")
 
+    def inspect(self, snap: Snapshot | None = None, kinds: tuple[str, ...] = ("kit", "vanilla")) -> list[Verdict]:
+        """Every candidate, newest first, with whether it verifies and why not."""
+        snap = snap or self._snapshot()
+        return [Verdict(c, *self.check(c, snap)) for c in self.candidates(snap) if c.kind in kinds]
+
     def check(self, cand: Candidate, snap: Snapshot) -> tuple[bool, str]:
-        """Is ``cand`` complete in the store? ``(ok, reason)``, without downloading weights."""
+        """Is ``cand`` complete in the store? ``(ok, reason)``; a result is remembered while its files stay the same."""
+        key = (cand.prefix, tuple(sorted((rel, size, snap.ids.get(f"{cand.prefix}/{rel}"))
+                                         for rel, size in cand.files.items())))
+        cache = self.__dict__.setdefault("_checked", {})
+        if key not in cache or not all(k[2] for k in key[1]):  # remembered only where files have ids
+            cache[key] = self._check(cand, snap)
+        return cache[key]
+
+    def _check(self, cand: Candidate, snap: Snapshot) -> tuple[bool, str]:
         if cand.kind == "vanilla":
             return _check_vanilla(cand.files)
         raw = self._read_bytes(f"{cand.prefix}/{MANIFEST_NAME}", snap)
@@ -198,7 +241,7 @@ class Store(ABC):
         if cand is None:
             raise StoreError(f"{self.describe()} has no checkpoint for step {step}")
         dest_dir.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dest_dir.name}.fetch-", dir=dest_dir.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=owned_name(f".{dest_dir.name}.fetch") + "-", dir=dest_dir.parent))
         try:
             self._download([f"{cand.prefix}/{rel}" for rel in cand.files], snap, tmp)
             got = tmp / cand.prefix
@@ -216,23 +259,54 @@ class Store(ABC):
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    def fetch_latest(self, dest_dir: Path) -> int | None:
-        """Fetch the newest complete checkpoint, falling back to older ones when one fails to verify.
+    def fetch_latest(self, dest_dir: Path, newer_than: int | None = None,
+                     skipped: list[str] | None = None) -> int | None:
+        """Fetch the newest complete checkpoint (newer than ``newer_than``), falling back to older ones.
 
-        Returns the step fetched, or None when the store holds no usable checkpoint.
+        A checkpoint that does not verify is skipped for the next older one. A read or download
+        that fails transiently (timeout, dropped connection, 429, 5xx) is retried after each pause
+        of ``FETCH_BACKOFF_S``; when it keeps failing, the next older checkpoint is tried too.
+        Why each one was passed over goes into ``skipped``. Returns the step fetched, or None
+        when the store holds no usable checkpoint.
+
+        Raises:
+            TransientStoreError: nothing could be fetched and something failed only transiently,
+                so the store may still hold a good checkpoint: starting fresh would train over it.
         """
-        below = None
-        while (cand := self._latest_candidate(below)) is not None:
+        skipped = [] if skipped is None else skipped
+        transient = None
+        snap = _retrying(self._snapshot, f"listing {self.describe()}")
+        for cand in self.candidates(snap):
+            if newer_than is not None and cand.step <= newer_than:
+                break
             try:
-                self.fetch(cand.step, dest_dir)
-                return cand.step
-            except TransientStoreError:
-                raise
+                ok, reason = _retrying(lambda: self.check(cand, snap), f"checking step {cand.step}")
+                if ok:
+                    _retrying(lambda: self.fetch(cand.step, dest_dir), f"downloading step {cand.step}")
+                    return cand.step
+            except TransientStoreError as err:
+                transient, reason = err, f"kept failing: {err}"
             except StoreError as err:
-                log.warning("%s: step %d failed to download or verify (%s); trying an older one",
-                            self.describe(), cand.step, err)
-                below = cand.step
+                reason = str(err)
+            log.warning("%s: skipping %s (step %d): %s", self.describe(), cand.prefix, cand.step, reason)
+            skipped.append(f"{cand.prefix} ({reason})")
+        if transient is not None:
+            raise TransientStoreError(f"no checkpoint could be fetched from {self.describe()}, and the last "
+                                      f"failure was transient ({transient}): run again when it answers")
         return None
+
+
+def _retrying(call, what: str):
+    """``call()``, again after each pause of ``FETCH_BACKOFF_S`` while it fails transiently."""
+    for pause in (*FETCH_BACKOFF_S, None):
+        try:
+            return call()
+        except TransientStoreError as err:
+            if pause is None:
+                raise
+            log.warning("%s failed (%s); retrying in %.0f s", what, err, pause)
+            time.sleep(pause)
+    raise AssertionError("unreachable")
 
 
 def _check_vanilla(files: dict[str, int]) -> tuple[bool, str]:
@@ -248,7 +322,7 @@ def _swap_into(src: Path, dest: Path) -> None:
     """Rename ``src`` to ``dest``; an existing ``dest`` is moved aside first and removed after."""
     old = None
     if dest.exists():
-        old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+        old = dest.with_name(owned_name(f".{dest.name}.old"))
         shutil.rmtree(old, ignore_errors=True)
         os.rename(dest, old)
     os.rename(src, dest)
@@ -280,11 +354,3 @@ def local_files(local_ckpt_dir: Path, step: int) -> tuple[dict, list[str]]:
         if not path.is_file() or path.stat().st_size != want["size"]:
             raise StoreError(f"{local_ckpt_dir}: {rel} is missing or changed since the manifest was written")
     return manifest, sorted(manifest["files"]) + [MANIFEST_NAME]
-
-
-def steps_to_delete(existing: list[int], step: int, keep: int) -> list[int]:
-    """Kit checkpoints beyond the newest ``keep`` once ``step`` is in."""
-    if keep < 1:
-        raise UsageError(f"keep_checkpoints must be at least 1, got {keep}")
-    ordered = sorted(set(existing) | {step}, reverse=True)
-    return [s for s in ordered[keep:] if s != step]

@@ -20,14 +20,15 @@ from kit.errors import StoreError
 from kit.manifest import verify_files
 from kit.store.base import (
     CKPT_DIR,
+    RECORDS_DIR,
     Candidate,
     Snapshot,
     Store,
     _swap_into,
     local_files,
     record_path,
-    steps_to_delete,
 )
+from kit.store.retention import prune
 
 log = logging.getLogger("kit.store")
 _CHUNK = 1 << 20
@@ -43,15 +44,33 @@ class DirStore(Store):
         return f"directory {self.root}"
 
     # ---- reading ------------------------------------------------------------------------------
+    def preflight(self) -> None:
+        if self.root.exists() and not self.root.is_dir():
+            raise StoreError(f"store {self.root} is a file, not a directory: pick a directory (it is created "
+                             "if missing) or an hf://owner/name store")
+        for sub in (self.root / CKPT_DIR, self.root / RECORDS_DIR):
+            if sub.exists() and not sub.is_dir():
+                raise StoreError(f"store {self.root}: {sub.name} is a file where kit keeps a folder; "
+                                 "move it away or pick another store")
+        try:
+            self._snapshot()
+        except OSError as err:
+            raise StoreError(f"cannot read store {self.root}: {err.strerror or err}") from None
+
     def _snapshot(self) -> Snapshot:
         files: dict[str, int] = {}
+        ids: dict[str, str] = {}
         for top in (self.root / CKPT_DIR, self.root / "last-checkpoint"):
             if not top.is_dir():
                 continue
             for p in top.rglob("*"):
                 if p.is_file():
-                    files[p.relative_to(self.root).as_posix()] = p.stat().st_size
-        return Snapshot(None, files)
+                    st = p.stat()
+                    rel = p.relative_to(self.root).as_posix()
+                    files[rel] = st.st_size
+                    # Rewriting a file changes its mtime: a verdict is remembered only until then.
+                    ids[rel] = f"{st.st_ino}:{st.st_mtime_ns}"
+        return Snapshot(None, files, ids=ids)
 
     def _read_bytes(self, path: str, snap: Snapshot) -> bytes | None:
         try:
@@ -89,8 +108,9 @@ class DirStore(Store):
     def publish(self, local_ckpt_dir: Path, step: int, keep: int) -> None:
         """Copy ``local_ckpt_dir`` in as ``checkpoints/checkpoint-{step}`` atomically; keep the newest ``keep``."""
         manifest, names = local_files(local_ckpt_dir, step)
-        existing = self.list_steps()
-        doomed = steps_to_delete(existing, step, keep)
+        if keep < 1:
+            prune([], step, keep)  # raises the one-line UsageError
+        doomed = prune(self.inspect(kinds=("kit",)), step, keep)
         ckpts = self._writable_dir(self.root / CKPT_DIR)
         _remove_leftovers(ckpts)
         tmp = ckpts / f".tmp-checkpoint-{step}-{uuid.uuid4().hex[:8]}"
@@ -116,7 +136,7 @@ class DirStore(Store):
             except FileNotFoundError:
                 continue
             shutil.rmtree(trash, ignore_errors=True)
-            log.info("%s: removed checkpoint-%d (keeping the newest %d)", self.describe(), old, keep)
+            log.info("%s: removed checkpoint-%d (keeping the newest %d that verify)", self.describe(), old, keep)
 
     def publish_final(self, local_dir: Path) -> str:
         """Copy ``local_dir`` in as ``final/``, renamed into place once whole."""

@@ -16,12 +16,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, constants
-from huggingface_hub.errors import HfHubHTTPError
-from huggingface_hub.utils import _http as hf_http
+from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
 from kit.auth import find_token, redact
 from kit.errors import StoreError, UsageError
 from kit.store.pacing import CommitPacer
+from kit.manifest import sha256_file
 from kit.store.base import (
     CKPT_DIR,
     Snapshot,
@@ -30,18 +30,18 @@ from kit.store.base import (
     TransientStoreError,
     local_files,
     record_path,
-    steps_to_delete,
 )
+from kit.store.hub_http import _httpx, hub_offline, network_timeout_s, use_timeouts
+from kit.store.retention import prune, steps_to_delete
 
 log = logging.getLogger("kit.store")
 
 REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+OFFLINE = ("store {store} is on the Hub, but HF_HUB_OFFLINE is set: unset it (or set HF_HUB_OFFLINE=0), "
+           "or use a directory store")
 NO_TOKEN = "no Hugging Face token: set HF_TOKEN or add a Kaggle/Colab secret named HF_TOKEN"
-DEFAULT_TIMEOUT_S = 60.0
 _CAS_ATTEMPTS = 4
-# The HTTP library huggingface_hub itself uses: httpx2 from 2.0, httpx in 1.x (still preinstalled on
-# many notebook images, and on the H200 here). Its errors and clients are the ones to catch and build.
-_httpx = getattr(hf_http, "httpx2", None) or hf_http.httpx
+DEEP_CHECK_MAX_BYTES = 10 * 2**20  # the Hub stores larger files through LFS/Xet, with a sha256 in the listing
 
 
 def parse_repo_id(spec: str) -> str:
@@ -52,38 +52,19 @@ def parse_repo_id(spec: str) -> str:
     return repo_id
 
 
-def use_timeouts(timeout_s: float) -> None:
-    """Give huggingface_hub's shared HTTP client a timeout (it has none: a stalled socket hangs forever).
-
-    The timeout is per socket operation (connect, one read, one write), so a slow upload that
-    keeps moving is not cut. A client factory the user installed is left alone.
-    """
-    current = hf_http._GLOBAL_CLIENT_FACTORY
-    if current is not hf_http.default_client_factory and getattr(current, "kit_timeout", None) is None:
-        return
-    if getattr(current, "kit_timeout", None) == timeout_s:
-        return
-
-    def factory() -> _httpx.Client:
-        return _httpx.Client(event_hooks={"request": [hf_http.hf_request_event_hook]},
-                             follow_redirects=True, timeout=_httpx.Timeout(timeout_s))
-
-    factory.kit_timeout = timeout_s  # type: ignore[attr-defined]
-    hf_http.set_client_factory(factory)
-
-
 class HubStore(Store):
     """Checkpoints in a private Hub repo. The token is used, never shown."""
 
     def __init__(self, repo_id: str, *, token: str | None = None, endpoint: str | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S):
+                 timeout_s: float | None = None):
         self.repo_id = parse_repo_id(repo_id)
         self.endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
         self._token = token if token is not None else find_token()
         self.api = HfApi(endpoint=self.endpoint, token=self._token or False)
         self._repo_ready = False
         self.pacer = CommitPacer()  # the Hub's ~128 commits/h per repo
-        use_timeouts(timeout_s)
+        self.timeout_s = network_timeout_s() if timeout_s is None else timeout_s
+        use_timeouts(self.timeout_s)
 
     def __repr__(self) -> str:
         return f"HubStore({self.describe()!r})"
@@ -100,9 +81,14 @@ class HubStore(Store):
             mapped = self._http_error(err, action)
             mapped.status = err.response.status_code if err.response is not None else None
             raise mapped from None
+        except _httpx.TimeoutException as err:
+            raise TransientStoreError(f"{action} on {self.describe()} failed: {self.endpoint} did not answer "
+                                      f"within {self.timeout_s:g} s ({type(err).__name__})") from None
         except _httpx.TransportError as err:
-            raise TransientStoreError(f"{action} on {self.describe()} failed: {type(err).__name__} "
-                                      f"({redact(_first_line(err), self._token)[:200]})") from None
+            raise TransientStoreError(f"{action} on {self.describe()} failed: {type(err).__name__} from "
+                                      f"{self.endpoint} ({redact(_first_line(err), self._token)[:200]})") from None
+        except OfflineModeIsEnabled:
+            raise StoreError(OFFLINE.format(store=self.describe())) from None
 
     def _http_error(self, err: HfHubHTTPError, action: str) -> StoreError:
         code = err.response.status_code if err.response is not None else None
@@ -121,6 +107,19 @@ class HubStore(Store):
         if code in (408, 429) or (code is not None and code >= 500):
             return TransientStoreError(f"{action} on {where} failed: HTTP {code}")
         return StoreError(f"{action} on {where} failed: HTTP {code}: {redact(_first_line(err), self._token)[:200]}")
+
+    def preflight(self) -> None:
+        """One request, before anything else: offline mode and a silent endpoint fail here, in one line.
+
+        A timeout here is final (exit 4), not retried: callers that retry (the lease) would
+        otherwise wait several timeouts on a server that never answers.
+        """
+        if hub_offline():
+            raise StoreError(OFFLINE.format(store=self.describe()))
+        try:
+            self.head()
+        except TransientStoreError as err:
+            raise StoreError(f"{err}: check HF_ENDPOINT and the network") from None
 
     def check_writable(self) -> None:
         self._need_token()  # whether the token may write shows at the first commit (403, one line)
@@ -156,14 +155,32 @@ class HubStore(Store):
         sha = self.head()
         if sha is None:
             return Snapshot(None, {})
-        files, sha256 = {}, {}
+        files, sha256, ids = {}, {}, {}
         with self._errors("listing the repo"):
             for entry in self.api.list_repo_tree(self.repo_id, recursive=True, revision=sha):
                 if hasattr(entry, "size"):
                     files[entry.path] = entry.size
+                    ids[entry.path] = getattr(entry, "blob_id", None) or ""
                     if getattr(entry, "lfs", None) is not None:
                         sha256[entry.path] = entry.lfs.sha256
-        return Snapshot(sha, files, sha256)
+        return Snapshot(sha, files, sha256, ids)
+
+    def _deep_check(self, cand, manifest: dict, snap: Snapshot) -> tuple[bool, str]:
+        """Hash what the listing gives no sha256 for (regular, non-LFS files: small by the Hub's rules).
+
+        Without this a same-size corrupt file passes until the resume download; with it, status
+        and pruning see it. Larger files without a sha256 stay checked by size only.
+        """
+        todo = [rel for rel in sorted(manifest["files"]) if f"{cand.prefix}/{rel}" not in snap.sha256
+                and manifest["files"][rel]["size"] <= DEEP_CHECK_MAX_BYTES]
+        if not todo:
+            return True, ""
+        with tempfile.TemporaryDirectory(prefix="kit-hub-check-") as tmp:
+            self._download([f"{cand.prefix}/{rel}" for rel in todo], snap, Path(tmp))
+            for rel in todo:
+                if sha256_file(Path(tmp) / cand.prefix / rel) != manifest["files"][rel]["sha256"]:
+                    return False, f"{rel} sha256 differs from the manifest"
+        return True, ""
 
     def _read_bytes(self, path: str, snap: Snapshot) -> bytes | None:
         if snap.version is None or path not in snap.files:
@@ -218,8 +235,7 @@ class HubStore(Store):
         self.ensure_repo()
         for attempt in range(_CAS_ATTEMPTS):
             snap = self._snapshot()
-            existing = [c.step for c in self.candidates(snap) if c.kind == "kit"]
-            doomed = steps_to_delete(existing, step, keep)
+            doomed = prune(self.inspect(snap, kinds=("kit",)), step, keep)
             ops = self._additions(Path(local_ckpt_dir), step, manifest, names)
             ops += [CommitOperationDelete(f"{CKPT_DIR}/checkpoint-{s}/", is_folder=True) for s in doomed]
             message = f"kit: checkpoint {step}" + (f", drop {', '.join(map(str, doomed))}" if doomed else "")
@@ -250,6 +266,20 @@ class HubStore(Store):
         with self._errors(f"publishing {prefix or 'the folder'}"):
             self.api.create_commit(self.repo_id, ops, commit_message=message)
         return f"{self.endpoint}/{self.repo_id}" + (f"/tree/main/{prefix.rstrip('/')}" if prefix else "")
+
+    def compact_history(self) -> bool:
+        """Squash ``main`` into one commit (huggingface_hub's ``super_squash_history``).
+
+        Pruning deletes old checkpoints from the repo's current files only; every commit still
+        holds its files, so each checkpoint ever pushed keeps using storage until the history goes.
+        Commits and pinned shas from before the squash are gone afterwards: a reader pinned to one
+        (another machine's `kit status` mid-listing) gets a 404 and reads again.
+        """
+        self._need_token()
+        with self._errors("squashing the history"):
+            self.api.super_squash_history(self.repo_id, branch="main",
+                                          commit_message="kit: squash history (checkpoints removed earlier free their storage)")
+        return True
 
     def _additions(self, local: Path, step: int, manifest: dict, names: list[str]) -> list:
         ops = []
