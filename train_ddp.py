@@ -11,7 +11,8 @@ Run it (from the folder that holds the `kit` package):
 The run saves a checkpoint every save_steps steps and every save_every_minutes minutes, pushes it
 to the store in the background (rank 0 only), and stops cleanly before the session's deadline.
 Run the same command again to resume where it stopped, from the local output_dir or the store.
-Re-render after editing the config: python -m kit render --config configs/default.yaml -o train_ddp.py
+Re-render after editing the config (the command that wrote this file):
+    python -m kit render --config configs/default.yaml --gpus 2xT4 -o train_ddp.py --force
 """
 
 import os
@@ -21,7 +22,7 @@ from transformers import set_seed
 from trl import SFTConfig, SFTTrainer
 
 from kit import data, dist, modeling, runtime, sharding
-from kit.errors import KitError
+from kit.errors import KitError, exit_words
 from kit.job import Job
 
 CONFIG_PATH = "configs/default.yaml"
@@ -44,6 +45,15 @@ SETTINGS = {
         'max_duplicate_fraction': 0.05,
         'allow_duplicates': False,
     },
+    'eval': {
+        'baseline': True,
+        'final': True,
+        'subset': 64,
+        'metric': 'auto',
+        'min_rows': 10,
+        'samples': 5,
+        'max_new_tokens': 64,
+    },
     'seq_len': 256,
     'per_device_batch': 8,
     'global_batch': 16,
@@ -54,6 +64,8 @@ SETTINGS = {
     'warmup_steps': 5,
     'weight_decay': 0.0,
     'optimizer': 'auto',
+    'batching': 'auto',
+    'kernels': 'auto',
     'max_grad_norm': 1.0,
     'precision': 'auto',
     'gradient_checkpointing': 'off',
@@ -62,6 +74,7 @@ SETTINGS = {
     'save_steps': 20,
     'save_every_minutes': 30.0,
     'keep_checkpoints': 3,
+    'lease_heartbeat_seconds': 60.0,
     'squash_history_every': 0,
     'time_budget_minutes': None,
     'seed': 42,
@@ -83,6 +96,8 @@ PLAN = {
     'gradient_checkpointing': False,
     'backend': 'transformers',
     'optimizer': 'adamw_torch',
+    'batching': 'padding_free',
+    'kernels': 'none',
 }
 
 
@@ -95,17 +110,20 @@ def main(argv: list[str]) -> int:
         plan = runtime.plan_for(ctx, cfg, PLAN)
         job = Job(cfg, ctx, plan, smoke=args.smoke, force=args.force)
         job.start()  # rank 0 finds the newest complete checkpoint (local, then store); all ranks agree
-        if job.complete:
-            ok, code = True, 0
+        if job.complete:  # nothing to train; a final/ the store lacks is pushed
+            ok, code = True, job.exit_code
             return code
 
         set_seed(cfg.seed)  # the same LoRA init on every rank and in every run
         with dist.local_main_first():  # downloads once per node; the node's other ranks read the cache
             model, tokenizer = modeling.load(cfg, plan, ctx)  # 4-bit loads pinned to device_map={"": local_rank}
             model = modeling.add_lora(model, cfg, plan)
-            dataset = data.prepare(cfg, tokenizer)
+            dataset = data.prepare(cfg, tokenizer, pack=plan.batching == "packed")
         job.log(modeling.trainable_summary(model))
         job.log(dataset.summary())
+        job.evaluate_before(model, tokenizer, dataset)  # the baseline: once per job, kept in the store
+        for note in runtime.settle_batching(plan, cfg, dataset.mean_tokens):  # padding-free for short rows only
+            job.log(note)
 
         # Strategy (DDP over 2 GPUs (Tesla T4), fp16). ddp: a full replica per rank. fsdp: FSDP2 shards the
         # frozen base, the LoRA weights, their gradients and Adam states over all ranks, each
@@ -132,7 +150,14 @@ def main(argv: list[str]) -> int:
             # Trainer turns this on for a PeftModel; with gradient checkpointing DDP then fails with
             # "Expected to mark a variable ready only once" (huggingface/peft#313, trl#921).
             ddp_find_unused_parameters=False,
-            max_length=cfg.seq_len,
+            # kit.data has truncated (or packed) every row to seq_len already; TRL refuses max_length
+            # with padding-free batches.
+            max_length=None if plan.padding_free else cfg.seq_len,
+            # Rows laid end to end with no pad tokens; position_ids restart at each row, from which
+            # the attention builds a block-diagonal mask, so rows never attend to each other.
+            padding_free=plan.padding_free,
+            use_liger_kernel=plan.kernels == "liger",  # Triton RMSNorm, SwiGLU and RoPE
+            **runtime.sampler_args(plan),  # batching "grouped": batches of rows of similar length
             completion_only_loss=True,  # the loss masks come from kit.data
             save_strategy="steps",
             save_steps=cfg.save_steps,
@@ -158,7 +183,7 @@ def main(argv: list[str]) -> int:
         modeling.settle_adapter_dtype(trainer.model, plan)  # fp16 loss scaling needs fp32 LoRA weights
         # A checkpoint the other strategy wrote resumes through a converted copy (same numbers).
         trainer.train(resume_from_checkpoint=sharding.resumable(trainer, job.resume_from, plan, ctx))
-        code = job.finish(trainer)  # rank 0: last upload (blocking, with a timeout), outcome line
+        code = job.finish(trainer)  # rank 0: last upload, final evaluation, final/ and its push, closing lines
         ok = True
         return code
     finally:
@@ -172,5 +197,5 @@ if __name__ == "__main__":
         sys.exit(main(sys.argv[1:]))
     except KitError as e:  # bad config, data, store or hardware: one line and its exit code
         if os.environ.get("RANK", "0") == "0":
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {e}{exit_words(e.exit_code)}", file=sys.stderr)
         sys.exit(e.exit_code)
