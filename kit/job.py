@@ -180,6 +180,10 @@ class Job:
         self.eval_inputs = (tokenizer, dataset)
         if self.smoke:
             return
+        if getattr(self.plan, "strategy", "ddp") == "fsdp" and self.ctx.world_size > 1:
+            # kit's evaluation runs on rank 0 alone; an FSDP model needs every rank for each forward.
+            self.cfg.eval_skip_reason = ("the model is sharded with FSDP and kit evaluates on rank 0 alone: "
+                                         "evaluate the exported model instead (kit export)")
         outcome = None
         if self.ctx.is_main:
             try:

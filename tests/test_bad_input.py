@@ -120,7 +120,7 @@ CLI_CASES = [
     ("key-typo", {"c.yaml": "lerning_rate: 0.1\n"}, ["plan", "--config", "c.yaml"], 2, "did you mean 'learning_rate'"),
     ("key-alias", {}, ["plan", "lr=0.1"], 2, "did you mean 'learning_rate'"),
     ("key-nested-typo", {}, ["plan", "lora.rr=3"], 2, "did you mean 'lora.r'"),
-    ("key-strategy", {}, ["plan", "strategy=zero3"], 2, "plans the strategy itself"),
+    ("key-strategy", {}, ["plan", "strategy=zero3"], 2, r"strategy.*zero3.*expected one of auto\|ddp\|fsdp\|model_parallel"),
     ("key-by-value", {}, ["plan", "dtype=bf16"], 2, "did you mean 'precision=bf16'"),
     ("choice-typo", {}, ["plan", "precision=bf61"], 2, "expected one of auto|bf16|fp16|fp32 \\(did you mean 'bf16'"),
     ("method-typo", {}, ["plan", "method=qlorra"], 2, "did you mean 'qlora'"),
@@ -207,8 +207,6 @@ CLI_CASES = [
     ("token-lora", {}, ["plan", f"lora.target_modules=[q_proj, {TOKEN}]"], 2, "token"),
     ("token-schedule-config", {f"{OTHER}.yaml": "max_steps: 3\n"}, ["schedule", "--config", f"{OTHER}.yaml",
                                                                      "--print-cron"], 2, "refusing to pass a token"),
-    ("token-in-notebook", {"nb.ipynb": "TOKEN_NOTEBOOK"}, ["convert", "nb.ipynb", "-o", "c.py"], 2,
-     "converted from nb.ipynb.*token"),
 ]
 
 

@@ -47,6 +47,9 @@ def bind_base(run: dict, cfg, model, store, force: bool) -> list[str]:
 
 
 def _skip_reason(cfg, dataset, which: str) -> str | None:
+    # Set by the job for plans where rank 0 alone cannot run the model (FSDP shards it over all ranks).
+    if getattr(cfg, "eval_skip_reason", None):
+        return cfg.eval_skip_reason
     if not getattr(cfg.eval, which):
         return f"eval.{which} is false"
     if dataset.eval is None or len(dataset.eval) == 0:
