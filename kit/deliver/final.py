@@ -23,14 +23,23 @@ FINAL_DIR = "final"
 FILES = ("README.md", "eval_results.json", "samples.md", "kit_config.yaml", identity.RUN_LOCAL)
 
 
-def write_final(cfg, model, tokenizer, results: dict, run: dict, facts: dict) -> Path:
-    """Write `output_dir/final/` and return its path (an earlier final/ is replaced only once complete)."""
+def write_final(cfg, model, tokenizer, results: dict, run: dict, facts: dict,
+                adapter_from: Path | None = None) -> Path:
+    """Write `output_dir/final/` and return its path (an earlier final/ is replaced only once complete).
+
+    `adapter_from`: a checkpoint folder whose (already gathered, plain PEFT) adapter files are copied
+    instead of saving `model` — an FSDP-sharded model cannot be saved by rank 0 alone.
+    """
     out = Path(cfg.output_dir) / FINAL_DIR
     tmp = out.with_name(f".{FINAL_DIR}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        model.save_pretrained(tmp)  # a PeftModel writes the adapter only: adapter_model.safetensors + config
+        if adapter_from is not None:
+            for name in ("adapter_model.safetensors", "adapter_config.json"):
+                shutil.copy2(Path(adapter_from) / name, tmp / name)
+        else:
+            model.save_pretrained(tmp)  # a PeftModel writes the adapter only: adapter_model.safetensors + config
         tokenizer.save_pretrained(tmp)
         (tmp / "kit_config.yaml").write_text(config.dump_yaml(cfg))
         (tmp / identity.RUN_LOCAL).write_text(json.dumps(run, indent=1))

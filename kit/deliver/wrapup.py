@@ -61,7 +61,10 @@ def deliver(job, trainer, step: int) -> tuple[int, list[str], dict]:
     tokenizer, dataset = job.eval_inputs
     results = stage.after(job.run, job.baseline, job.cfg, trainer.model, tokenizer, dataset,
                           job.plan.per_device_batch, step)
-    final = write_final(job.cfg, trainer.model, tokenizer, results, job.run, _facts(job, _sessions(job)))
+    sharded = getattr(job.plan, "strategy", "ddp") == "fsdp" and job.ctx.world_size > 1
+    adapter_from = Path(job.cfg.output_dir) / f"checkpoint-{step}" if sharded else None
+    final = write_final(job.cfg, trainer.model, tokenizer, results, job.run, _facts(job, _sessions(job)),
+                        adapter_from=adapter_from)
     lines = [change_line(results),
              f"final: {final} (adapter, tokenizer, config, eval results, samples, model card)"]
     code, record = push(job, final, lines)
