@@ -112,6 +112,18 @@ class HubError(Exception):
         self.status, self.message, self.code = status, message, code
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """A client that hangs up mid-answer (a killed run, a test's timeout) is not a server error: without
+    this, socketserver prints its traceback to stderr from a thread, into whatever test runs next."""
+
+    def handle_error(self, request, client_address) -> None:
+        import sys
+
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            return
+        super().handle_error(request, client_address)
+
+
 class HubServer:
     """The server, its state and its failure controls. Start with ``start()`` or ``with``."""
 
@@ -128,7 +140,7 @@ class HubServer:
         # Files of at least this size are answered "lfs" at preupload (the client must then run with
         # HF_HUB_DISABLE_XET=1) and are PUT as raw bytes; None keeps everything "regular" (base64).
         self.lfs_threshold: int | None = None
-        self._httpd = ThreadingHTTPServer((host, 0), _Handler)
+        self._httpd = _QuietServer((host, 0), _Handler)
         self._httpd.daemon_threads = True
         self._httpd.hub = self  # type: ignore[attr-defined]
         self._thread: threading.Thread | None = None
