@@ -14,7 +14,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
-from kit.errors import UsageError
+from kit.errors import UsageError, read_text
 
 METHODS = ("lora", "qlora", "full")
 BACKENDS = ("auto", "transformers", "unsloth")
@@ -306,13 +306,7 @@ def load(path: str | None = None, overrides=()) -> RunConfig:
 
     data: dict = {}
     if path is not None:
-        try:
-            with open(path, encoding="utf-8") as fh:
-                text = fh.read()
-        except OSError as e:
-            raise UsageError(f"cannot read config {path}: {e.strerror or e}") from None
-        except UnicodeDecodeError as e:
-            raise UsageError(f"config {path} is not UTF-8 text (byte {e.start}): save it as UTF-8") from None
+        text = read_text(path, "config")
         try:
             data = yaml.safe_load(text) or {}
         except yaml.YAMLError as e:

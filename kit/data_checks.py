@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kit.errors import UsageError
+from kit.errors import UsageError, read_text
 
 ROLES = ("system", "user", "assistant", "tool")
 # ShareGPT's speaker names (FastChat, axolotl's sharegpt loader) onto chat-template roles.
@@ -29,13 +29,7 @@ def scan_json_lines(path: Path) -> list[int] | None:
 
     A `.json` file that holds one JSON array (not lines) is checked as a whole and gets None.
     """
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except UnicodeDecodeError as e:
-        raise UsageError(f"data file {path} is not UTF-8 text (byte {e.start}): save it as UTF-8") from None
-    except OSError as e:
-        raise UsageError(f"cannot read data file {path}: {e.strerror or e}") from None
+    text = read_text(path, "data file")
     if path.suffix == ".json" and text.lstrip().startswith("["):
         try:
             rows = json.loads(text)
