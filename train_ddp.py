@@ -21,9 +21,10 @@ import sys
 from transformers import set_seed
 from trl import SFTConfig, SFTTrainer
 
-from kit import data, dist, modeling, runtime, sharding
+from kit.train import data, dist, modeling, sharding
+from kit.planning import launch as runtime
 from kit.errors import KitError, exit_words
-from kit.job import Job
+from kit.train.job import Job
 
 CONFIG_PATH = "configs/default.yaml"
 
@@ -128,7 +129,7 @@ def main(argv: list[str]) -> int:
         # Strategy (DDP over 2 GPUs (Tesla T4), fp16). ddp: a full replica per rank. fsdp: FSDP2 shards the
         # frozen base, the LoRA weights, their gradients and Adam states over all ranks, each
         # decoder layer a unit, checkpoints still plain PEFT adapters. model_parallel: the layers
-        # split over the GPUs in this one process (never under torchrun). See kit/sharding.py.
+        # split over the GPUs in this one process (never under torchrun). See kit/train/sharding.py.
         strategy = sharding.trainer_args(plan, model, ctx)
 
         training_args = SFTConfig(
@@ -150,7 +151,7 @@ def main(argv: list[str]) -> int:
             # Trainer turns this on for a PeftModel; with gradient checkpointing DDP then fails with
             # "Expected to mark a variable ready only once" (huggingface/peft#313, trl#921).
             ddp_find_unused_parameters=False,
-            # kit.data has truncated (or packed) every row to seq_len already; TRL refuses max_length
+            # kit.train.data has truncated (or packed) every row to seq_len already; TRL refuses max_length
             # with padding-free batches.
             max_length=None if plan.padding_free else cfg.seq_len,
             # Rows laid end to end with no pad tokens; position_ids restart at each row, from which
@@ -158,7 +159,7 @@ def main(argv: list[str]) -> int:
             padding_free=plan.padding_free,
             use_liger_kernel=plan.kernels == "liger",  # Triton RMSNorm, SwiGLU and RoPE
             **runtime.sampler_args(plan),  # batching "grouped": batches of rows of similar length
-            completion_only_loss=True,  # the loss masks come from kit.data
+            completion_only_loss=True,  # the loss masks come from kit.train.data
             save_strategy="steps",
             save_steps=cfg.save_steps,
             save_total_limit=cfg.keep_checkpoints,

@@ -96,7 +96,7 @@ def main() -> int:
     from transformers import AutoTokenizer
 
     from bench.gpu_common import TOKENIZER
-    from kit import data
+    from kit.train import data
 
     tok = AutoTokenizer.from_pretrained(TOKENIZER)
     write(Path(a.out), a.rows, tok)

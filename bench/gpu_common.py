@@ -30,7 +30,7 @@ def make_random_model(hub_id: str, out: Path) -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from kit.models import from_table
+    from kit.planning.shapes import from_table
 
     m = from_table(hub_id)
     config = AutoConfig.for_model(

@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 HOLDER = """
 import sys, time
-from kit.lease import Lease
-from kit.store.hub import HubStore
+from kit.checkpoints.lease import Lease
+from kit.checkpoints.store.hub import HubStore
 lease = Lease(HubStore("me/lease-bench", token=sys.argv[2], endpoint=sys.argv[1]), "host-a pid 1",
               heartbeat_s=float(sys.argv[3]), missed=int(sys.argv[4])).acquire()
 lease.keep_alive()
@@ -39,8 +39,8 @@ time.sleep(10**6)
 
 def measure(url: str, token: str, heartbeat_s: float, missed: int, seed: int) -> dict:
     from kit.errors import StoreError
-    from kit.lease import Lease
-    from kit.store.hub import HubStore
+    from kit.checkpoints.lease import Lease
+    from kit.checkpoints.store.hub import HubStore
 
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_DISABLE_TELEMETRY="1")
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, url, token, str(heartbeat_s), str(missed)],

@@ -54,8 +54,9 @@ HOLDOUT = [
 
 def planned_allocated_gib(row: dict) -> float:
     """What `kit plan` estimates today (allocated_bytes, GiB) for one row of a results file."""
-    from kit import config, hardware
-    from kit.plan import make_plan
+    from kit.planning import config
+    from kit.machine import gpu_table as hardware
+    from kit.planning.plan import make_plan
 
     cfg = config.load(None, [f"model={row['hub_id']}", f"method={row['method']}", f"seq_len={row['seq_len']}",
                              f"per_device_batch={row['batch']}", f"global_batch={row['batch']}",

@@ -102,7 +102,7 @@ def main() -> int:
     else:
         from transformers import AutoTokenizer
 
-        from kit import data as kit_data
+        from kit.train import data as kit_data
 
         tok = AutoTokenizer.from_pretrained(TOKENIZER)
         data = chat_lengths.write(Path(a.models) / f"chat-{a.rows}.jsonl", a.rows, tok)

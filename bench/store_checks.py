@@ -32,9 +32,9 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kit.manifest import write_manifest  # noqa: E402
-from kit.store import DirStore  # noqa: E402
-from kit.store.hub import HubStore  # noqa: E402
+from kit.checkpoints.manifest import write_manifest  # noqa: E402
+from kit.checkpoints.store import DirStore  # noqa: E402
+from kit.checkpoints.store.hub import HubStore  # noqa: E402
 from tests.hubserver import WRITE_TOKEN, HubServer  # noqa: E402
 
 

@@ -4,7 +4,7 @@
     python bench/sync_overhead.py --mb 150 --mbps 50 --mode lfs --threads 1 --rounds 3
 
 A CPU loop stands in for training (a fixed matmul workload, ~100 ms a step) while
-``kit.sync.BackgroundSync`` publishes a checkpoint of random bytes through the real
+``kit.checkpoints.sync.BackgroundSync`` publishes a checkpoint of random bytes through the real
 ``huggingface_hub`` client to ``tests/hubserver.py``, run in a separate process (as the Hub is a
 separate machine) and throttled to ``--mbps``. Steps are timed before any upload (baseline) and
 while one is in flight (manifest hashing in the worker included); overhead = mean in-flight step / mean baseline step - 1.
@@ -35,9 +35,9 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from kit.manifest import write_manifest  # noqa: E402
-from kit.store.hub import HubStore  # noqa: E402
-from kit.sync import BackgroundSync  # noqa: E402
+from kit.checkpoints.manifest import write_manifest  # noqa: E402
+from kit.checkpoints.store.hub import HubStore  # noqa: E402
+from kit.checkpoints.sync import BackgroundSync  # noqa: E402
 
 TOKEN = "hf_benchWRITEtoken"
 SERVER = """
@@ -123,7 +123,7 @@ def run(args) -> dict:
         t0 = time.perf_counter()
         step()
         # --manifest worker: the worker hashes the files and writes the manifest into its staged
-        # copy, inside the in-flight window; before: sealed earlier by the loop (kit/callbacks.py).
+        # copy, inside the in-flight window; before: sealed earlier by the loop (kit/train/callbacks.py).
         if args.manifest == "worker":
             sync.submit(ckpts[r], 100 + r, world_size=1, fingerprint={"model": "bench"})
         else:

@@ -103,7 +103,7 @@ def finish_in_script(code: int, namespace: dict) -> None:
     for name in ("facts", "verdicts", "plan"):
         if last.get(name) is not None:
             namespace[name] = last[name]
-    from kit.report import in_notebook_kernel
+    from kit.report.text import in_notebook_kernel
 
     if code == 3 and last.get("cpu_only") and in_notebook_kernel():
         print("(no GPU here: continuing on the CPU, which is only fit for the tiny default)")

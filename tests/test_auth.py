@@ -10,7 +10,7 @@ import pytest
 
 from kit import auth
 from kit.errors import StoreError
-from kit.store.hub import HubStore
+from kit.checkpoints.store.hub import HubStore
 from tests.hubserver import WRITE_TOKEN, hub  # noqa: F401  (fixture)
 from tests.test_store import REPO, make_ckpt
 

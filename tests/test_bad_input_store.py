@@ -21,9 +21,11 @@ from typing import Callable
 import pytest
 from huggingface_hub import constants as hf_constants
 
-from kit import cli, config, fingerprint
-from kit.manifest import MANIFEST_NAME, write_manifest
-from kit.store import base
+from kit import cli
+from kit.planning import config
+from kit.checkpoints import fingerprint
+from kit.checkpoints.manifest import MANIFEST_NAME, write_manifest
+from kit.checkpoints.store import base
 from tests.hubserver import READ_TOKEN, WRITE_TOKEN, HubServer
 from tests.scripts import ROOT, SCRIPT
 from tests.test_store import make_ckpt

@@ -1,5 +1,5 @@
 """Padding-free and packed batches keep rows apart: the real TRL collator, the real tiny Qwen3 under
-SDPA, and kit.data's packing; then the generated script trained with batching=packed."""
+SDPA, and kit.train.data's packing; then the generated script trained with batching=packed."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from kit import config, data
+from kit.planning import config
+from kit.train import data
 from tests.scripts import FAST, ROOT, losses, train
 
 TINY = ROOT / "models" / "tiny-qwen3"

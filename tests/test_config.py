@@ -1,10 +1,10 @@
-"""kit.config: defaults, YAML + overrides, every error branch one line with the key and value."""
+"""kit.planning.config: defaults, YAML + overrides, every error branch one line with the key and value."""
 
 import argparse
 
 import pytest
 
-from kit import config
+from kit.planning import config
 from kit.errors import UsageError
 
 

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from kit import config, hardware
-from kit.plan import make_plan
+from kit.planning import config
+from kit.machine import gpu_table as hardware
+from kit.planning.plan import make_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = sorted((ROOT / "configs").rglob("*.y*ml"))

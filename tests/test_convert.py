@@ -14,7 +14,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from kit.cli import main
-from kit.convert import convert_notebook
+from kit.notebooks.convert import convert_notebook
 from kit.errors import UsageError
 
 TRIPLE = '"' * 3
@@ -479,7 +479,7 @@ def test_dry_run_option_errors(tmp_path, capsys, argv, message):
 
 
 def test_dry_run_swaps_hub_ids_but_not_the_notebooks_own(tmp_path):
-    from kit.convert.dryrun import TINY_DATA, TINY_MODEL, dry_run_dataset
+    from kit.notebooks.convert.dryrun import TINY_DATA, TINY_MODEL, dry_run_dataset
 
     nb = make_nb(tmp_path, ["MODEL = 'org/big'\nm = AutoModelForCausalLM.from_pretrained(MODEL, load_in_4bit=True, "
                             "quantization_config=q, dtype=torch.bfloat16)\ntok = AutoTokenizer.from_pretrained('gpt2')\n"

@@ -1,4 +1,4 @@
-"""kit.data: formats, loss masks, splits and the duplicate check, with the tiny model's tokenizer."""
+"""kit.train.data: formats, loss masks, splits and the duplicate check, with the tiny model's tokenizer."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from kit import config, data
+from kit.planning import config
+from kit.train import data
 from kit.errors import UsageError
 from tests.scripts import ROOT
 

@@ -1,4 +1,4 @@
-"""kit.deadline: when a session ends, from the platform's limit or a budget."""
+"""kit.train.deadline: when a session ends, from the platform's limit or a budget."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from kit import deadline
+from kit.train import deadline
 
 
 def fake_proc(tmp_path, btime: int, starttime_ticks: int, comm: str = "tini (init) x") -> str:

@@ -201,15 +201,15 @@ def test_a_session_that_fails_mid_training_is_recorded_as_failed(tmp_path):
 import sys
 sys.path.insert(0, {str(ROOT)!r})
 from transformers import TrainerCallback
-import kit.job
+import kit.train.job
 
 class Boom(TrainerCallback):
     def on_step_end(self, args, state, control, **kw):
         if state.global_step == 3:
             raise RuntimeError("failed on purpose")
 
-_callbacks = kit.job.Job.callbacks
-kit.job.Job.callbacks = lambda self, model, dataset: _callbacks(self, model, dataset) + [Boom()]
+_callbacks = kit.train.job.Job.callbacks
+kit.train.job.Job.callbacks = lambda self, model, dataset: _callbacks(self, model, dataset) + [Boom()]
 import runpy
 sys.argv = [{str(SCRIPT)!r}] + sys.argv[1:]
 runpy.run_path({str(SCRIPT)!r}, run_name="__main__")

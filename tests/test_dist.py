@@ -1,4 +1,4 @@
-"""kit.dist.teardown under a real torchrun with 2 gloo ranks: how a finished job leaves."""
+"""kit.train.dist.teardown under a real torchrun with 2 gloo ranks: how a finished job leaves."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from tests.scripts import ROOT, run, torchrun_cmd
 SCRIPT = """
 import sys
 sys.path.insert(0, {root!r})
-from kit import dist
+from kit.train import dist
 
 ctx = dist.init()
 ok, code = False, 1

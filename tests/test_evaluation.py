@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kit import config, data
+from kit.planning import config
+from kit.train import data
 from kit.errors import UsageError
 from kit.evaluation import heldout, identity, results, stage
 

@@ -14,8 +14,8 @@ from kit import cli
 from kit.deliver import export, gguf, wrapup
 from kit.errors import StoreError
 from kit.evaluation.identity import local_revision
-from kit.store import DirStore
-from kit.store.hub import HubStore
+from kit.checkpoints.store import DirStore
+from kit.checkpoints.store.hub import HubStore
 from tests.hubserver import WRITE_TOKEN, hub  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,6 +1,6 @@
 """The FSDP path of the generated script, for real on the CPU: torchrun, 2 gloo ranks, the tiny
 model, Trainer's FSDP2 through accelerate (kit lets accelerate pick FSDP on the CPU, see
-kit.sharding._allow_cpu_fsdp; the sharding, saving and loading code is the GPU's). Trains,
+kit.train.sharding._allow_cpu_fsdp; the sharding, saving and loading code is the GPU's). Trains,
 checkpoints, is killed -9 and resumes to the same adapter; the adapter loads in plain PEFT; a DDP
 checkpoint resumes under FSDP and back."""
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from kit import goodput, status
+from kit.checkpoints import goodput, status
 from tests.hubserver import WRITE_TOKEN, HubServer
 from tests.scripts import FAST, ROOT, SCRIPT, cpu_env, kill_job
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 from huggingface_hub import constants as hf_constants
 
-from kit import config
-from kit.store import DirStore
-from kit.store.hub import HubStore
-from kit.sync import BackgroundSync
+from kit.planning import config
+from kit.checkpoints.store import DirStore
+from kit.checkpoints.store.hub import HubStore
+from kit.checkpoints.sync import BackgroundSync
 from tests.hubserver import WRITE_TOKEN, hub  # noqa: F401  (fixture)
 from tests.test_store import REPO, make_ckpt, tree_bytes
 

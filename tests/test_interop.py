@@ -15,7 +15,8 @@ import sys
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
 from trl import SFTConfig, SFTTrainer
-from kit import config, data
+from kit.planning import config
+from kit.train import data
 
 out, max_steps, resume, hub_repo = sys.argv[1], int(sys.argv[2]), sys.argv[3] or None, sys.argv[4] or None
 cfg = config.load("configs/default.yaml")

@@ -6,7 +6,7 @@ import json
 
 import nbformat
 
-from kit.scheduling import kaggle_notebook
+from kit.notebooks.schedule import kaggle_notebook
 
 
 def test_the_run_notebook_is_valid_and_pins_kit_without_a_token(tmp_path, monkeypatch):

@@ -278,7 +278,7 @@ def test_a_session_already_running_is_waited_for_never_pushed_over(tmp_path, hub
 
 
 def test_a_second_schedule_of_the_same_runs_folder_refuses(tmp_path, hub):
-    from kit.scheduling.runs_lock import RunsLock
+    from kit.notebooks.schedule.runs_lock import RunsLock
 
     with KaggleServer(tmp_path / "k", users={USER: KEY}, kernel_env=session_env(hub.url)) as k, \
             RunsLock(tmp_path / "runs"):

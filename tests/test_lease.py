@@ -9,9 +9,9 @@ import time
 import pytest
 
 from kit.errors import StoreError
-from kit.lease import LOCK_NAME, Lease, default_holder
-from kit.store import DirStore
-from kit.store.hub import HubStore
+from kit.checkpoints.lease import LOCK_NAME, Lease, default_holder
+from kit.checkpoints.store import DirStore
+from kit.checkpoints.store.hub import HubStore
 from tests.hubserver import READ_TOKEN, WRITE_TOKEN, hub  # noqa: F401  (fixture)
 from tests.test_store import REPO
 
@@ -57,7 +57,7 @@ def test_same_holder_object_can_reacquire(store_factory):
 def test_stale_lease_is_taken_over_with_a_warning(store_factory, caplog):
     old = Lease(store_factory(), "cut-session", ttl_s=0.3).acquire()
     time.sleep(0.5)
-    with caplog.at_level(logging.WARNING, "kit.lease"):
+    with caplog.at_level(logging.WARNING, "kit.checkpoints.lease"):
         new = Lease(store_factory(), "new-session").acquire()  # judged by the cut holder's own 0.3 s
     assert "taking over the stale lease of cut-session" in caplog.text
     assert new.took_over["holder"] == "cut-session" and new.took_over["ttl_s"] == pytest.approx(0.3)
@@ -124,7 +124,7 @@ def test_two_racers_on_the_hub_exactly_one_wins(hub):
     winner = next(k for k, v in results.items() if v == "won")
     assert f"leased by {winner}" in loser
     assert any(status == 412 for _, path, status in hub.requests if "/commit/" in path), "CAS was exercised"
-    lease_json = json.loads(hub.files(REPO)["kit/lease.json"])
+    lease_json = json.loads(hub.files(REPO)["kit/checkpoints/lease.json"])
     assert lease_json["holder"] == winner
 
 
@@ -138,7 +138,7 @@ def test_dir_lock_file_is_exclusive_and_garbage_is_treated_as_free(tmp_path, cap
     store = DirStore(tmp_path / "store")
     (tmp_path / "store/kit").mkdir(parents=True)
     (tmp_path / "store/kit" / LOCK_NAME).write_text("not json")
-    with caplog.at_level(logging.WARNING, "kit.lease"):
+    with caplog.at_level(logging.WARNING, "kit.checkpoints.lease"):
         lease = Lease(store, "me").acquire()
     assert "not valid JSON" in caplog.text
     assert json.loads((tmp_path / "store/kit" / LOCK_NAME).read_text())["holder"] == "me"
@@ -169,7 +169,7 @@ def test_keep_alive_records_a_lost_lease(tmp_path, caplog):
     lease = Lease(DirStore(tmp_path / "s"), "a", ttl_s=60)
     lease.acquire()
     (tmp_path / "s/kit" / LOCK_NAME).write_text(json.dumps({"holder": "b", "id": "other", "heartbeat": time.time()}))
-    with caplog.at_level(logging.ERROR, "kit.lease"):
+    with caplog.at_level(logging.ERROR, "kit.checkpoints.lease"):
         lease.keep_alive(interval_s=0.05)
         time.sleep(0.4)
     assert lease.lost is not None and "lost to b" in str(lease.lost)
@@ -179,9 +179,9 @@ def test_keep_alive_records_a_lost_lease(tmp_path, caplog):
 
 
 def test_hub_lease_gives_up_when_the_repo_keeps_moving(hub, monkeypatch):
-    import kit.lease
+    import kit.checkpoints.lease
 
-    monkeypatch.setattr(kit.lease, "ACQUIRE_BACKOFF_S", (0.01, None))
+    monkeypatch.setattr(kit.checkpoints.lease, "ACQUIRE_BACKOFF_S", (0.01, None))
     store = HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url)
     store.ensure_repo()
     hub.inject("status", status=412, times=100, method="POST", path="/commit/")
@@ -191,8 +191,8 @@ def test_hub_lease_gives_up_when_the_repo_keeps_moving(hub, monkeypatch):
 
 HOLDER = """
 import sys, time
-from kit.lease import Lease
-from kit.store.hub import HubStore
+from kit.checkpoints.lease import Lease
+from kit.checkpoints.store.hub import HubStore
 lease = Lease(HubStore(sys.argv[3], token=sys.argv[2], endpoint=sys.argv[1]), "host-a pid 1",
               heartbeat_s=0.5, missed=3).acquire()
 lease.keep_alive()

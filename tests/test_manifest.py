@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from kit.manifest import MANIFEST_NAME, build_manifest, read_manifest, verify, write_manifest
+from kit.checkpoints.manifest import MANIFEST_NAME, build_manifest, read_manifest, verify, write_manifest
 
 
 @pytest.fixture

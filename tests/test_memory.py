@@ -1,10 +1,10 @@
-"""kit.memory against real H200 measurements (Qwen3 shapes, LoRA r16 all-linear, seq 2048, batch 4,
+"""kit.planning.memory against real H200 measurements (Qwen3 shapes, LoRA r16 all-linear, seq 2048, batch 4,
 gradient checkpointing on; torch.cuda.max_memory_allocated, which excludes the CUDA context)."""
 
 import pytest
 
-from kit import memory, models
-from kit.config import RunConfig
+from kit.planning import memory, shapes as models
+from kit.planning.config import RunConfig
 
 GIB = 2**30
 

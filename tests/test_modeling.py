@@ -1,4 +1,4 @@
-"""kit.modeling on the tiny default model: LoRA wrapping and the adapter dtype fp16 training needs."""
+"""kit.train.modeling on the tiny default model: LoRA wrapping and the adapter dtype fp16 training needs."""
 
 from types import SimpleNamespace
 
@@ -6,7 +6,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from kit import config, modeling
+from kit.planning import config
+from kit.train import modeling
 from tests.scripts import ROOT
 
 
@@ -41,7 +42,7 @@ def test_bf16_training_keeps_trls_bf16_adapters(lora_model):
 def test_smoke_compares_against_the_weights_training_starts_from(lora_model):
     # Built before the trainer, as Job.callbacks does; then the script casts the adapters (fp16).
     # A dtype change is not learning: with no optimizer step the rung must fail, not pass.
-    from kit.smoke import Smoke
+    from kit.train.smoke import Smoke
 
     smoke = Smoke(lora_model, "lora")
     modeling.settle_adapter_dtype(lora_model, SimpleNamespace(precision="fp16"))

@@ -1,4 +1,4 @@
-"""kit.models: shapes from the built-in table, a local config.json, the Hub's config.json (real client,
+"""kit.planning.shapes: shapes from the built-in table, a local config.json, the Hub's config.json (real client,
 local Hub server), and the offline refusal."""
 
 import json
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from kit import models
+from kit.planning import shapes as models
 from kit.errors import UsageError
 from tests.hubserver import HubServer
 
@@ -97,7 +97,7 @@ def test_hub_config_json_only_through_the_real_client(tmp_path):
         server.put_files("someone/Custom-7B", {"config.json": json.dumps(cfg).encode()})
         env = {**os.environ, "HF_ENDPOINT": server.url, "HF_HOME": str(tmp_path), "HF_HUB_DISABLE_TELEMETRY": "1"}
         env.pop("HF_HUB_OFFLINE", None)
-        out = subprocess.run([sys.executable, "-c", "import json; from kit.models import model_facts; "
+        out = subprocess.run([sys.executable, "-c", "import json; from kit.planning.shapes import model_facts; "
                               "print(json.dumps(model_facts('someone/Custom-7B').to_dict()))"],
                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr

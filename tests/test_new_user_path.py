@@ -17,7 +17,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from kit import config, data, resume, status
+from kit.planning import config
+from kit.train import data
+from kit.checkpoints import resume, status
 from kit.cli import main
 from kit.commands import bootstrap
 from tests.scripts import FAST, ROOT, cpu_env, train
@@ -41,8 +43,8 @@ def test_readme_keeps_its_two_commands_and_names_the_cpu_index():
 
 
 def test_parameter_counts_agree_between_readme_and_run():
-    from kit import modeling
-    from kit.runtime import RuntimePlan
+    from kit.train import modeling
+    from kit.planning.launch import RuntimePlan
 
     cfg = config.load("configs/default.yaml")
     plan = RuntimePlan("fp32", 8, 2, 16, False, "transformers", "adamw_torch", [])
@@ -58,7 +60,7 @@ def test_parameter_counts_agree_between_readme_and_run():
 def test_cpu_runs_report_peak_host_ram():
     import torch
 
-    from kit.callbacks import Meter, meter_words
+    from kit.train.callbacks import Meter, meter_words
 
     meter = Meter(torch.device("cpu"), tokens_per_step=100.0)
     state = SimpleNamespace(global_step=0)
@@ -230,8 +232,8 @@ def test_sharegpt_rows_train_like_their_messages(tmp_path, tok, column):
 def test_a_dataset_smaller_than_one_global_batch_is_named(capsys):
     import torch
 
-    from kit.job import Job
-    from kit.runtime import RuntimePlan
+    from kit.train.job import Job
+    from kit.planning.launch import RuntimePlan
 
     cfg = config.load("configs/default.yaml", ["max_steps=null", "epochs=1"])
     ctx = SimpleNamespace(device=torch.device("cpu"), rank=0, world_size=2, is_main=True)
@@ -248,7 +250,7 @@ def test_a_dataset_smaller_than_one_global_batch_is_named(capsys):
 # ---- item 18: output_dir is checked before anything loads --------------------------------------------------
 def test_output_dir_check(tmp_path):
     from kit.errors import UsageError
-    from kit.runtime import check_output_dir
+    from kit.planning.launch import check_output_dir
 
     (tmp_path / "file").write_text("x")
     for bad, words in ((tmp_path / "file", "is a file"), (tmp_path / "file" / "run", "which is a file"),
@@ -264,7 +266,7 @@ def test_a_torn_session_record_is_named_by_line(tmp_path, caplog):
     out = tmp_path / "run"
     out.mkdir()
     (out / "kit_sessions.jsonl").write_text('{"started": 1, "end_step": 2, "max_steps": 2}\n{"started": 2, "end\n')
-    with caplog.at_level("WARNING", logger="kit.status"):
+    with caplog.at_level("WARNING", logger="kit.checkpoints.status"):
         s = status.gather(config.load("configs/default.yaml", [f"output_dir={out}"]))
     assert len(s["sessions"]) == 1
     assert f"{out / 'kit_sessions.jsonl'} line 2 is not valid JSON" in caplog.text

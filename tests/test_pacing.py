@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import time
 
-from kit.store.hub import HubStore
-from kit.store.pacing import RESERVE, CommitPacer, checkpoint_rate_warning
-from kit.sync import BackgroundSync
+from kit.checkpoints.store.hub import HubStore
+from kit.checkpoints.store.pacing import RESERVE, CommitPacer, checkpoint_rate_warning
+from kit.checkpoints.sync import BackgroundSync
 from tests.hubserver import WRITE_TOKEN, HubServer
 from tests.test_sync import make_ckpt
 

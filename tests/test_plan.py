@@ -1,4 +1,4 @@
-"""kit.plan: a pure function of (facts, config), tested with the facts of real machines; `kit plan`'s
+"""kit.planning.plan: a pure function of (facts, config), tested with the facts of real machines; `kit plan`'s
 exit codes and error lines through a real subprocess."""
 
 import copy
@@ -9,9 +9,10 @@ import sys
 
 import pytest
 
-from kit import config, hardware
+from kit.planning import config
+from kit.machine import gpu_table as hardware
 from kit.errors import CannotTrain, UsageError
-from kit.plan import batch_for_world, make_plan
+from kit.planning.plan import batch_for_world, make_plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 2**30
@@ -102,7 +103,7 @@ def test_two_t4_bf16_lora_8b_fits_only_sharded():
 
 def test_model_parallel_is_the_last_resort_and_never_torchrun(monkeypatch):
     # Where FSDP's gathered layers tip it over but a layer split fits: one process, python launch.
-    from kit import memory, plan as planner
+    from kit.planning import memory, plan as planner
 
     real = memory.estimate
 

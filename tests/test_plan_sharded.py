@@ -9,9 +9,10 @@ import sys
 
 import pytest
 
-from kit import config, hardware
+from kit.planning import config
+from kit.machine import gpu_table as hardware
 from kit.errors import CannotTrain, UsageError
-from kit.plan import make_plan
+from kit.planning.plan import make_plan
 from tests.scripts import FAST, ROOT, cpu_env, torchrun_cmd
 from tests.test_plan import CPU_ONLY, KAGGLE_T4X2, machine
 

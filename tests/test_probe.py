@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from kit import platforms
+from kit.machine import platforms
 from kit.errors import UsageError
-from kit.probe import load_facts
-from kit.torch_build import cache_dir
+from kit.machine.probe import load_facts
+from kit.machine.torch_build import cache_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -162,7 +162,7 @@ def test_real_probe_of_this_machine(tmp_path):
 
 
 def test_probe_neither_imports_torch_nor_starts_cuda(tmp_path):
-    code = "import sys, kit.probe; kit.probe.gather(); print('torch' in sys.modules)"
+    code = "import sys, kit.machine.probe; kit.machine.probe.gather(); print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "KIT_CACHE_DIR": str(tmp_path)}, timeout=180)
     assert done.stdout.strip() == "False", done.stderr

@@ -56,7 +56,8 @@ def test_render_errors(tmp_path):
 
 
 def test_unsloth_plan_imports_unsloth_first():
-    from kit import config, render
+    from kit.planning import config
+    from kit.script import render
 
     cfg = config.load(str(ROOT / "configs" / "default.yaml"))
     text = render.render(cfg, {"backend": "unsloth", "nproc": 1, "precision": "bf16", "strategy": "single"},

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from kit import config, fingerprint, leftovers, resume
+from kit.planning import config
+from kit.checkpoints import fingerprint, leftovers, resume
 from kit.errors import UsageError
-from kit.manifest import write_manifest
+from kit.checkpoints.manifest import write_manifest
 from tests.scripts import FAST, train
 from tests.test_store import make_ckpt, tree_bytes
 
@@ -95,7 +96,7 @@ def test_training_after_a_skipped_checkpoint_writes_a_fresh_folder(tmp_path):
     r = train(args, nproc=1)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "set checkpoint-3 aside" in r.stdout
-    from kit.manifest import verify
+    from kit.checkpoints.manifest import verify
 
     assert verify(out / "checkpoint-3")[0]
 
@@ -205,8 +206,8 @@ def test_names_carry_their_owner():
 
 
 def test_background_sync_stages_under_an_owned_name(tmp_path):
-    from kit.store import DirStore
-    from kit.sync import BackgroundSync
+    from kit.checkpoints.store import DirStore
+    from kit.checkpoints.sync import BackgroundSync
 
     src = make_ckpt(tmp_path / "out", 3)
     seen = []

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from kit import config, save_cadence
+from kit.planning import config, save_cadence
 from kit.errors import UsageError
 from tests.hubserver import WRITE_TOKEN, HubServer
 from tests.scripts import FAST, cpu_env, train

@@ -129,7 +129,7 @@ def test_the_scheduled_store_holds_the_records(sequence):
     files = sequence["files"]
     assert "checkpoints/checkpoint-200/kit_manifest.json" in files
     assert len(files["kit/sessions.jsonl"].decode().splitlines()) == 3
-    assert json.loads(files["kit/lease.json"])["released"] is True
+    assert json.loads(files["kit/checkpoints/lease.json"])["released"] is True
 
 
 # -- refused before anything runs ----------------------------------------------------------------
@@ -207,7 +207,7 @@ def test_a_second_scheduler_on_the_same_runs_dir_refuses(tmp_path):
     r = kit(schedule_args(runs, tmp_path / "out", str(tmp_path / "store")), cpu_env(), timeout=60)
     _refused(r, 2, "another `kit schedule`", f"pid {os.getpid()}")
     # A lock left by a dead process is taken over (print-cron exits before any run, so use the lock directly).
-    from kit.schedule import RunsLock
+    from kit.notebooks.schedule.loop import RunsLock
 
     (runs / ".kit-schedule.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": 2**22 + 12345}))
     with RunsLock(runs) as lock:
@@ -245,7 +245,7 @@ def test_run_timeout_interrupts_training_which_pauses_cleanly(tmp_path):
 def test_the_local_loop_stops_when_a_run_made_no_progress(tmp_path, monkeypatch):
     """The stop rule shared with --kaggle. A real run that pauses twice at the same step cannot be
     made to order, so papermill's part (`execute`, tested above) is replaced by its outcomes."""
-    from kit import schedule
+    from kit.notebooks.schedule import loop as schedule
 
     outcomes = iter(["paused at step 40 of 200", "paused at step 40 of 200", "complete: step 200 of 200"])
     monkeypatch.setattr(schedule, "execute", lambda plan, n, verbose=False: (next(outcomes), tmp_path / f"{n}.ipynb"))

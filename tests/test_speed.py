@@ -1,4 +1,4 @@
-"""kit.speed through kit.plan: batching, kernels and the optimizer each chosen with a reason from the
+"""kit.planning.speed through kit.planning.plan: batching, kernels and the optimizer each chosen with a reason from the
 H200 measurements; the memory estimate follows the batching; the script's launch-time settling."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import types
 
 import pytest
 
-from kit import config, memory, models, runtime, speed
+from kit.planning import config, memory, shapes as models, launch as runtime, speed
 from kit.errors import CannotTrain, UsageError
-from kit.plan import make_plan
+from kit.planning.plan import make_plan
 from tests.test_plan import A100, COLAB_T4, CPU_ONLY, H200, KAGGLE_T4X2, MI300X, QWEN8_QLORA, cfg, machine
 
 GIB = 2**30

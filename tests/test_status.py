@@ -1,4 +1,4 @@
-"""`kit status` and `kit.plots` on hand-made job records (fast; the end-to-end run against a Hub
+"""`kit status` and `kit.report.plots` on hand-made job records (fast; the end-to-end run against a Hub
 store is in test_schedule.py): sessions, lease states, text layout, PNGs, every error branch."""
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ import time
 
 import pytest
 
-from kit import config, plots, status
+from kit.planning import config
+from kit.report import plots
+from kit.checkpoints import status
 from kit.errors import UsageError
 from tests.scripts import ROOT, cpu_env
 
@@ -141,7 +143,7 @@ def test_unreachable_hub_store_is_exit_4():
 
 def test_status_sees_the_store_checkpoints(tmp_path):
     """A directory store with one complete and one partial checkpoint (no manifest)."""
-    from kit.manifest import write_manifest
+    from kit.checkpoints.manifest import write_manifest
 
     store = tmp_path / "store" / "checkpoints"
     for step in (10, 20):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kit.scheduling import stops
-from kit.scheduling.stops import Next, Session, Stop, decide
+from kit.notebooks.schedule import stops
+from kit.notebooks.schedule.stops import Next, Session, Stop, decide
 
 
 def test_complete_stops_with_success():

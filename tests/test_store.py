@@ -11,9 +11,9 @@ import pytest
 from huggingface_hub import constants as hf_constants
 
 from kit.errors import StoreError, UsageError
-from kit.manifest import MANIFEST_NAME, write_manifest
-from kit.store import DirStore, TransientStoreError, open_store
-from kit.store.hub import NO_TOKEN, HubStore
+from kit.checkpoints.manifest import MANIFEST_NAME, write_manifest
+from kit.checkpoints.store import DirStore, TransientStoreError, open_store
+from kit.checkpoints.store.hub import NO_TOKEN, HubStore
 from tests.hubserver import READ_TOKEN, WRITE_TOKEN, hub  # noqa: F401  (fixture)
 
 REPO = "me/ckpts"
@@ -102,7 +102,7 @@ def test_corrupt_dir_checkpoint_is_skipped_and_fetch_refuses(tmp_path, caplog):
     data = bytearray(f.read_bytes())
     data[100] ^= 0xFF
     f.write_bytes(bytes(data))
-    with caplog.at_level(logging.WARNING, "kit.store"):
+    with caplog.at_level(logging.WARNING, "kit.checkpoints.store"):
         assert store.latest_valid() == 1
     assert "step 2" in caplog.text and "optimizer.pt sha256" in caplog.text
     dest = tmp_path / "dest"
@@ -119,7 +119,7 @@ def test_truncated_hub_file_is_skipped(hub, tmp_path, caplog):
     for s in (1, 2):
         store.publish(make_ckpt(tmp_path, s), s, keep=5)
     hub.corrupt_stored(REPO, "checkpoints/checkpoint-2/adapter_model.safetensors", mode="truncate")
-    with caplog.at_level(logging.WARNING, "kit.store"):
+    with caplog.at_level(logging.WARNING, "kit.checkpoints.store"):
         assert store.latest_valid() == 1
     assert "step 2" in caplog.text and "adapter_model.safetensors has 2048 bytes" in caplog.text
 
@@ -133,7 +133,7 @@ def test_flipped_hub_byte_fails_fetch_and_falls_back(hub, tmp_path, caplog):
     with pytest.raises(StoreError, match="sha256 differs"):
         store.fetch(2, dest)
     assert not dest.exists()
-    with caplog.at_level(logging.WARNING, "kit.store"):
+    with caplog.at_level(logging.WARNING, "kit.checkpoints.store"):
         assert store.fetch_latest(dest) == 1
     # Small regular files are hashed by the check itself, so 2 is skipped before any weights move.
     assert "skipping checkpoints/checkpoint-2 (step 2): optimizer.pt sha256 differs" in caplog.text
@@ -150,7 +150,7 @@ def test_lfs_sha256_from_the_tree_catches_an_overwrite_without_downloading(hub, 
     # another writer replaces a file of checkpoint-2 with same-sized other bytes
     hub.put_files(REPO, {"checkpoints/checkpoint-2/optimizer.pt": os.urandom(8192)})
     n = len(hub.requests)
-    with caplog.at_level(logging.WARNING, "kit.store"):
+    with caplog.at_level(logging.WARNING, "kit.checkpoints.store"):
         assert store.latest_valid() == 1
     assert "optimizer.pt sha256 differs" in caplog.text
     assert not [r for r in hub.requests[n:] if "optimizer.pt" in r[1]], "judged from the tree listing"
@@ -187,7 +187,7 @@ def test_partial_dir_checkpoints_are_ignored(tmp_path, caplog):
     (tmpdir / "optimizer.pt").write_bytes(b"half")
     make_ckpt(tmp_path / "store/checkpoints", 6, manifest=False)  # copied by hand, no manifest
     assert store.list_steps() == [3, 6]
-    with caplog.at_level(logging.WARNING, "kit.store"):
+    with caplog.at_level(logging.WARNING, "kit.checkpoints.store"):
         assert store.latest_valid() == 3
     assert "step 6" in caplog.text and "no kit_manifest.json" in caplog.text
 
@@ -205,7 +205,7 @@ def test_failed_publish_changes_nothing(backend, tmp_path):
 
 def test_publish_needs_a_matching_manifest(backend, tmp_path):
     store, _, _ = backend
-    with pytest.raises(StoreError, match="call kit.manifest.write_manifest"):
+    with pytest.raises(StoreError, match="call kit.checkpoints.manifest.write_manifest"):
         store.publish(make_ckpt(tmp_path, 1, manifest=False), 1, keep=1)
     with pytest.raises(StoreError, match="says step 2, not 3"):
         store.publish(make_ckpt(tmp_path, 2), 3, keep=1)
@@ -222,7 +222,7 @@ def test_publish_needs_a_matching_manifest(backend, tmp_path):
 def test_records_round_trip(backend):
     store, _, _ = backend
     assert store.read_text("job.json") is None
-    store.write_text("kit/job.json", '{"a": 1}')
+    store.write_text("kit/train/job.json", '{"a": 1}')
     store.write_text("sessions.jsonl", "line1\n")
     assert store.read_text("job.json") == '{"a": 1}'
     assert store.read_text("kit/sessions.jsonl") == "line1\n"
@@ -254,11 +254,11 @@ def test_vanilla_without_optimizer_is_skipped(tmp_path, caplog):
     store = DirStore(tmp_path / "store")
     van = make_ckpt(tmp_path / "store", 7, manifest=False, vanilla_name="last-checkpoint")
     (van / "optimizer.pt").unlink()
-    with caplog.at_level(logging.WARNING, "kit.store"):
+    with caplog.at_level(logging.WARNING, "kit.checkpoints.store"):
         assert store.latest_valid() is None
     assert "lacks optimizer.pt" in caplog.text
     (van / "trainer_state.json").write_text("{}")
-    with caplog.at_level(logging.WARNING, "kit.store"):
+    with caplog.at_level(logging.WARNING, "kit.checkpoints.store"):
         assert store.latest_valid() is None
     assert "no readable global_step" in caplog.text
 
@@ -334,7 +334,7 @@ def test_unwritable_store_dir(tmp_path):
 def test_vanilla_without_trainer_state_is_ignored_with_a_warning(tmp_path, caplog):
     van = make_ckpt(tmp_path / "store", 3, manifest=False, vanilla_name="last-checkpoint")
     (van / "trainer_state.json").unlink()
-    with caplog.at_level(logging.WARNING, "kit.store"):
+    with caplog.at_level(logging.WARNING, "kit.checkpoints.store"):
         assert DirStore(tmp_path / "store").latest_valid() is None
     assert "has no trainer_state.json" in caplog.text
 
@@ -356,7 +356,7 @@ def test_full_disk_during_publish_is_a_store_error(tmp_path, monkeypatch):
     """A full disk cannot be produced here, so the copy is made to fail with ENOSPC."""
     import errno
 
-    import kit.store.directory as directory
+    import kit.checkpoints.store.directory as directory
 
     store = DirStore(tmp_path / "store")
     store.publish(make_ckpt(tmp_path / "l", 1), 1, keep=1)
@@ -374,7 +374,7 @@ def test_full_disk_during_publish_is_a_store_error(tmp_path, monkeypatch):
 def test_record_write_failure_is_a_store_error(tmp_path):
     store = DirStore(tmp_path / "store")
     (tmp_path / "store/kit/job.json").mkdir(parents=True)  # a folder where the record should go
-    with pytest.raises(StoreError, match="writing kit/job.json"):
+    with pytest.raises(StoreError, match="writing kit/train/job.json"):
         store.write_text("job.json", "{}")
     assert [p.name for p in (tmp_path / "store/kit").iterdir()] == ["job.json"], "no temp file left"
 
@@ -391,7 +391,7 @@ def test_concurrent_writer_412_is_retried_then_given_up(hub, tmp_path, caplog):
     store = HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url)
     store.publish(make_ckpt(tmp_path, 1), 1, keep=2)
     hub.inject("status", status=412, times=1, method="POST", path="/commit/")
-    with caplog.at_level(logging.INFO, "kit.store"):
+    with caplog.at_level(logging.INFO, "kit.checkpoints.store"):
         store.publish(make_ckpt(tmp_path, 2), 2, keep=2)
     assert "moved while publishing step 2" in caplog.text and store.latest_valid() == 2
     hub.inject("status", status=412, times=10, method="POST", path="/commit/")

@@ -18,11 +18,13 @@ from pathlib import Path
 import pytest
 from huggingface_hub import constants as hf_constants
 
-from kit import cli, config, status
+from kit import cli
+from kit.planning import config
+from kit.checkpoints import status
 
-from kit.manifest import MANIFEST_NAME
-from kit.store import DirStore, TransientStoreError, base
-from kit.store.hub import HubStore
+from kit.checkpoints.manifest import MANIFEST_NAME
+from kit.checkpoints.store import DirStore, TransientStoreError, base
+from kit.checkpoints.store.hub import HubStore
 from tests.hubserver import WRITE_TOKEN, hub  # noqa: F401  (fixture)
 from tests.scripts import ROOT, SCRIPT, cpu_env
 from tests.test_store import REPO, make_ckpt, tree_bytes
@@ -164,10 +166,10 @@ def test_a_store_that_only_fails_transiently_is_an_error_not_a_fresh_start(hub, 
 
 
 def test_resume_retries_the_download_through_choose(hub, tmp_path, quick_backoff):
-    from kit import resume
+    from kit.checkpoints import resume
 
-    from kit import fingerprint
-    from kit.manifest import write_manifest
+    from kit.checkpoints import fingerprint
+    from kit.checkpoints.manifest import write_manifest
 
     store = HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url)
     cfg = config.load(None, [f"output_dir={tmp_path / 'out'}", "store=hf://me/ckpts", "max_steps=12"])

@@ -9,9 +9,9 @@ import time
 import pytest
 
 from kit.errors import StoreError
-from kit.store import DirStore
-from kit.store.hub import HubStore
-from kit.sync import STAGING, BackgroundSync
+from kit.checkpoints.store import DirStore
+from kit.checkpoints.store.hub import HubStore
+from kit.checkpoints.sync import STAGING, BackgroundSync
 from tests.hubserver import READ_TOKEN, WRITE_TOKEN, hub  # noqa: F401  (fixture)
 from tests.test_store import REPO, make_ckpt, tree_bytes
 
@@ -68,7 +68,7 @@ def test_retries_exhausted_is_an_error_not_a_crash(hub, tmp_path):
 def test_refusal_is_recorded_and_training_goes_on(hub, tmp_path, caplog):
     HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url).publish(make_ckpt(tmp_path / "w", 1), 1, keep=1)
     sync = BackgroundSync(hub_store(hub, token=READ_TOKEN), keep=1, backoff=FAST)
-    with caplog.at_level(logging.ERROR, "kit.sync"):
+    with caplog.at_level(logging.ERROR, "kit.checkpoints.sync"):
         sync.submit(make_ckpt(tmp_path, 2), 2)  # does not raise
         steps_done = sum(1 for _ in range(1000))  # the "training loop" keeps going
         with pytest.raises(StoreError, match="no write access .* \\(403\\)"):
@@ -88,7 +88,7 @@ def test_newer_submission_supersedes_a_queued_one_and_says_so(hub, tmp_path, cap
     started = threading.Event()
     sync = BackgroundSync(store, keep=5, backoff=FAST,
                           on_event=lambda e: (events.append(e), e["event"] == "started" and started.set()))
-    with caplog.at_level(logging.WARNING, "kit.sync"):
+    with caplog.at_level(logging.WARNING, "kit.checkpoints.sync"):
         sync.submit(make_ckpt(tmp_path, 1, size=300_000), 1)
         assert started.wait(10)
         sync.submit(make_ckpt(tmp_path, 2, size=300_000), 2)
@@ -147,7 +147,7 @@ def test_missing_folder_and_broken_callback_do_not_stop_anything(tmp_path, caplo
         raise RuntimeError("callback bug")
 
     sync = BackgroundSync(DirStore(tmp_path / "store"), keep=1, on_event=boom)
-    with caplog.at_level(logging.ERROR, "kit.sync"):
+    with caplog.at_level(logging.ERROR, "kit.checkpoints.sync"):
         sync.submit(tmp_path / "never-saved", 5)
         sync.submit(make_ckpt(tmp_path, 6), 6)
         with pytest.raises(StoreError, match="could not snapshot"):
@@ -172,7 +172,7 @@ def test_manifest_can_be_built_in_the_worker(tmp_path):
     assert sync.close(30) is True
     assert store.latest_valid() == 4
     store.fetch(4, tmp_path / "back")
-    from kit.manifest import read_manifest
+    from kit.checkpoints.manifest import read_manifest
     m = read_manifest(tmp_path / "back")
     assert m["world_size"] == 2 and m["fingerprint"] == {"model": "tiny"}
     assert not (src / "kit_manifest.json").exists(), "the training folder itself is not touched"
@@ -184,7 +184,7 @@ def test_a_store_bug_is_recorded_not_lost(tmp_path, caplog):
             raise KeyError("oops")
 
     sync = BackgroundSync(BuggyStore(tmp_path / "s"), keep=1)
-    with caplog.at_level(logging.ERROR, "kit.sync"):
+    with caplog.at_level(logging.ERROR, "kit.checkpoints.sync"):
         sync.submit(make_ckpt(tmp_path, 1), 1)
         with pytest.raises(StoreError, match="unexpected KeyError"):
             sync.wait(10)

@@ -63,15 +63,15 @@ def test_a_rank_that_raises_ends_the_job_without_a_hang(tmp_path):
 import os, sys
 sys.path.insert(0, {str(ROOT)!r})
 from transformers import TrainerCallback
-import kit.job
+import kit.train.job
 
 class Boom(TrainerCallback):
     def on_step_end(self, args, state, control, **kw):
         if os.environ["RANK"] == "1" and state.global_step == 2:
             raise RuntimeError("rank 1 failed on purpose")
 
-_callbacks = kit.job.Job.callbacks
-kit.job.Job.callbacks = lambda self, model, dataset: _callbacks(self, model, dataset) + [Boom()]
+_callbacks = kit.train.job.Job.callbacks
+kit.train.job.Job.callbacks = lambda self, model, dataset: _callbacks(self, model, dataset) + [Boom()]
 import runpy
 sys.argv = [{str(SCRIPT)!r}] + sys.argv[1:]
 runpy.run_path({str(SCRIPT)!r}, run_name="__main__")
@@ -151,7 +151,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, code, words):
 
 
 @pytest.mark.parametrize("change, words", [
-    # the data is judged by its content (kit.fingerprint), so the message names sizes and hashes
+    # the data is judged by its content (kit.checkpoints.fingerprint), so the message names sizes and hashes
     ("data.path=data/other.jsonl", ["was written for a different job", "data: data/other.jsonl (dataset "
                                     "'data/other.jsonl') is not the data the checkpoint was trained on (", "pass --force"]),
     # a shape change cannot be forced (it would fail with a size mismatch inside torch)

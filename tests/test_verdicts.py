@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from kit import report
-from kit.probe import Facts, load_facts
-from kit.verdicts import arch_supported, bf16_native, judge
+from kit.report import text as report
+from kit.machine.probe import Facts, load_facts
+from kit.machine.verdicts import arch_supported, bf16_native, judge
 
 MACHINES = Path(__file__).parent / "fixtures" / "machines"
 CU128 = ["sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kit import probe, report
+from kit.machine import probe
+from kit.report import text as report
 from kit.errors import CannotTrain, KitError
-from kit.verdicts import judge
+from kit.machine.verdicts import judge
 
 LAST: dict = {}  # {"facts": Facts, "verdicts": Verdicts, "next": [str]} of the latest run
 
@@ -64,7 +65,8 @@ def run(args) -> int:
 
 def _plan_and_write(args, facts):
     """(plan, words about the written script, a CannotTrain to raise after the report or None)."""
-    from kit import config, render
+    from kit.planning import config
+    from kit.script import render
     from kit.commands.render import render_for
 
     cfg = config.from_args(args)

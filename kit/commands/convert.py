@@ -1,4 +1,4 @@
-"""`kit convert NOTEBOOK.ipynb -o train_ddp.py`: the command around `kit.convert`."""
+"""`kit convert NOTEBOOK.ipynb -o train_ddp.py`: the command around `kit.notebooks.convert`."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def run(args) -> int:
     if args.dry_run_data is not None and not args.dry_run_data.is_file():
         raise UsageError(f"--dry-run-data {args.dry_run_data}: no such file: give a chat-format .jsonl file")
     try:
-        from kit.convert import convert_notebook, format_changes
+        from kit.notebooks.convert import convert_notebook, format_changes
     except ImportError as e:
         raise UsageError(f"kit convert needs libcst and nbformat ({e}): pip install libcst nbformat") from None
 

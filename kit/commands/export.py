@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kit import config
+from kit.planning import config
 
 
 def add_arguments(parser) -> None:
@@ -54,7 +54,7 @@ def run(args) -> int:
         result["gguf"] = str(gguf.convert(out, qtype, llama))
         print(f"gguf: {result['gguf']}")
     if args.push:
-        from kit.store.hub import HubStore
+        from kit.checkpoints.store.hub import HubStore
 
         result["pushed"] = HubStore(args.push).publish_folder(out, "", "kit: merged model")
         print(f"pushed: {result['pushed']}")

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import json
 
-from kit import config
+from kit.planning import config
 from kit.errors import CannotTrain
-from kit.report import plan_to_text
+from kit.report.text import plan_to_text
 
 GIB = 2**30
 
@@ -35,9 +35,9 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from kit import plan as planner
+    from kit.planning import plan as planner
 
-    from kit import nodes
+    from kit.planning import nodes
 
     nodes.check_nodes(args.nodes, args.node_rank)
     if args.rdzv_endpoint is not None:
@@ -66,7 +66,7 @@ def _next(args, cfg, facts, plan) -> str:
     from pathlib import Path
 
     from kit.commands.render import machine_args, render_for
-    from kit.render import rerender_command
+    from kit.script.render import rerender_command
 
     script = Path("train_ddp.py")
     render_it = rerender_command(args.config or "CONFIG.yaml", machine_args(args), args.overrides or ())

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from kit import probe, report
+from kit.machine import probe
+from kit.report import text as report
 
 
 def add_arguments(parser) -> None:

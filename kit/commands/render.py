@@ -5,10 +5,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from kit import config, render
+from kit.planning import config
+from kit.script import render
 from kit.errors import UsageError
 
-RENDERABLE = ("single", "ddp", "fsdp", "model_parallel")  # the strategies the template runs (kit.sharding)
+RENDERABLE = ("single", "ddp", "fsdp", "model_parallel")  # the strategies the template runs (kit.train.sharding)
 
 
 def add_arguments(parser) -> None:
@@ -23,7 +24,7 @@ def add_arguments(parser) -> None:
 
 def machine_facts(args) -> dict:
     """Facts of the machine to plan for: --facts FILE, --gpus SPEC, or this one."""
-    from kit import hardware, probe
+    from kit.machine import gpu_table as hardware, probe
 
     if getattr(args, "facts", None):
         return probe.load_facts(args.facts).to_dict()
@@ -57,7 +58,7 @@ def render_for(cfg, config_path: str, facts: dict, gpus_spec: str | None = None,
     `args` (the command's, when given) supplies the machine flags and overrides for the re-render
     command written into the script, so that command reproduces the file exactly.
     """
-    from kit.plan import make_plan
+    from kit.planning.plan import make_plan
 
     plan = make_plan(facts, cfg)
     assert plan.strategy in RENDERABLE, plan.strategy

@@ -10,7 +10,7 @@ runs/<UTC timestamp>-<n>.ipynb and prints one outcome line. The store must be re
 anything runs (exit 4 otherwise). A token is never accepted as a parameter (exit 2).
 
 With `--kaggle USER/SLUG` each run is a Kaggle session instead: the run notebook is pushed with
-the official `kaggle` package, polled, and its output fetched into runs/ (`kit/scheduling/`).
+the official `kaggle` package, polled, and its output fetched into runs/ (`kit/notebooks/schedule/`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from kit import config
+from kit.planning import config
 
 DEFAULT_NOTEBOOK = "notebooks/resume.ipynb"
 
@@ -60,7 +60,7 @@ def add_arguments(parser) -> None:
 
 def _repeat_command(args) -> list[str]:
     """This schedule as one run per invocation, for cron/systemd (they do the repeating)."""
-    from kit.schedule import python_command
+    from kit.notebooks.schedule.loop import python_command
 
     cmd = python_command() + ["schedule"]
     if args.config:
@@ -81,7 +81,7 @@ def _repeat_command(args) -> list[str]:
 
 
 def run(args) -> int:
-    from kit import schedule
+    from kit.notebooks.schedule import loop as schedule
     from kit.errors import UsageError
 
     # First, before anything can echo them: no token among the parameters.
@@ -95,7 +95,7 @@ def run(args) -> int:
         if value is not None and value <= 0:
             raise UsageError(f"{name} must be positive, got {value:g}")
     if args.kaggle:
-        from kit.scheduling import kaggle_api
+        from kit.notebooks.schedule import kaggle_api
 
         kaggle_api.check_slug(args.kaggle)
         kaggle_api.require_credentials()  # none: one line, exit 2, before anything else
@@ -146,7 +146,7 @@ def _git(*argv: str) -> str | None:
 
 def _run_kaggle(args, cfg) -> int:
     """Prepare the run notebook, then push → poll → fetch → decide, once or until a stop rule."""
-    from kit import schedule
+    from kit.notebooks.schedule import loop as schedule
     from kit.errors import UsageError
 
     if not (cfg.store or "").startswith("hf://"):
@@ -167,8 +167,8 @@ def _run_kaggle(args, cfg) -> int:
 
 
 def _kaggle_sessions(args, cfg, runs_dir: Path, repo: str, commit: str, where: str, extra: list[str]) -> int:
-    from kit import status
-    from kit.scheduling import kaggle_notebook, kaggle_run
+    from kit.checkpoints import status
+    from kit.notebooks.schedule import kaggle_notebook, kaggle_run
 
     folder = kaggle_notebook.write(runs_dir / "kaggle-push", args.kaggle, repo=repo, commit=commit,
                                    config_yaml=config.dump_yaml(cfg), overrides=extra, nproc=args.nproc or 2)

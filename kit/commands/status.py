@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from kit import config
+from kit.planning import config
 
 
 def add_arguments(parser) -> None:
@@ -22,12 +22,12 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from kit import status
+    from kit.checkpoints import status
 
     cfg = config.from_args(args)
     facts = status.gather(cfg)
     if args.plot:
-        from kit import plots
+        from kit.report import plots
 
         facts["plot"] = str(plots.job_plot(facts["log_history"], facts["sessions"], args.plot, facts["max_steps"],
                                            facts["goodput"]))

@@ -14,7 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
-from kit import config
+from kit.planning import config
 from kit.deliver import card
 from kit.evaluation import identity
 from kit.evaluation.results import samples_markdown

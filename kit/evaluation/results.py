@@ -85,7 +85,7 @@ def primary(baseline: dict | None, final: dict | None) -> dict:
 
 
 def eval_results(cfg, identity: dict, baseline: dict | None, final: dict | None, step: int) -> dict:
-    from kit.config import to_dict
+    from kit.planning.config import to_dict
 
     return {
         "schema": SCHEMA, "run_id": identity.get("run_id"), "model": cfg.model, "revision": cfg.revision,

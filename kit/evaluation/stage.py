@@ -1,6 +1,6 @@
 """The evaluation steps of a training job: `open_run` at start, `before` the first step, `after` the last.
 
-Rank 0 does all of it (reads and writes the store, measures on the unwrapped model); `kit.job`
+Rank 0 does all of it (reads and writes the store, measures on the unwrapped model); `kit.train.job`
 broadcasts the outcome so every rank raises the same one-line error or carries on together.
 """
 

@@ -1,0 +1,294 @@
+"""One writer per store: a lease with a heartbeat, so two sessions never train into one store.
+
+Hub: ``kit/checkpoints/lease.json`` is committed with ``parent_commit`` = the head we read it at; of two
+racers only one commit lands, the other gets 412, re-reads and sees the winner. Directory: an
+``O_CREAT|O_EXCL`` lock file ``kit/checkpoints/lease.lock`` holding the same record.
+
+The holder heartbeats every ``heartbeat_s`` (60 s); a lease that missed ``missed`` heartbeats in a
+row (3: no heartbeat for 180 s) is stale and taken over with a warning — the holder's session was
+cut. Each record says its own cadence (``ttl_s`` = heartbeat_s × missed), and a newcomer judges it
+by that, so a holder on a slower cadence is never taken over early. A live holder that could not
+heartbeat that long (a Hub outage) finds at its next heartbeat that the compare-and-swap lost, and
+stops writing (``lost``). The heartbeat is paced for the Hub's ~128 commits/hour per repo: 60 of
+them, the rest for checkpoints. Timestamps are wall-clock UTC, so machines with clocks skewed by
+minutes can misjudge staleness.
+
+A record also carries the holder's ``progress`` (its step, and when its training began), so the
+session that takes over from a cut one can say how far that one got (``took_over``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from kit.errors import StoreError
+from kit.checkpoints.store.base import StaleHead, Store, TransientStoreError
+from kit.checkpoints.store.directory import DirStore
+
+log = logging.getLogger("kit.checkpoints.lease")
+LEASE_NAME = "lease.json"
+LOCK_NAME = "lease.lock"
+_CAS_ATTEMPTS = 5
+HEARTBEAT_S = 60.0  # 60 commits/h of the Hub's ~128 per repo
+MISSED_HEARTBEATS = 3  # a cut session is taken over 3 × 60 = 180 s after its last heartbeat
+ACQUIRE_BACKOFF_S = (1, 2, 4, 8, None)  # None: the last attempt
+
+
+def default_holder() -> str:
+    return f"{socket.gethostname()} pid {os.getpid()}"
+
+
+def _dead_here(holder: str) -> bool:
+    """True when `holder` (as `default_holder` writes it) names a process of this host that is gone.
+
+    A run killed with kill -9 cannot release its lease; rerunning on the same machine must not
+    wait for the lease to go stale.
+    """
+    host, _, pid = holder.rpartition(" pid ")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, owned by another user
+        return False
+    return False
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(t))
+
+
+class Lease:
+    """``Lease(store, holder).acquire()``, then ``keep_alive()`` (a heartbeat every ``heartbeat_s``),
+    and ``release()`` at the end. Without heartbeats the lease goes stale after ``missed`` of them
+    (``ttl_s``) and another session may take the store over. ``ttl_s`` alone means a heartbeat
+    every ttl_s / 3."""
+
+    def __init__(self, store: Store, holder: str | None = None, ttl_s: float | None = None,
+                 heartbeat_s: float = HEARTBEAT_S, missed: int = MISSED_HEARTBEATS):
+        if ttl_s is not None:
+            heartbeat_s, missed = ttl_s / 3, 3
+        self.store, self.heartbeat_s, self.missed = store, heartbeat_s, missed
+        self.ttl_s = heartbeat_s * missed
+        self.holder = holder or default_holder()
+        self.progress: dict = {}  # the job's step etc., carried by each heartbeat
+        self.took_over: dict | None = None  # the record of a cut holder this lease replaced
+        self.id = uuid.uuid4().hex
+        self.since: float | None = None
+        self.held = False
+        self.lost: StoreError | None = None  # set by the keep-alive thread when the lease was taken
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._last_beat = 0.0
+        self._keeper: threading.Thread | None = None
+
+    def _record(self) -> dict:
+        now = time.time()
+        return {"holder": self.holder, "id": self.id, "since": self.since or now, "heartbeat": now,
+                "ttl_s": self.ttl_s, "heartbeat_s": self.heartbeat_s, "progress": dict(self.progress)}
+
+    def _judge(self, other: dict | None) -> bool:
+        """True when ``other`` does not block us (absent, ours, released or stale); raises when it does."""
+        if not other or other.get("released") or other.get("id") == self.id:
+            return True
+        age = time.time() - float(other.get("heartbeat", 0))
+        ttl = _number(other.get("ttl_s")) or self.ttl_s  # the holder's own cadence
+        if _dead_here(other.get("holder", "")):
+            log.warning("%s: taking over the lease of %s: that process no longer runs on this host",
+                        self.store.describe(), other.get("holder"))
+            self.took_over = other
+            return True
+        if age > ttl:
+            log.warning("%s: taking over the stale lease of %s (last heartbeat %.0f s ago; stale after %.0f s)",
+                        self.store.describe(), other.get("holder"), age, ttl)
+            self.took_over = other
+            return True
+        raise StoreError(
+            f"store {self.store.describe()} is leased by {other.get('holder')} since "
+            f"{_iso(float(other.get('since', 0)))} (heartbeat {age:.0f} s ago); wait or take over after "
+            f"{ttl:.0f} s without a heartbeat (in {ttl - age:.0f} s)")
+
+    def acquire(self) -> "Lease":
+        """Take the lease, or raise StoreError naming who holds it."""
+        self.since = time.time()
+        if isinstance(self.store, DirStore):
+            self._dir_acquire()
+        else:
+            # A Hub hiccup (5xx, 429, a timeout) as a session starts must not cost the session.
+            for wait in ACQUIRE_BACKOFF_S:
+                try:
+                    self._hub_write(check=self._judge)
+                    break
+                except TransientStoreError as err:
+                    if wait is None:
+                        raise
+                    log.warning("%s: taking the lease failed (%s); retrying in %.0f s",
+                                self.store.describe(), err, wait)
+                    time.sleep(wait)
+        self.held = True
+        log.info("%s: lease acquired by %s", self.store.describe(), self.holder)
+        return self
+
+    def heartbeat(self) -> None:
+        """Refresh the lease; raises StoreError if someone else took it over meanwhile."""
+        if not self.held:
+            raise StoreError("heartbeat() before acquire()")
+        if isinstance(self.store, DirStore):
+            current = self._dir_read()
+            self._check_ours(current)
+            self._dir_replace(self._record())
+        else:
+            self._hub_write(check=self._check_ours)
+        self._last_beat = time.time()
+
+    def keep_alive(self, interval_s: float | None = None) -> None:
+        """Heartbeat from a daemon thread every ``interval_s`` (default ``heartbeat_s``) until ``release()``.
+
+        Failures are logged; a lease taken over by another session is kept in ``self.lost``.
+        """
+        if self._keeper is not None:
+            return
+        interval = interval_s or self.heartbeat_s
+        self._stop.clear()
+        self._wake.clear()
+
+        def beat() -> None:
+            while self.held:
+                self._wake.wait(interval)
+                self._wake.clear()
+                if self._stop.is_set() or not self.held:
+                    return
+                try:
+                    self.heartbeat()
+                except StoreError as err:
+                    log.error("lease heartbeat on %s failed: %s", self.store.describe(), err)
+                    if not self.held:
+                        self.lost = err
+                        return
+
+        self._keeper = threading.Thread(target=beat, name="kit-lease", daemon=True)
+        self._keeper.start()
+
+    def beat_soon(self, unless_within_s: float = 0.0) -> None:
+        """Heartbeat now rather than at the next interval (when training begins, or a checkpoint
+        reached the store, so the record carries it) — unless the last one is younger than
+        ``unless_within_s``. The next timed heartbeat then counts from this one."""
+        if time.time() - self._last_beat >= unless_within_s:
+            self._wake.set()
+
+    def release(self) -> None:
+        """Give the lease up (only if it is still ours)."""
+        self._stop.set()
+        self._wake.set()
+        if self._keeper is not None and self._keeper is not threading.current_thread():
+            self._keeper.join(5)
+        self._keeper = None
+        if not self.held:
+            return
+        self.held = False
+        if isinstance(self.store, DirStore):
+            if (self._dir_read() or {}).get("id") == self.id:
+                self._lock_path().unlink(missing_ok=True)
+        else:
+            self._hub_write(check=lambda cur: (cur or {}).get("id") == self.id, released=True)
+        log.info("%s: lease released by %s", self.store.describe(), self.holder)
+
+    def __enter__(self) -> "Lease":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def _check_ours(self, current: dict | None) -> bool:
+        if (current or {}).get("id") != self.id:
+            self.held = False
+            holder = (current or {}).get("holder", "nobody")
+            raise StoreError(f"lease on {self.store.describe()} was lost to {holder}: another session "
+                             "took over; stop writing to this store")
+        return True
+
+    # ---- Hub: compare-and-swap on parent_commit ---------------------------------------------
+    def _hub_write(self, check, released: bool = False) -> None:
+        self.store.ensure_repo()  # so there is a head to compare against
+        for attempt in range(_CAS_ATTEMPTS):
+            text, head = self.store.read_text_at_head(LEASE_NAME)
+            current = _parse(text)
+            if not check(current):
+                return
+            record = self._record() | ({"released": True} if released else {})
+            try:
+                self.store.write_text(LEASE_NAME, json.dumps(record), parent=head)
+                return
+            except StaleHead:
+                log.info("%s changed while writing the lease; re-reading (attempt %d)",
+                         self.store.describe(), attempt + 1)
+        raise TransientStoreError(f"{self.store.describe()} kept changing; could not write the lease")
+
+    # ---- directory: O_EXCL lock file ----------------------------------------------------------
+    def _lock_path(self) -> Path:
+        return self.store.root / "kit" / LOCK_NAME
+
+    def _dir_read(self) -> dict | None:
+        try:
+            return _parse(self._lock_path().read_text())
+        except FileNotFoundError:
+            return None
+
+    def _dir_acquire(self) -> None:
+        path = self._lock_path()
+        self.store._writable_dir(path.parent)
+        for _ in range(_CAS_ATTEMPTS):
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                raw = path.read_bytes() if path.exists() else b""
+                self._judge(_parse(raw))  # raises when a live holder has it
+                # Stale (or ours): move it aside atomically, and only if it is still what we judged.
+                aside = path.with_name(f"{LOCK_NAME}.stale-{self.id}")
+                try:
+                    os.rename(path, aside)
+                except FileNotFoundError:
+                    continue
+                if aside.read_bytes() != raw:  # someone replaced it in between: put theirs back
+                    try:
+                        os.link(aside, path)
+                    except FileExistsError:
+                        pass
+                aside.unlink(missing_ok=True)
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(self._record(), f)
+                f.flush()
+                os.fsync(f.fileno())
+            return
+        raise StoreError(f"could not take the lease in {self.store.describe()}: the lock file keeps changing")
+
+    def _dir_replace(self, record: dict) -> None:
+        path = self._lock_path()
+        tmp = path.with_name(f".{LOCK_NAME}.{self.id}.tmp")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, path)
+
+
+def _number(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def _parse(text: str | bytes | None) -> dict | None:
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        log.warning("lease record is not valid JSON; treating the store as unleased")
+        return None
+    return data if isinstance(data, dict) else None

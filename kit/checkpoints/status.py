@@ -1,0 +1,254 @@
+"""How far a job is, as plain data: what its store (or output_dir) holds, its sessions, its lease.
+
+`gather(cfg)` reads; `format_text(status)` words it. Nothing here writes, and nothing imports
+torch, so `kit status` is safe in a notebook kernel next to a running job.
+
+Example:
+    >>> from kit import config, status
+    >>> s = status.gather(config.load("configs/default.yaml", ["store=hf://me/x"]))
+    >>> s["latest_step"], s["max_steps"], s["complete"]
+    (40, 200, False)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from kit.checkpoints import goodput, resume
+from kit.errors import StoreError
+
+log = logging.getLogger("kit.checkpoints.status")
+
+SESSIONS_LOCAL = "kit_sessions.jsonl"
+SESSIONS_STORE = "sessions.jsonl"
+
+
+def gather(cfg, now: float | None = None) -> dict:
+    """Facts about the job `cfg` describes.
+
+    Returns:
+        A JSON-able dict: ``store`` (its description, or None), ``output_dir``, ``checkpoints``
+        (steps present, ascending), ``verified`` (each checkpoint newest first: step, where, state
+        ``verified`` | ``invalid``, why), ``latest_step`` (the newest that verifies, or None), ``max_steps``,
+        ``complete``, ``progress`` (0..1 or None), ``run_id`` (None before the first start),
+        ``log_history`` (the newest checkpoint's Trainer log: loss by step), ``sessions`` (the session records, oldest
+        first), ``lease`` (holder, since, heartbeat, heartbeat_age_s, released; None when the job
+        never took one) and ``warnings``.
+    Raises:
+        StoreError, UsageError: the store cannot be opened or read.
+    """
+    now = time.time() if now is None else now
+    warnings: list[str] = []
+    if cfg.store:
+        facts = _from_store(cfg, now)
+    else:
+        facts = _from_output_dir(cfg, warnings)
+    # The same rule as resume.choose, so status, the script and schedule name one target.
+    state_max_steps = facts.pop("state_max_steps", None)
+    latest = facts["latest_step"]
+    recorded = max((m for m in (state_max_steps, _last_max_steps(facts["sessions"])) if m), default=None)
+    max_steps = resume.current_target(cfg.max_steps, latest, recorded)
+    facts.update(
+        output_dir=cfg.output_dir,
+        max_steps=max_steps,
+        complete=bool(max_steps) and latest is not None and latest >= max_steps,
+        progress=(min(1.0, (latest or 0) / max_steps) if max_steps else None),
+        warnings=warnings + facts.get("warnings", []),
+    )
+    facts["goodput"] = goodput.ledger(facts["sessions"], max_steps=max_steps, latest_step=latest)
+    return facts
+
+
+def _from_store(cfg, now: float) -> dict:
+    from kit.checkpoints.store import DirStore, connect
+
+    store = connect(cfg.store)
+    verdicts = store.inspect()
+    latest = next((v.step for v in verdicts if v.ok), None)
+    state = None
+    if latest is not None:
+        raw = store.read_checkpoint_file(latest, "trainer_state.json")
+        state = _json(raw, f"checkpoint-{latest}/trainer_state.json")
+    if isinstance(store, DirStore):
+        # A directory lease is a lock file that release() deletes: absent means free.
+        lease_raw, released_if_absent = store.read_text("lease.lock"), True
+    else:
+        lease_raw, released_if_absent = store.read_text("lease.json"), False
+    run = _json(store.read_text("run.json"), "kit/run.json") or {}
+    return {
+        "store": store.describe(),
+        "run_id": run.get("run_id"),
+        "checkpoints": sorted({v.step for v in verdicts if v.cand.kind == "kit"}),
+        "verified": _verified(verdicts),
+        "latest_step": latest,
+        "state_max_steps": (state or {}).get("max_steps"),
+        "log_history": (state or {}).get("log_history") or [],
+        "sessions": _records(store.read_text(SESSIONS_STORE), f"the store's kit/{SESSIONS_STORE}"),
+        "lease": _lease(_json(lease_raw, "kit lease"), now, released_if_absent and lease_raw is None),
+    }
+
+
+def _verified(verdicts) -> list[dict]:
+    """Each checkpoint, newest first: ``{step, where, state ("verified" | "invalid"), why}``."""
+    return [{"step": v.step, "where": v.cand.prefix, "state": "verified" if v.ok else "invalid",
+             "why": "" if v.ok else v.reason} for v in verdicts]
+
+
+def _from_output_dir(cfg, warnings: list) -> dict:
+    from kit.checkpoints import manifest
+    from kit.checkpoints.store.base import Candidate, Verdict
+
+    out = Path(cfg.output_dir)
+    verdicts = [Verdict(Candidate(step, path.name, "kit", {}), *manifest.verify(path))
+                for step, path in resume.local_checkpoints(out)]
+    latest_path = next((out / v.cand.prefix for v in verdicts if v.ok), None)
+    latest = next((v.step for v in verdicts if v.ok), None)
+    state = None
+    if latest_path is not None:
+        state = _json(_read(latest_path / "trainer_state.json"), f"{latest_path.name}/trainer_state.json")
+    run = _json(_read(out / "kit_run.json"), "kit_run.json") or {}
+    return {
+        "store": None,
+        "run_id": run.get("run_id"),
+        "checkpoints": sorted(v.step for v in verdicts),
+        "verified": _verified(verdicts),
+        "latest_step": latest,
+        "state_max_steps": (state or {}).get("max_steps"),
+        "log_history": (state or {}).get("log_history") or [],
+        "sessions": _records(_read(out / SESSIONS_LOCAL), str(out / SESSIONS_LOCAL)),
+        "lease": None,
+    }
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return Path(path).read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise StoreError(f"cannot read {path}: {err.strerror or err}") from None
+
+
+def _json(raw, what: str) -> dict | None:
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        log.warning("%s is not valid JSON; ignoring it", what)
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _records(text: str | None, where: str = "sessions") -> list[dict]:
+    """Session records, oldest first; a torn last line (a cut write) is skipped, not fatal."""
+    out = []
+    for n, line in enumerate((text or "").splitlines(), 1):
+        rec = _json(line, f"{where} line {n}") if line.strip() else None
+        if rec is not None:
+            out.append(rec)
+    return sorted(out, key=lambda r: r.get("started") or 0)
+
+
+def _last_max_steps(sessions: list[dict]) -> int | None:
+    return next((s["max_steps"] for s in reversed(sessions) if s.get("max_steps")), None)
+
+
+def _lease(record: dict | None, now: float, free: bool) -> dict | None:
+    if record is None:
+        return {"holder": None, "since": None, "heartbeat": None, "heartbeat_age_s": None,
+                "released": True} if free else None
+    beat = record.get("heartbeat")
+    return {"holder": record.get("holder"), "since": record.get("since"), "heartbeat": beat,
+            "heartbeat_age_s": round(now - beat, 1) if isinstance(beat, (int, float)) else None,
+            "released": bool(record.get("released"))}
+
+
+# -- words ------------------------------------------------------------------------------------
+def _when(t) -> str:
+    return time.strftime("%Y-%m-%d %H:%MZ", time.gmtime(t)) if isinstance(t, (int, float)) else "?"
+
+
+def _duration(seconds) -> str:
+    if not isinstance(seconds, (int, float)):
+        return "?"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def session_line(i: int, rec: dict, ledger_row: dict | None = None) -> str:
+    """`#2  2026-12-02 13:20Z  host  40 → 200 of 200  complete  (12 s, 2 processes, ~7,080 tokens/s, peak 10.1 GiB)`."""
+    span = (rec.get("ended") or 0) - (rec.get("started") or 0) if rec.get("ended") else None
+    extra = [_duration(span), f"{rec.get('world_size', '?')} processes"]
+    if isinstance(rec.get("tokens_per_s"), (int, float)):
+        extra.append(f"~{rec['tokens_per_s']:,.0f} tokens/s")
+    if isinstance(rec.get("peak_allocated_bytes"), (int, float)):
+        extra.append(f"peak {rec['peak_allocated_bytes'] / 2**30:.1f} GiB")
+    elif isinstance(rec.get("peak_rss_bytes"), (int, float)):
+        extra.append(f"peak RAM {rec['peak_rss_bytes'] / 2**30:.1f} GiB")
+    if isinstance(rec.get("setup_s"), (int, float)):
+        extra.append(f"setup {_duration(rec['setup_s'])}")
+    if ledger_row and ledger_row.get("steps_lost"):
+        extra.append(f"{ledger_row['steps_lost']} steps lost")
+    return (f"#{i}  {_when(rec.get('started'))}  {rec.get('host', '?')}  {rec.get('start_step', '?')} → "
+            f"{rec.get('end_step', '?')} of {rec.get('max_steps', '?')}  {rec.get('outcome', '?')}  "
+            f"({', '.join(extra)})")
+
+
+def _checkpoint_words(s: dict) -> str:
+    """`20 (newest verified), verified: 10; 2 that do not verify (below)`."""
+    found = s.get("verified")
+    if found is None:  # a dict from before `verified` existed
+        steps = s["checkpoints"]
+        return ", ".join(map(str, steps[-6:])) + (f" (+{len(steps) - 6} older)" if len(steps) > 6 else "") or "none"
+    if not found:
+        return "none"
+    good = [str(c["step"]) for c in found if c["state"] == "verified"]
+    parts = []
+    if good:
+        parts.append(f"{good[0]} (newest verified)" + (", verified: " + ", ".join(good[1:6]) if good[1:] else ""))
+    bad = [c for c in found if c["state"] == "invalid"]
+    if bad:
+        parts.append(f"{len(bad)} that do not verify (below)")
+    return "; ".join(parts)
+
+
+def format_text(s: dict) -> str:
+    """A short aligned report of `gather()`'s dict."""
+    rows = [("store", s["store"] or f"none (local {s['output_dir']})")]
+    if s.get("run_id"):
+        rows.append(("run id", s["run_id"]))
+    rows.append(("checkpoints", _checkpoint_words(s)))
+    rows += [("", f"{c['where']}: does not verify — {c['why']}") for c in s.get("verified", [])
+             if c["state"] == "invalid"]
+    latest, total = s["latest_step"], s["max_steps"]
+    if latest is None:
+        progress = f"not started (0 of {total or '?'} steps)"
+    elif total:
+        progress = f"step {latest} of {total} ({100 * s['progress']:.0f} %)"
+    else:
+        progress = f"step {latest}"
+    rows.append(("progress", progress + (" — complete" if s["complete"] else "")))
+    sessions = s["sessions"]
+    rows.append(("sessions", str(len(sessions)) if sessions else "none recorded"))
+    ledger = s.get("goodput") or {}
+    by_session = iter(ledger.get("sessions", []))
+    rows += [("", session_line(i, r, None if r.get("outcome") == "already complete" else next(by_session, None)))
+             for i, r in enumerate(sessions, 1)]
+    if goodput.words(ledger):
+        rows.append(("goodput", goodput.words(ledger)))
+    lease = s["lease"]
+    if lease is not None:
+        if lease["holder"] is None:
+            words = "free"
+        else:
+            state = "released" if lease["released"] else "HELD"
+            words = (f"{state}: {lease['holder']} since {_when(lease['since'])}, last heartbeat "
+                     f"{_duration(lease['heartbeat_age_s'])} ago")
+        rows.append(("lease", words))
+    rows += [("warning", w) for w in s.get("warnings", [])]
+    return "\n".join(f"{k:<12} {v}".rstrip() for k, v in rows)

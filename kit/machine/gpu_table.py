@@ -1,0 +1,94 @@
+"""A built-in table of GPUs people fine-tune on, turned into Facts dicts (the `kit probe` schema).
+
+    facts = synthesize("2xT4")    # what `kit plan --gpus 2xT4` plans for, without being on that machine
+
+Memory is what the driver reports as total (NVML), which on a T4 is 14.56 GiB of the nominal 16 GB.
+NVIDIA machines get the arch list of torch 2.10.0+cu128, what Kaggle ships: it has no sm_60, so a
+P100 is refused exactly as it is there.
+"""
+
+from __future__ import annotations
+
+import re
+
+from kit.errors import UsageError
+
+MIB = 2**20
+# key: (probe name, vendor, capability, memory_total_bytes)
+GPUS = {
+    "T4": ("Tesla T4", "nvidia", "7.5", 15_637_086_208),
+    "P100": ("Tesla P100-PCIE-16GB", "nvidia", "6.0", 16_280 * MIB),
+    "V100": ("Tesla V100-SXM2-16GB", "nvidia", "7.0", 16_160 * MIB),
+    "V100-32": ("Tesla V100-SXM2-32GB", "nvidia", "7.0", 32_510 * MIB),
+    "L4": ("NVIDIA L4", "nvidia", "8.9", 23_034 * MIB),
+    "A10G": ("NVIDIA A10G", "nvidia", "8.6", 23_028 * MIB),
+    "A100-40": ("NVIDIA A100-SXM4-40GB", "nvidia", "8.0", 40_960 * MIB),
+    "A100-80": ("NVIDIA A100-SXM4-80GB", "nvidia", "8.0", 81_920 * MIB),
+    "H100": ("NVIDIA H100 80GB HBM3", "nvidia", "9.0", 81_559 * MIB),
+    "H200": ("NVIDIA H200", "nvidia", "9.0", 143_771 * MIB),
+    "MI300X": ("AMD Instinct MI300X", "amd", "gfx942", 196_592 * MIB),
+    "RTX3090": ("NVIDIA GeForce RTX 3090", "nvidia", "8.6", 24_576 * MIB),
+    "RTX4090": ("NVIDIA GeForce RTX 4090", "nvidia", "8.9", 24_564 * MIB),
+}
+ALIASES = {"A100": "A100-40", "A100-40GB": "A100-40", "A100-80GB": "A100-80", "V100-16": "V100",
+           "3090": "RTX3090", "4090": "RTX4090", "TESLA-T4": "T4"}
+
+# torch 2.10.0+cu128 (Kaggle, 2026): sm_70 … sm_120, no sm_60.
+NVIDIA_TORCH = {"installed": True, "version": "2.10.0+cu128", "cuda": "12.8", "hip": None,
+                "arch_list": ["sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]}
+ROCM_TORCH = {"installed": True, "version": "2.10.0+rocm7.0", "cuda": None, "hip": "7.0",
+              "arch_list": ["gfx900", "gfx906", "gfx908", "gfx90a", "gfx942", "gfx950", "gfx1030",
+                            "gfx1100", "gfx1101", "gfx1151", "gfx1200", "gfx1201"]}
+PACKAGES = {"transformers": "5.17.0", "trl": "1.15.0", "peft": "0.18.0", "bitsandbytes": "0.49.0",
+            "unsloth": None, "accelerate": "1.12.0", "datasets": "4.4.0", "huggingface_hub": "1.2.0"}
+
+
+def parse_gpus(spec: str) -> list[str]:
+    """`2xT4` → ["T4", "T4"]; `T4+L4` → mixed; `cpu` → []."""
+    if spec.strip().lower() in ("cpu", "0", "none"):
+        return []
+    out: list[str] = []
+    for part in spec.split("+"):
+        m = re.fullmatch(r"\s*(?:(-?\d+)\s*[x×*]\s*)?([A-Za-z0-9._-]+)\s*", part)
+        if not m:
+            raise UsageError(f"--gpus {spec!r}: expected COUNTxNAME, e.g. 2xT4 (known: {', '.join(GPUS)})")
+        count, name = int(m.group(1) or 1), m.group(2).upper()
+        name = ALIASES.get(name, name)
+        if count < 1:
+            raise UsageError(f"--gpus {spec!r}: the count must be at least 1, got {count}")
+        if name not in GPUS:
+            raise UsageError(f"--gpus {spec!r}: unknown GPU {m.group(2)!r}; known: {', '.join(GPUS)}, cpu")
+        out += [name] * count
+    return out
+
+
+def synthesize(spec: str) -> dict:
+    """A Facts dict (schema 1) for a machine with the GPUs of `spec`, e.g. "2xT4"."""
+    names = parse_gpus(spec)
+    gpus = []
+    for index, key in enumerate(names):
+        name, vendor, capability, total = GPUS[key]
+        gpus.append({"index": index, "name": name, "vendor": vendor, "capability": capability,
+                     "memory_total_bytes": total, "memory_free_bytes": None})
+    amd = any(g["vendor"] == "amd" for g in gpus)
+    # A P100 is what Kaggle hands out besides T4s; plan it as there, so the refusal carries Kaggle's fix.
+    kaggle = "P100" in names
+    torch = dict(ROCM_TORCH if amd else NVIDIA_TORCH)
+    return {
+        "schema": 1,
+        "platform": "kaggle" if kaggle else "other",
+        "platform_detected_by": f"synthesized from --gpus {spec} (kit.machine.gpu_table table"
+                                + ("; P100 as on Kaggle, whose torch 2.10.0+cu128 has no sm_60)" if kaggle else ")"),
+        "python": "3.11.13",
+        "torch": torch,
+        "driver": None if not gpus else ("rocm" if amd else "580.82.07"),
+        "gpus": gpus,
+        "gpu_count": len(gpus),
+        "gpu_source": None if not gpus else ("rocm-smi" if amd else "nvml"),
+        "cpu_count": 4 * max(1, len(gpus)),
+        "ram_bytes": 32 * 2**30,
+        "disk_free_bytes": 50 * 2**30,
+        "packages": dict(PACKAGES),
+        "hf_token_available": False,
+        "unknown": {},
+    }

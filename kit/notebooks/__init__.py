@@ -1,0 +1,1 @@
+"""Notebooks: `kit convert` and the scheduled resumes (papermill here, or Kaggle)."""

@@ -1,0 +1,304 @@
+"""`kit convert`: turn a training notebook into a rank-aware script for torchrun.
+
+The code cells are kept in order, magics handled (`kit.notebooks.convert.cells`), refusals checked
+(`kit.notebooks.convert.refusals`); then, with libcst so comments and layout survive:
+
+- a rank block goes on top: LOCAL_RANK/RANK/WORLD_SIZE, `set_device`, `init_process_group`, the
+  Hub token check when the notebook talks to the Hub (before any work), seeds for unseeded
+  `random`/numpy data prep, and `wait_for_all()`;
+- calls are fixed where the fix is mechanical (`kit.notebooks.convert.calls`): devices follow the rank,
+  platform secrets become environment lookups, logins go, TrainingArguments get what DDP needs,
+  unseeded shuffles and splits get the notebook's seed;
+- who runs what follows one rule (`kit.notebooks.convert.ranks`): every rank up to the last statement that
+  needs them all, with side effects on rank 0 and barriers after writes that are read back;
+  rank 0 alone after it;
+- all of it runs inside `try/finally`, so teardown happens even when an import fails.
+
+`--dry-run` (`kit.notebooks.convert.dryrun`) swaps Hub models and data for kit's tiny local ones.
+Cell numbers are 1-based positions among all of the notebook's cells, markdown included.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import libcst as cst
+
+from kit.notebooks.convert.calls import CellRewriter
+from kit.notebooks.convert.cells import is_comment_only, parse_cell, read_cells
+from kit.notebooks.convert.dryrun import DryRun
+from kit.notebooks.convert.facts import Facts, gather
+from kit.notebooks.convert.ranks import Guard, writes_file, barrier_statement, rank0_block, side_effect, split_statements
+from kit.notebooks.convert.refusals import check_convertible, check_written_script
+from kit.notebooks.convert.script import DOCSTRING, DRY_NOTE, RANK_BLOCK, TOKEN_CHECK, TRY_TEMPLATE
+from kit.notebooks.convert.syntax import Change, comments
+from kit.errors import KitError, UsageError
+
+PRECISION_CHOICES = ("auto", "fp16", "bf16", "fp32")
+TRIPLE = '"' * 3  # would end the script's docstring early
+RANDOM_CALLS = {"shuffle", "sample", "choice", "choices", "randint", "random", "permutation", "rand", "randn"}
+
+__all__ = ["Change", "Conversion", "PRECISION_CHOICES", "convert_notebook", "format_changes"]
+
+
+@dataclass
+class Conversion:
+    """The script's text and every change made, in cell order."""
+
+    source: str
+    changes: list[Change] = field(default_factory=list)
+
+
+@dataclass
+class Options:
+    precision: str = "auto"
+    keep_global_batch: bool = False
+    dry_run: bool = False
+    dry_run_model: Path | None = None
+    dry_run_data: Path | None = None
+
+
+def _code_cells(path, changes: list[Change]):
+    """Parsed code cells; a `%%writefile` script the notebook launches takes the launch cell's place."""
+    cells = read_cells(path, changes)
+    parsed = [(cell, *parse_cell(src, cell), is_comment_only(src)) for cell, src in cells.code]
+    facts = gather([(c, t) for c, t, _, _ in parsed])
+    if facts.last_train is not None or not cells.written:
+        return parsed, facts, cells.dropped
+    launched = {script: (cell, line) for cell, line, script in cells.launches}
+    for name, (wcell, body) in cells.written.items():
+        if not name.endswith(".py"):
+            continue
+        tree, module = parse_cell(body, wcell)
+        if gather([(wcell, tree)]).last_train is None:
+            if name in launched:
+                check_written_script(name, wcell, launched[name], tree)
+            continue
+        at = launched.get(name, (wcell, ""))[0]
+        how = f"cell {at} launches it with `{launched[name][1][:50]}`" if name in launched else "nothing launches it"
+        changes.append(Change(wcell, f"the notebook writes its training script {name} ({how}): kit converted "
+                                     f"{name}'s code in its place, so this one script is the whole job"))
+        before = [p for p in parsed if p[0] < at]
+        after = [p for p in parsed if p[0] >= at]
+        parsed = [*before, (wcell, tree, module, False), *after]
+        return parsed, gather([(c, t) for c, t, _, _ in parsed]), cells.dropped
+    return parsed, facts, cells.dropped
+
+
+def convert_notebook(path: str | Path, precision: str = "auto", script_name: str = "train_ddp.py",
+                     keep_global_batch: bool = False, dry_run: bool = False, dry_run_model: Path | None = None,
+                     dry_run_data: Path | None = None) -> Conversion:
+    """Convert a notebook to a rank-aware script.
+
+    Args:
+        path: the .ipynb file.
+        precision: "auto" keeps the notebook's fp16/bf16 (flagging a hard-coded bf16=True);
+            "fp16", "bf16", "fp32" set both keywords on the TrainingArguments-like call.
+        script_name: the output's file name, quoted in the script's docstring.
+        keep_global_batch: divide gradient accumulation by the number of GPUs.
+        dry_run: swap Hub models and datasets for kit's tiny local ones (see `kit.notebooks.convert.dryrun`).
+
+    Raises:
+        UsageError: unreadable notebook, a cell that is not Python, something that cannot run
+            under torchrun, or no training code.
+    """
+    if precision not in PRECISION_CHOICES:
+        raise UsageError(f"--precision {precision!r}: choose one of {', '.join(PRECISION_CHOICES)}")
+    opts = Options(precision, keep_global_batch, dry_run, dry_run_model, dry_run_data)
+    changes: list[Change] = []
+    parsed, facts, dropped = _code_cells(path, changes)
+    trees = [(c, t) for c, t, _, _ in parsed]
+    check_convertible(trees, facts)
+    peft = any(isinstance(n, (ast.Import, ast.ImportFrom)) and "peft" in ast.unparse(n) or
+               (isinstance(n, ast.Name) and n.id in ("peft_config", "LoraConfig", "get_peft_model"))
+               or (isinstance(n, ast.Attribute) and n.attr == "get_peft_model") for _, t in trees for n in ast.walk(t))
+    rewriter = CellRewriter(precision, facts.seed, keep_global_batch, peft=peft)
+    dry = None
+    if dry_run:
+        extra = {k: v for k, v in (("model", dry_run_model), ("data", dry_run_data)) if v is not None}
+        dry = DryRun([t for _, t in trees], **extra)
+
+    items, pending, found_args = [], [], False
+    split_at = None
+    for cell, tree, module, comment_only in parsed:
+        stmts = _rewrite_cell(cell, module, facts, rewriter, dry, changes)
+        if stmts and split_at is None and any(facts.after_training((cell, i)) for i in range(len(module.body))):
+            split_at = cell
+        found_args |= rewriter.found_training_args
+        marker = cst.EmptyLine(comment=cst.Comment(f"# --- notebook cell {cell} ---"))
+        if stmts:
+            lead = (*pending, cst.EmptyLine(), marker, *module.header, *stmts[0].leading_lines)
+            stmts[0] = stmts[0].with_changes(leading_lines=lead)
+            items.extend((cell, s) for s in stmts)
+            pending = list(module.footer)
+        elif comment_only:  # a note the user left in a cell of its own
+            pending = [*pending, cst.EmptyLine(), marker, *module.header, *module.footer]
+    if not found_args:
+        changes.append(Change(items[-1][0], "no TrainingArguments/SFTConfig call found: set "
+                                            "ddp_find_unused_parameters=False and the precision by hand", True))
+    if split_at is not None:
+        changes.append(Change(split_at, "from here on rank 0 alone runs the notebook (everything after the last "
+                                        "train/evaluate call): the other ranks leave the process group first, so "
+                                        "saves, pushes, exports, generation and prints run exactly once"))
+
+    future = [s for _, s in items if _is_future_import(s)]
+    items = [(c, s) for c, s in items if not _is_future_import(s)]
+    first_cell, last_cell = items[0][0], items[-1][0]
+    changes.insert(0, Change(first_cell, "rank block added above the notebook code: LOCAL_RANK/RANK/WORLD_SIZE "
+                                         "from the environment, set_device on CUDA, init_process_group when "
+                                         "WORLD_SIZE > 1"))
+    changes.append(Change(first_cell, f"cells {first_cell}-{last_cell} wrapped in try/finally, imports included: "
+                                      "barrier after success, destroy_process_group() always"))
+    imports, seeds = _rank_block_parts(trees, facts, rewriter, dry, changes, first_cell)
+
+    done = cst.parse_statement("training_ok = True  # reached only when every cell above ran\n")
+    done = done.with_changes(leading_lines=(*pending, cst.EmptyLine()))
+    try_stmt = cst.parse_statement(TRY_TEMPLATE)
+    try_stmt = try_stmt.with_changes(body=try_stmt.body.with_changes(body=[s for _, s in items] + [done]))
+    flag = cst.parse_statement("training_ok = False\n")
+    body = cst.Module(body=[flag, try_stmt]).visit(_BlankLines()).code
+    flags = "".join([f" --precision {precision}" if precision != "auto" else "",
+                     " --keep-global-batch" if keep_global_batch else "", " --dry-run" if dry_run else ""])
+    head = DOCSTRING.format(notebook=Path(path).name, script=script_name, flags=flags,
+                            dry=DRY_NOTE if dry_run else "", dropped=_dropped_note(dropped),
+                            raw="r" if any("\\" in d for d in dropped) else "")
+    if future:
+        head += "\n" + "".join(cst.Module(body=[]).code_for_node(s).lstrip("\n") for s in future)
+    rank_block = RANK_BLOCK.format(imports=imports, seeds=seeds,
+                                   token=TOKEN_CHECK if facts.uses_hub else "")
+    source = f"{head}\n{rank_block}{body}"
+    try:
+        ast.parse(source)
+    except SyntaxError as e:  # a bug in kit, not in the notebook
+        raise KitError(f"kit convert produced invalid Python (line {e.lineno}: {e.msg}); please report it "
+                       "with the notebook") from None
+    changes.sort(key=lambda c: c.cell)  # stable: keeps each cell's changes in the order they were made
+    return Conversion(source, changes)
+
+
+def _rewrite_cell(cell: int, module: cst.Module, facts: Facts, rewriter: CellRewriter, dry: DryRun | None,
+                  changes: list[Change]) -> list[cst.BaseStatement]:
+    """One cell's statements, rewritten and guarded by the rule in `kit.notebooks.convert.ranks`."""
+    out: list[cst.BaseStatement] = []
+    post: list[cst.BaseStatement] = []
+    guarded: list[str] = []
+    barrier_due = barrier_said = False
+    rewriter.found_training_args = False
+    for i, stmt in enumerate(module.body):
+        rewriter.notes = []
+        new = stmt.visit(rewriter)
+        notes = list(rewriter.notes)
+        if dry is not None and isinstance(new, cst.CSTNode):
+            dry.notes = []
+            new = new.visit(dry)
+            notes += [(False, f"dry run: {n}") for n in dry.notes]
+        changes.extend(Change(cell, t, r) for r, t in notes)
+        if not isinstance(new, cst.BaseStatement):
+            continue  # removed (a platform import, a login, drive.mount)
+        lines = [line for r, t in notes if r for line in comments(t, f"kit: REVIEW (cell {cell}): ")]
+        if lines:
+            new = new.with_changes(leading_lines=(*new.leading_lines, *lines))
+        if facts.after_training((cell, i)):
+            post.append(new)
+            continue
+        whole = side_effect(new) is not None or writes_file(new)
+        if barrier_due and not whole:
+            out.append(barrier_statement())
+            barrier_due = False
+        guard = Guard()
+        out.extend(guard.body([new]))
+        guarded += guard.guarded
+        if guard.wrote and facts.read_after((cell, i)):
+            barrier_due = True
+            if not barrier_said:
+                changes.append(Change(cell, "barrier (wait_for_all) after rank 0's writes here: later code reads "
+                                            "files or Hub repos back, so the other ranks wait until they exist"))
+                barrier_said = True
+    if barrier_due:
+        out.append(barrier_statement())
+    if guarded:
+        changes.append(Change(cell, f"under `if is_main:`: {', '.join(dict.fromkeys(guarded))}: rank 0 alone "
+                                    "saves, pushes, exports, generates, logs and prints"))
+    out = _merge_main_blocks(out)
+    if post:
+        if _first_post_cell(facts) == cell:  # the first statement after the last train/evaluate
+            out.extend(split_statements())
+        out.extend(rank0_block(post))
+    return out
+
+
+def _first_post_cell(facts: Facts) -> int | None:
+    return next((w[0] for w, _ in facts.statements if facts.after_training(w)), None)
+
+
+def _merge_main_blocks(stmts: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    """Adjacent `if is_main:` blocks become one."""
+    out: list[cst.BaseStatement] = []
+    for s in stmts:
+        if out and _is_main_if(s) and _is_main_if(out[-1]) and not any(line.comment for line in s.leading_lines):
+            prev = out[-1]
+            out[-1] = prev.with_changes(body=prev.body.with_changes(body=[*prev.body.body, *s.body.body]))
+        else:
+            out.append(s)
+    return out
+
+
+def _is_main_if(s) -> bool:
+    return isinstance(s, cst.If) and isinstance(s.test, cst.Name) and s.test.value == "is_main" and s.orelse is None
+
+
+def _rank_block_parts(trees, facts: Facts, rewriter: CellRewriter, dry: DryRun | None, changes: list[Change],
+                      first_cell: int) -> tuple[str, str]:
+    """(extra imports, seeding lines) for the rank block."""
+    imports, seeds = [], []
+    if facts.uses_hub or rewriter.needs_hub_import:
+        imports.append("import huggingface_hub")
+    if dry is not None and dry.used_helpers:
+        imports.append("from kit.notebooks.convert.dryrun import device_properties, dry_run_dataset  # kit: --dry-run")
+    funcs = [ast.unparse(n.func) for _, t in trees for n in ast.walk(t) if isinstance(n, ast.Call)]
+    seed_note = f"the notebook's seed, from {facts.seed_from}" if facts.seed_from else "kit's choice: the notebook sets none"
+    for module, alias, prefix in (("random", "random", "random."), ("numpy", "np", "np.random.")):
+        used = [f for f in funcs if f.startswith(prefix) and f.rsplit(".", 1)[-1] in RANDOM_CALLS]
+        if used and f"{prefix}seed" not in funcs and f"{prefix.replace('np.', 'numpy.')}seed" not in funcs:
+            imports.append(f"import {module}" + (f" as {alias}" if alias != module else ""))
+            seeds.append(f"{prefix}seed({facts.seed})  # kit: {', '.join(dict.fromkeys(used))}() are unseeded: "
+                         "the same on every rank")
+            changes.append(Change(first_cell, f"{prefix}seed({facts.seed}) in the rank block ({seed_note}): "
+                                              f"{', '.join(dict.fromkeys(used))}() would differ between ranks"))
+    return "".join(f"{i}\n" for i in imports), "".join(f"{s}\n" for s in seeds)
+
+
+def _dropped_note(dropped: list[str]) -> str:
+    """The docstring's list of the shell/magic lines kit dropped, so the user can run them first."""
+    shell = [d.replace(TRIPLE, "'" * 3) for d in dropped if not d.startswith("%%")]
+    if not shell:
+        return ""
+    shown = "".join(f"    {d}\n" for d in shell[:12]) + ("    ...\n" if len(shell) > 12 else "")
+    return f"kit dropped these shell and magic lines; run what you need before launching:\n\n{shown}\n"
+
+
+class _BlankLines(cst.CSTTransformer):
+    """Blank lines without indentation: moving code into the try block must not add trailing spaces."""
+
+    def leave_EmptyLine(self, original, updated):
+        if updated.comment:
+            return updated
+        return updated.with_changes(indent=False, whitespace=cst.SimpleWhitespace(""))
+
+
+def _is_future_import(stmt: cst.BaseStatement) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and any(
+        isinstance(s, cst.ImportFrom) and isinstance(s.module, cst.Name) and s.module.value == "__future__"
+        for s in stmt.body)
+
+
+def format_changes(conversion: Conversion, notebook: str, script: str) -> str:
+    """The change list printed by `kit convert`: a summary line, then one `cell N: …` line each."""
+    reviews = sum(c.review for c in conversion.changes)
+    lines = [f"kit convert: {notebook} -> {script}: {len(conversion.changes)} changes, {reviews} to review"]
+    lines += [f"  {c}" for c in conversion.changes]
+    if reviews:
+        lines.append(f"Search {script} for '# kit: REVIEW' before running it.")
+    return "\n".join(lines)

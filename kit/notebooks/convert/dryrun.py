@@ -1,0 +1,206 @@
+"""`kit convert --dry-run`: the same script on kit's tiny local model and data, for a few steps.
+
+Before spending GPU hours, a user (and kit's tests) can run the converted notebook top to bottom
+on any machine, CPU included: Hub model ids become `models/tiny-qwen3`, Hub datasets become the
+embedded `data/ha_commands.jsonl` reshaped into the columns the notebook reads, training stops
+after `DRY_RUN_STEPS` steps, and what a tiny model on a CPU cannot do (4-/8-bit loading, 8-bit
+optimizers, 16-bit weights, flash attention, trackers) is switched off. Everything else — rank
+guards, barriers, pushes — is exactly what the real conversion does. What the notebook itself
+writes and reads back (its output folders, its own Hub repos) is left alone.
+
+The second half of this module runs inside the dry-run script: `dry_run_dataset` and
+`device_properties`.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import libcst as cst
+
+from kit.notebooks.convert.calls import is_model_loader, is_training_args
+from kit.notebooks.convert.syntax import call_name, code, drop_kwarg, kwarg, normal, set_kwarg, short_name
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+TINY_MODEL = ROOT / "models" / "tiny-qwen3"
+TINY_DATA = ROOT / "data" / "ha_commands.jsonl"
+DRY_RUN_STEPS = 2
+MAX_NEW_TOKENS = 8
+TOKENIZERS = ("AutoTokenizer", "AutoProcessor", "PreTrainedTokenizerFast")
+PRODUCERS = {"save_pretrained", "save_model", "push_to_hub", "save_pretrained_merged", "push_to_hub_merged"}
+# Schemas by the column that gives them away, most specific first.
+SCHEMAS = [("conversations", "sharegpt"), ("instruction", "alpaca"), ("question", "qa"), ("chosen", "preference"),
+           ("completion", "prompt_completion"), ("messages", "messages"), ("text", "text")]
+
+
+BUILDERS = {"json", "csv", "parquet", "text", "arrow", "imagefolder", "audiofolder", "webdataset", "pandas"}
+
+
+def _hub_id(value: object) -> bool:
+    """`org/name` or a bare legacy id (`gpt2`); not a local path, not a datasets builder name."""
+    return isinstance(value, str) and value.count("/") <= 1 and bool(value.strip()) \
+        and not value.startswith((".", "/", "~")) and value not in BUILDERS and not Path(value).exists()
+
+
+def _plan(trees: list[ast.Module]) -> tuple[set[str], dict[str, str], str]:
+    """(what the notebook produces, NAME -> literal for top-level string settings, dataset schema)."""
+    produced, literals, columns = set(), {}, set()
+    for tree in trees:
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) \
+                    and isinstance(node.value.value, str):
+                literals |= {t.id: node.value.value for t in node.targets if isinstance(t, ast.Name)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                if ast.unparse(node.func).rsplit(".", 1)[-1] in PRODUCERS and node.args:
+                    produced.add(normal(ast.unparse(node.args[0])))
+                for k in node.keywords:
+                    if k.arg in ("hub_model_id", "output_dir", "repo_id", "save_directory"):
+                        produced.add(normal(ast.unparse(k.value)))
+                    if k.arg == "dataset_text_field" and isinstance(k.value, ast.Constant):
+                        columns.add(k.value.value)
+            elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) \
+                    and isinstance(node.slice.value, str):
+                columns.add(node.slice.value)
+    schema = next((s for col, s in SCHEMAS if col in columns), "messages")
+    return produced, literals, schema
+
+
+class DryRun(cst.CSTTransformer):
+    """Rewrites one cell for a dry run; `notes` say what changed."""
+
+    def __init__(self, trees: list[ast.Module], model: Path = TINY_MODEL, data: Path = TINY_DATA):
+        super().__init__()
+        self.produced, self.literals, self.schema = _plan(trees)
+        self.model, self.data = str(model), str(data)
+        self.notes: list[str] = []
+        self.used_helpers = False
+
+    def _swappable(self, arg: cst.BaseExpression) -> bool:
+        if normal(code(arg)) in self.produced:
+            return False
+        if isinstance(arg, cst.SimpleString):
+            return _hub_id(arg.evaluated_value)
+        return isinstance(arg, cst.Name) and _hub_id(self.literals.get(arg.value))
+
+    def _swap_model(self, call: cst.Call, name: str, positional: bool = True) -> cst.Call:
+        args = list(call.args)
+        for i, a in enumerate(args):
+            if (positional and a.keyword is None and i == 0) or (a.keyword and a.keyword.value in (
+                    "model_name", "pretrained_model_name_or_path", "model")):
+                if self._swappable(a.value):
+                    self.notes.append(f"{name}: {code(a.value)} → the tiny local model")
+                    args[i] = a.with_changes(value=cst.SimpleString(repr(self.model)))
+                break
+        return call.with_changes(args=args)
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        name, short = call_name(updated), short_name(updated)
+        owner = name.rsplit(".", 1)[0]
+        if short == "from_pretrained" and (is_model_loader(owner) or owner.endswith(TOKENIZERS)):
+            updated = self._swap_model(updated, name)
+            for key in ("quantization_config", "attn_implementation"):
+                if kwarg(updated, key) is not None:
+                    updated = drop_kwarg(updated, key)
+                    self.notes.append(f"{name}: {key} dropped (a tiny model on any device)")
+            for key in ("load_in_4bit", "load_in_8bit"):
+                if (a := kwarg(updated, key)) is not None and code(a.value) != "False":
+                    updated = set_kwarg(updated, key, "False")
+                    self.notes.append(f"{name}: {key}=False")
+            for key in ("torch_dtype", "dtype"):
+                if (a := kwarg(updated, key)) is not None and code(a.value) != "None":
+                    updated = set_kwarg(updated, key, "torch.float32")
+                    self.notes.append(f"{name}: {key} → torch.float32")
+            return updated
+        if name in ("pipeline", "transformers.pipeline", "LLM", "vllm.LLM") or (
+                short.endswith("Trainer") and (a := kwarg(updated, "model")) is not None
+                and isinstance(a.value, (cst.SimpleString, cst.Name))):
+            return self._swap_model(updated, name, positional=name in ("LLM", "vllm.LLM"))
+        if name in ("load_dataset", "datasets.load_dataset") and updated.args and self._swappable(updated.args[0].value):
+            split = kwarg(updated, "split")
+            self.notes.append(f"{name}({code(updated.args[0].value)}) → the embedded data as {self.schema!r} rows")
+            self.used_helpers = True
+            return cst.parse_expression(f"dry_run_dataset({self.schema!r}, split={code(split.value) if split else None}"
+                                        f", path={self.data!r})")
+        if is_training_args(updated):
+            updated = set_kwarg(updated, "max_steps", str(DRY_RUN_STEPS))
+            updated = set_kwarg(updated, "report_to", '"none"')
+            self.notes.append(f"{short}: max_steps={DRY_RUN_STEPS}, report_to='none'")
+            if (a := kwarg(updated, "optim")) is not None and any(w in code(a.value) for w in ("8bit", "paged", "bnb")):
+                updated = set_kwarg(updated, "optim", '"adamw_torch"')
+                self.notes.append(f"{short}: optim {code(a.value)} → 'adamw_torch' (no bitsandbytes)")
+            for key, cap in (("max_completion_length", 16), ("max_new_tokens", MAX_NEW_TOKENS)):
+                if kwarg(updated, key) is not None:
+                    updated = set_kwarg(updated, key, str(cap))
+            return updated
+        if name == "torch.cuda.get_device_properties":
+            self.used_helpers = True
+            return updated.with_changes(func=cst.Name("device_properties"))
+        if short in ("generate", "fast_generate") and kwarg(updated, "max_new_tokens") is not None:
+            return set_kwarg(updated, "max_new_tokens", str(MAX_NEW_TOKENS))
+        return updated
+
+
+# --- used by the dry-run script at run time --------------------------------------------------------
+
+def _rows(path: str) -> list[tuple[str, str, str]]:
+    out = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        m = {t["role"]: t["content"] for t in json.loads(line)["messages"]}
+        out.append((m.get("system", ""), m["user"], m["assistant"]))
+    return out
+
+
+def _shape(schema: str, rows: list[tuple[str, str, str]]) -> dict[str, list]:
+    system, user, assistant = (list(c) for c in zip(*rows))
+    if schema == "sharegpt":
+        return {"conversations": [[{"from": "system", "value": s}, {"from": "human", "value": u},
+                                   {"from": "gpt", "value": a}] for s, u, a in rows]}
+    if schema == "alpaca":
+        return {"instruction": system, "input": user, "output": assistant}
+    if schema == "qa":
+        return {"question": user, "answer": assistant}
+    if schema == "preference":
+        return {"prompt": user, "chosen": assistant, "rejected": assistant[1:] + assistant[:1]}
+    if schema == "prompt_completion":
+        return {"prompt": user, "completion": assistant}
+    if schema == "text":
+        return {"text": [f"{u}\n{a}" for u, a in zip(user, assistant)]}
+    return {"messages": [[{"role": "system", "content": s}, {"role": "user", "content": u},
+                          {"role": "assistant", "content": a}] for s, u, a in rows]}
+
+
+def dry_run_dataset(schema: str, split: str | None = None, path: str = str(TINY_DATA)):
+    """The embedded rows in `schema`'s columns; a Dataset for a split (slices too), else a DatasetDict."""
+    from datasets import Dataset, DatasetDict
+
+    data = Dataset.from_dict(_shape(schema, _rows(path)))
+    if split is None:
+        return DatasetDict({"train": data})
+    name, _, part = split.partition("[")
+    if not part:
+        return data
+    start, _, stop = part.rstrip("]").partition(":")
+
+    def index(text: str, default: int) -> int:
+        text = text.strip()
+        if not text:
+            return default
+        return round(len(data) * float(text[:-1]) / 100) if text.endswith("%") else int(text)
+
+    return data.select(range(index(start, 0), min(index(stop, len(data)), len(data))))
+
+
+class _CpuProperties:
+    name = "CPU (dry run)"
+    total_memory = 16 * 1024 ** 3
+    major, minor = 0, 0
+
+
+def device_properties(device=0):
+    """torch.cuda.get_device_properties on a GPU; a stand-in with the same fields on a CPU."""
+    import torch
+
+    return torch.cuda.get_device_properties(device) if torch.cuda.is_available() else _CpuProperties()

@@ -1,0 +1,178 @@
+"""Who runs which statement: the rule that makes the whole script a correct DDP program.
+
+The rule, in one sentence: **after the last statement that needs every rank (a Trainer's
+train/evaluate/predict, directly or through a function the notebook defines) the process group
+is torn down and rank 0 alone runs everything that follows, whatever it calls; before that,
+every rank runs the code, except known side effects — saves, pushes, exports, file writes,
+prints, plots, trackers, bare generation — which go under `if is_main:` at any nesting depth,
+with a barrier after each top-level statement that wrote something that later code reads.**
+
+Tearing the group down before rank 0's tail (instead of making the others wait at a barrier)
+means an hour of GGUF export or evaluation cannot time out a waiting rank, the other GPUs are
+freed, and a vLLM engine started there finds no process group to join.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import libcst as cst
+
+from kit.notebooks.convert.syntax import call_name, short_name
+
+WRITE_METHODS = {"save_model", "save_pretrained", "save_pretrained_merged", "save_pretrained_gguf", "save_lora",
+                 "push_to_hub", "push_to_hub_merged", "push_to_hub_gguf", "to_json", "to_csv", "to_parquet",
+                 "save_to_disk", "savefig", "upload_file", "upload_folder", "create_repo", "write", "writelines",
+                 "save_state", "create_model_card"}
+WRITE_FUNCTIONS = {"torch.save", "json.dump", "pickle.dump", "np.save", "shutil.copy", "shutil.copytree",
+                   "shutil.make_archive"}
+SHOW_FUNCTIONS = {"print", "pprint", "pprint.pprint", "display"}
+SHOW_METHODS = {"show"}
+PLOT_MODULES = ("plt.", "sns.", "matplotlib.", "seaborn.", "px.")
+TRACKERS = ("wandb.", "trackio.", "mlflow.", "comet_ml.")
+GENERATION = {"generate", "fast_generate"}
+WRITE_MODES = ("w", "a", "x")
+
+SPLIT = '''\
+# kit: training is over on every rank. From here rank 0 alone runs the rest of the notebook:
+# the others leave the process group now, so a long export or evaluation cannot time them out.
+if dist.is_initialized():
+    wait_for_all()
+    dist.destroy_process_group()
+'''
+BARRIER = "wait_for_all()  # kit: later code reads what rank 0 wrote above; the other ranks wait for it\n"
+
+
+def _value_call(small: cst.BaseSmallStatement) -> cst.Call | None:
+    value = getattr(small, "value", None) if isinstance(small, (cst.Expr, cst.Assign, cst.AnnAssign)) else None
+    return value if isinstance(value, cst.Call) else None
+
+
+def side_effect(stmt: cst.BaseStatement) -> str | None:
+    """'write' or 'show' for a line rank 0 alone should run, else None."""
+    if not isinstance(stmt, cst.SimpleStatementLine):
+        return None
+    kinds = set()
+    for small in stmt.body:
+        call = _value_call(small)
+        if call is None:
+            continue
+        name, short = call_name(call), short_name(call)
+        is_expr = isinstance(small, cst.Expr) or (
+            isinstance(small, cst.Assign) and all(isinstance(t.target, cst.Name) and t.target.value == "_"
+                                                  for t in small.targets))
+        if (short in WRITE_METHODS and isinstance(call.func, cst.Attribute)) or name in WRITE_FUNCTIONS:
+            kinds.add("write")
+        elif name.startswith(TRACKERS):
+            kinds.add("show")
+        elif is_expr and (name in SHOW_FUNCTIONS or name.startswith(PLOT_MODULES) or
+                          (short in SHOW_METHODS | GENERATION and isinstance(call.func, cst.Attribute))):
+            kinds.add("show")
+    return "write" if "write" in kinds else ("show" if kinds else None)
+
+
+def writes_file(stmt: cst.BaseStatement) -> bool:
+    """`with open(path, "w") as f:` — the whole block writes one file: rank 0's job."""
+    if not isinstance(stmt, cst.With):
+        return False
+    for item in stmt.items:
+        call = item.item
+        if isinstance(call, cst.Call) and call_name(call) == "open" and len(call.args) > 1:
+            mode = call.args[1].value
+            if isinstance(mode, cst.SimpleString) and mode.evaluated_value.startswith(WRITE_MODES):
+                return True
+    return False
+
+
+class Guard:
+    """Puts rank-0 side effects under `if is_main:` inside one top-level statement, at any depth."""
+
+    def __init__(self):
+        self.guarded: list[str] = []  # what went under `if is_main:`, for the change list
+        self.wrote = False
+
+    def body(self, stmts: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        out: list[cst.BaseStatement] = []
+        group: list[cst.BaseStatement] = []
+
+        def flush():
+            if group:
+                lead = group[0].leading_lines
+                block = [group[0].with_changes(leading_lines=()), *group[1:]]
+                out.append(cst.If(test=cst.Name("is_main"), body=cst.IndentedBlock(body=block), leading_lines=lead))
+                group.clear()
+
+        for stmt in stmts:
+            kind = side_effect(stmt) or ("write" if writes_file(stmt) else None) or _one_line_block(stmt)
+            if kind is not None:
+                self.wrote |= kind == "write"
+                self.guarded.extend(self._names(stmt))
+                group.append(stmt)
+                continue
+            flush()
+            out.append(self.compound(stmt))
+        flush()
+        return out
+
+    def compound(self, stmt: cst.BaseStatement) -> cst.BaseStatement:
+        """Recurse into the blocks of if/for/while/with/try/def; other statements as they are."""
+        if isinstance(stmt, cst.If) and _is_main_test(stmt):
+            return stmt  # already guarded
+        if isinstance(stmt, (cst.If, cst.For, cst.While, cst.With, cst.FunctionDef, cst.Try, cst.Else,
+                             cst.ExceptHandler, cst.Finally)):
+            changes = {}
+            if isinstance(stmt.body, cst.IndentedBlock):
+                changes["body"] = stmt.body.with_changes(body=self.body(stmt.body.body))
+            for part in ("orelse", "finalbody"):
+                child = getattr(stmt, part, None)
+                if child is not None:
+                    changes[part] = self.compound(child)
+            if isinstance(stmt, cst.Try):
+                changes["handlers"] = [self.compound(h) for h in stmt.handlers]
+            return stmt.with_changes(**changes)
+        return stmt
+
+    @staticmethod
+    def _names(stmt: cst.BaseStatement) -> list[str]:
+        if isinstance(stmt, cst.With):
+            return ["open(…, 'w')"]
+        body = stmt.body if isinstance(stmt, cst.SimpleStatementLine) else getattr(stmt.body, "body", ())
+        return [f"{call_name(c)}()" for s in body if (c := _value_call(s)) is not None and call_name(c)]
+
+
+def _one_line_block(stmt: cst.BaseStatement) -> str | None:
+    """`if False: model.save_pretrained_merged(…)` on one line: guard the whole statement."""
+    body = getattr(stmt, "body", None)
+    if isinstance(stmt, (cst.If, cst.For, cst.While, cst.With)) and isinstance(body, cst.SimpleStatementSuite):
+        return side_effect(cst.SimpleStatementLine(body=body.body))
+    return None
+
+
+def _is_main_test(stmt: cst.If) -> bool:
+    return isinstance(stmt.test, cst.Name) and stmt.test.value == "is_main"
+
+
+def rank0_block(stmts: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    """A post-training cell: definitions stay for every rank, everything else under `if is_main:`."""
+    out: list[cst.BaseStatement] = []
+    group: list[cst.BaseStatement] = []
+    for stmt in [*stmts, None]:
+        if stmt is not None and not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            group.append(stmt)
+            continue
+        if group:
+            lead = group[0].leading_lines
+            block = [group[0].with_changes(leading_lines=()), *group[1:]]
+            out.append(cst.If(test=cst.Name("is_main"), body=cst.IndentedBlock(body=block), leading_lines=lead))
+            group = []
+        if stmt is not None:
+            out.append(stmt)
+    return out
+
+
+def split_statements() -> list[cst.BaseStatement]:
+    return list(cst.parse_module(SPLIT).body)
+
+
+def barrier_statement() -> cst.BaseStatement:
+    return cst.parse_statement(BARRIER)

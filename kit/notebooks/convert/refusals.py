@@ -1,0 +1,60 @@
+"""What `kit convert` refuses, because the script would hang or mean something else under torchrun.
+
+Each refusal is one line naming the cell, the line and why, and what to do instead (exit 2,
+nothing written).
+"""
+
+from __future__ import annotations
+
+import ast
+
+from kit.notebooks.convert.facts import Facts, vllm_refusal
+from kit.errors import UsageError
+
+IPYTHON_NAMES = {"get_ipython", "Out", "In", "_oh", "_ih", "_dh", "_", "__", "___", "_i", "_ii", "_iii"}
+
+
+def check_convertible(trees: list[tuple[int, ast.Module]], facts: Facts) -> None:
+    """Refuse what cannot run unattended under torchrun; refuse a notebook that does not train."""
+    nodes = [n for _, t in trees for n in ast.walk(t)]
+    stored = {n.id for n in nodes if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    stored |= {n.arg for n in nodes if isinstance(n, ast.arg)}
+    problems = []
+    for cell, tree in trees:
+        for node in ast.walk(tree):
+            line = getattr(node, "lineno", 0)
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                mods = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+                if any(m.split(".")[0] == "ipywidgets" for m in mods):
+                    problems.append((cell, line, "ipywidgets need a notebook front end, and under "
+                                                 "torchrun nobody can click them: use constants or flags"))
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in stored and (
+                    node.id in IPYTHON_NAMES or (node.id[:1] == "_" and node.id.lstrip("_i").isdigit())):
+                problems.append((cell, line, f"`{node.id}` is IPython's interactive state, which a "
+                                             "script does not have: assign the value to a name"))
+            elif isinstance(node, ast.Call) and ast.unparse(node.func) == "input":
+                problems.append((cell, line, "input() waits for keyboard input that no torchrun rank "
+                                             "can get: use a constant or os.environ"))
+    if (vllm := vllm_refusal(trees, facts)) is not None:
+        problems.append(vllm)
+    if problems:
+        cell, line, what = min(problems)
+        raise UsageError(f"cell {cell}, line {line}: {what}; then convert again")
+    if facts.last_train is None:
+        raise UsageError("no training code found: kit convert needs a Trainer's `trainer.train()` call "
+                         "(a hand-written loop needs DistributedDataParallel, which kit does not add)")
+
+
+def check_written_script(name: str, cell: int, launch: tuple[int, str] | None, tree: ast.Module) -> None:
+    """A `%%writefile` script the notebook launches but that kit cannot convert: say what it is."""
+    imports = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imports |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    names = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    how = f", which cell {launch[0]} launches with `{launch[1][:60]}`" if launch else ""
+    if "Accelerator" in names or "init_process_group" in {n.rsplit(".", 1)[-1] for n in names}:
+        raise UsageError(f"cell {cell}: the notebook writes {name}{how}: that script runs its own distributed "
+                         f"loop (Accelerator/init_process_group), so it is already a multi-GPU program: write "
+                         f"it out and run `torchrun --standalone --nproc_per_node=2 {name}` or `accelerate "
+                         "launch` as it is")
+    raise UsageError(f"cell {cell}: the notebook writes {name}{how}, but no Trainer's train() call was found "
+                     "in it or in the notebook: kit converts Trainer code only")

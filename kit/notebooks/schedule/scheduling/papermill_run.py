@@ -1,0 +1,82 @@
+"""One local run: papermill executes the resume notebook once in a real `python3` kernel.
+
+Its output notebook is kept as `runs/<UTC timestamp>-<n>.ipynb`; the last `outcome: …` line it
+printed is the run's outcome. No parameter is ever a token (`kit.notebooks.schedule.loop.refuse_tokens`).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+OUTCOME_RE = re.compile(r"^outcome: (.+)$", re.M)
+DONE = ("complete", "already complete")
+
+
+@dataclass
+class Plan:
+    """What to run: the resume notebook, its parameters, where its output notebooks go."""
+
+    notebook: Path
+    runs_dir: Path
+    parameters: dict
+    cwd: Path = field(default_factory=Path.cwd)
+    run_timeout_s: float | None = None  # the training cell is interrupted after this: training pauses
+
+
+# -- one run ----------------------------------------------------------------------------------
+def run_path(runs_dir: Path, n: int, now: float | None = None) -> Path:
+    """`runs/20261202T132500Z-1.ipynb`; never the name of an existing run notebook."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+    while (path := runs_dir / f"{stamp}-{n}.ipynb").exists():
+        n += 1
+    return path
+
+
+def outcome_of(output_nb: Path) -> str | None:
+    """The last `outcome: …` line the run notebook printed, without the prefix."""
+    import nbformat
+
+    try:
+        nb = nbformat.read(str(output_nb), as_version=4)
+    except (OSError, ValueError) as err:
+        return f"failed: the run notebook {output_nb} is unreadable ({err})"
+    found = None
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream":
+                for m in OUTCOME_RE.finditer(out.get("text", "")):
+                    found = m.group(1).strip()
+    return found
+
+
+def execute(plan: Plan, n: int, verbose: bool = False) -> tuple[str, Path]:
+    """Run the resume notebook once. Returns (outcome words, output notebook path)."""
+    import papermill
+    from papermill.exceptions import PapermillException
+
+    plan.runs_dir.mkdir(parents=True, exist_ok=True)
+    out = run_path(plan.runs_dir, n)
+    error = None
+    try:
+        papermill.execute_notebook(str(plan.notebook), str(out), parameters=plan.parameters,
+                                   kernel_name="python3", cwd=str(plan.cwd), progress_bar=False,
+                                   log_output=verbose, request_save_on_cell_execute=True,
+                                   execution_timeout=plan.run_timeout_s, interrupt_on_timeout=True)
+    except PapermillException as err:  # a cell raised: the notebook's outcome line says why
+        lines = str(err).strip().splitlines()
+        error = f"failed: {type(err).__name__}: {lines[-1][:200] if lines else 'no message'}"
+    except RuntimeError as err:  # the kernel died or could not start
+        error = f"failed: the kernel stopped: {str(err).splitlines()[0][:200]}"
+    outcome = outcome_of(out) if out.exists() else None
+    return outcome or error or "failed: the notebook printed no outcome line", out
+
+
+def is_done(outcome: str) -> bool:
+    return outcome.startswith(DONE)
+
+
+def is_failure(outcome: str) -> bool:
+    return outcome.startswith("failed")

@@ -1,0 +1,143 @@
+"""Planning for speed: how rows share a micro-batch, which kernels, which AdamW — each with why.
+
+Pure functions of (config, GPU facts); `kit.planning.plan.make_plan` calls them and carries the answers as
+data (`Plan.batching`, `Plan.kernels`, `Plan.optimizer`). An "auto" choice turns a speed-up on only
+where the H200 benchmark showed it to pay (bench/results/speed_h200.json, `python bench/speed.py`):
+padding-free batches on NVIDIA GPUs (a T4 by the same SDPA path, unmeasured there); Liger's kernels
+measured 1.29× but stay opt-in until their loss curve is checked; fused AdamW and torch.compile
+were not measured, so neither is chosen. Where nothing was measured (ROCm, the CPU, Unsloth's
+trainer) the choice is TRL's default and the reason says so.
+
+Batching, for data whose rows are of unequal length (chat, instructions):
+- `padded`: each micro-batch padded to its longest row (TRL's default); time goes to pad tokens.
+- `grouped`: rows of similar length batched together (transformers' LengthGroupedSampler); any GPU.
+- `padding_free`: the micro-batch's rows laid end to end, no pad tokens; position_ids restart at
+  each row and transformers builds a block-diagonal mask from them for SDPA (on a T4 too: SDPA's
+  memory-efficient kernel takes a mask; FlashAttention 2/3, which would need no mask, is not in
+  the H200's image nor on a T4), so rows never attend to each other. Same rows per step as padded,
+  so the same loss curve; tested on the CPU against padded batches (tests/test_batching.py). The
+  mask makes the whole micro-batch one attention problem, so long rows lose: `settle_batching`.
+- `packed`: rows packed into seq_len-long sequences (best-fit decreasing, whole rows), batched
+  padding-free: the most tokens per step, but a step then holds many more rows than global_batch
+  says, so the number of optimizer steps per epoch drops. Opt-in only.
+"""
+
+from __future__ import annotations
+
+from kit.machine import verdicts
+
+SHORT_ROWS = 1 / 3  # padding-free batches for rows averaging at most this share of seq_len (settle_batching)
+
+# The H200 measurements behind the "auto" choices (bench/results/speed_h200.json): Qwen3-8B shape,
+# QLoRA nf4, LoRA r16 all-linear, seq_len 2048 × micro-batch 4, gradient checkpointing.
+MEASURED = {
+    # Trained tokens/s on chat rows with LMSYS-Chat-1M's lengths, against padded batches (1,263/s,
+    # half the tokens computed were pad): padding-free 1,447/s and 8.3 GiB against 10.3 GiB; packed 2,600/s.
+    "padding_free_vs_padded": 1.146,
+    "packed_vs_padded": 2.058,
+    # Tokens/s on rows that fill seq_len: Liger 9,201/s and 9.65 GiB against 7,111/s and 10.11 GiB.
+    "liger_vs_plain": 1.294,
+    # Whether Liger's loss curve was compared with the plain one on the same weights and data: not yet
+    # (that run's losses were lost), so "auto" leaves Liger off until it is.
+    "liger_loss_checked": False,
+    "fused_adamw_vs_adamw": None,     # not measured
+    "fp16_vs_bf16": 0.968,            # fp16 with loss scaling and fp32 adapters, same model and batch
+}
+
+
+def batching(cfg, gpu: dict | None, reasons: list) -> str:
+    """How rows share a micro-batch (see the module docstring); `gpu` None means the CPU."""
+    if cfg.batching != "auto":
+        if cfg.batching == "packed":
+            reasons.append("batching packed as configured: rows packed into seq_len-long sequences; each step "
+                           "trains on per_device_batch such sequences, many rows each, so an epoch has fewer "
+                           "optimizer steps than global_batch rows per step would give.")
+        else:
+            reasons.append(f"batching {cfg.batching} as configured.")
+        return cfg.batching
+    if gpu is None:
+        reasons.append("batching padded: on the CPU nothing was measured; padded is TRL's default.")
+        return "padded"
+    if gpu["vendor"] != "nvidia":
+        reasons.append("batching padded: padding-free batches were measured on NVIDIA only (set batching=padding_free "
+                       "to try them; the rows are kept apart by SDPA's mask there too).")
+        return "padded"
+    where = ("" if verdicts.bf16_native(gpu["vendor"], gpu["capability"]) else
+             f"; measured on an H200, not on {verdicts.arch_name(gpu['vendor'], gpu['capability'])}, which has no "
+             "FlashAttention 2 but runs the masked rows through SDPA's memory-efficient kernel")
+    reasons.append(f"batching padding_free: each micro-batch's rows laid end to end without pad tokens, kept apart by a "
+                   f"block-diagonal attention mask: {MEASURED['padding_free_vs_padded']:.2f}× the trained tokens/s of "
+                   f"padded batches on chat-length data and less memory, the same rows per step{where}; the script "
+                   f"goes back to padded batches if the rows average more than a third of seq_len. "
+                   f"batching=packed measured {MEASURED['packed_vs_padded']:.2f}×, with more rows per step.")
+    return "padding_free"
+
+
+def settle_batching(cfg, planned: str, mean_tokens: float, seq_len: int, notes: list) -> str:
+    """At launch, with the data in hand: padding-free batches only for short rows.
+
+    All of a padding-free micro-batch is one sequence under one mask, so SDPA's attention work grows
+    with the square of its tokens, where padded rows cost each row's own square. On the H200 a packed
+    step of 8,192 tokens took 1.92 s against 1.15 s for 4 padded rows that fill seq_len (so rows that
+    long would lose about that much; inferred, not run padding-free), while on chat rows averaging
+    0.28 of seq_len padding-free paid 1.15×. SHORT_ROWS, a third, lies between those two points: rows
+    averaging more than that go back to padded batches, when "auto" chose.
+    """
+    if cfg.batching != "auto" or planned != "padding_free" or mean_tokens <= SHORT_ROWS * seq_len:
+        return planned
+    notes.append(f"batching padded: rows average {mean_tokens:.0f} tokens of seq_len {seq_len}, more than "
+                 f"{SHORT_ROWS:.2f} of it; padding-free batches pay only on short rows")
+    return "padded"
+
+
+def unsloth_batching(cfg, planned: str, reasons: list) -> str:
+    """Unsloth patches TRL's trainer itself; kit measured padding-free batches on the plain stack only."""
+    if cfg.batching != "auto" or planned == "padded":
+        return planned
+    reasons[:] = [r for r in reasons if not r.startswith("batching ")]
+    reasons.append("batching padded: with backend unsloth padding-free batches were not measured.")
+    return "padded"
+
+
+def kernels(cfg, facts, gpu: dict | None, backend: str, model_type: str, reasons: list) -> str:
+    """"liger" (Liger's Triton RMSNorm, SwiGLU and RoPE) or "none"."""
+    from kit.planning.shapes import LIGER_MODEL_TYPES
+
+    installed = bool((facts.packages or {}).get("liger_kernel"))
+    if cfg.kernels == "none":
+        return "none"
+    if cfg.kernels == "liger":
+        if gpu is None or gpu["vendor"] != "nvidia":
+            reasons.append("kernels liger as configured, but Liger's kernels are Triton on an NVIDIA GPU: the "
+                           "script turns them off here.")
+        elif backend == "unsloth":
+            reasons.append("kernels liger as configured, but Unsloth brings its own kernels: off.")
+        else:
+            reasons.append("kernels liger as configured."
+                           + ("" if installed else " liger-kernel is not installed there: `pip install liger-kernel`."))
+        return "liger"
+    ratio = MEASURED["liger_vs_plain"]
+    why = ("not on a GPU" if gpu is None else
+           "not an NVIDIA GPU" if gpu["vendor"] != "nvidia" else
+           "Unsloth brings its own kernels" if backend == "unsloth" else
+           f"{model_type} is not a family Liger patches" if model_type not in LIGER_MODEL_TYPES else
+           "not measured to pay" if ratio is None or ratio < 1.03 else
+           f"not measured on {verdicts.arch_name(gpu['vendor'], gpu['capability'])}: Triton compiles for a T4, "
+           "but Liger was only measured on an H200" if not verdicts.bf16_native(gpu["vendor"], gpu["capability"]) else
+           f"measured {ratio:.2f}× the tokens/s of the plain stack on an H200, but its loss curve is not yet "
+           "checked against the plain one; kernels=liger turns it on" if not MEASURED["liger_loss_checked"] else
+           "liger-kernel is not installed (`pip install liger-kernel`)" if not installed else None)
+    if why is None:
+        reasons.append(f"kernels liger: Liger's RMSNorm, SwiGLU and RoPE measured {ratio:.2f}× the tokens/s of "
+                       "the plain stack (H200, Qwen3-8B QLoRA).")
+        return "liger"
+    if gpu is not None and backend != "unsloth":
+        reasons.append(f"kernels none: Liger off ({why}).")
+    return "none"
+
+
+def fused_adamw(cfg, gpu: dict | None) -> bool:
+    """Whether "auto" should pick torch's fused AdamW (one kernel for all parameters) over the loop."""
+    ratio = MEASURED["fused_adamw_vs_adamw"]
+    return (cfg.optimizer == "auto" and gpu is not None and gpu["vendor"] == "nvidia"
+            and ratio is not None and ratio >= 1.02)

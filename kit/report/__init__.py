@@ -1,0 +1,1 @@
+"""Words and pictures: text, HTML and JSON reports, and plots."""

@@ -1,0 +1,185 @@
+"""Facts and verdicts in words: aligned text for a terminal, an HTML table for a notebook, JSON.
+
+Rendering only: every decision is already in the `Facts` (kit.machine.probe) and `Verdicts` (kit.machine.verdicts).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import sys
+
+_GIB = 2**30
+
+
+def to_json(facts, verdicts=None, next_steps: list[str] | None = None, plan=None) -> str:
+    """One JSON object: the facts, plus `verdicts`, `plan` and `next` when given."""
+    d = facts.to_dict()
+    if plan is not None:
+        d["plan"] = plan.to_dict()
+    if verdicts is not None:
+        d["verdicts"] = verdicts.to_dict()
+    if next_steps is not None:
+        d["next"] = next_steps
+    return json.dumps(d, indent=2)
+
+
+def to_text(facts, verdicts=None, next_steps: list[str] | None = None) -> str:
+    """Aligned plain text: the machine, a GPU table, unknowns, then the verdict and next steps."""
+    lines = [f"{k:<10} {v}" for k, v in _machine_rows(facts)]
+    lines += ["", *_align(_gpu_table(facts, verdicts))]
+    lines += [f"unknown    {k}: {v}" for k, v in facts.unknown.items()]
+    if verdicts is not None:
+        lines += ["", f"{'verdict':<10} {verdicts.summary}"]
+        lines += [f"{'warning':<10} {w}" for w in verdicts.warnings]
+        if not verdicts.ok and verdicts.action not in verdicts.summary:
+            lines.append(f"{'do this':<10} {verdicts.action}")
+    lines += [f"{'next':<10} {s}" for s in next_steps or []]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def to_html(facts, verdicts=None, next_steps: list[str] | None = None) -> str:
+    """A self-contained HTML fragment (two tables and the verdict) for a notebook cell's output."""
+    e = html.escape
+    cell = "style='text-align:left;padding:2px 10px'"
+    machine = "".join(f"<tr><th {cell}>{e(k)}</th><td {cell}>{e(str(v))}</td></tr>" for k, v in _machine_rows(facts))
+    header, *rows = _gpu_table(facts, verdicts)
+    gpu = f"<tr>{''.join(f'<th {cell}>{e(h)}</th>' for h in header)}</tr>"
+    gpu += "".join(f"<tr>{''.join(f'<td {cell}>{e(c)}</td>' for c in row)}</tr>" for row in rows)
+    parts = [f"<table>{machine}</table>", f"<table>{gpu}</table>"]
+    parts += [f"<p><i>unknown</i> {e(k)}: {e(v)}</p>" for k, v in facts.unknown.items()]
+    if verdicts is not None:
+        color = "green" if verdicts.ok else "#b00"
+        parts.append(f"<p style='color:{color}'><b>{e(verdicts.summary)}</b></p>")
+        parts += [f"<p>⚠ {e(w)}</p>" for w in verdicts.warnings]
+        if not verdicts.ok and verdicts.action not in verdicts.summary:
+            parts.append(f"<p><b>Do this:</b> {e(verdicts.action)}</p>")
+    parts += [f"<p><b>Next:</b> <code>{e(s)}</code></p>" for s in next_steps or []]
+    return "<div class='kit-report'>" + "".join(parts) + "</div>"
+
+
+def in_notebook_kernel() -> bool:
+    """True inside a Jupyter kernel (IPython with a kernel), where HTML output renders."""
+    ipython = sys.modules.get("IPython")  # never import IPython just to ask: it is slow
+    shell = ipython.get_ipython() if ipython is not None else None
+    return getattr(shell, "kernel", None) is not None
+
+
+def show(facts, verdicts=None, next_steps: list[str] | None = None, as_json: bool = False, plan=None) -> None:
+    """Print the report in the form that suits where it runs: JSON, HTML in a notebook, else text.
+
+    With a plan (bootstrap --config), the plan comes between the machine and the next steps.
+    """
+    if as_json:
+        print(to_json(facts, verdicts, next_steps, plan))
+    elif in_notebook_kernel():
+        from IPython.display import HTML, display
+
+        from kit.auth import redact
+
+        # HTML goes to the notebook through display(), not stdout: scrub it here too.
+        display(HTML(redact(to_html(facts, verdicts, None if plan is not None else next_steps))))
+        # Also as text, so papermill's output notebooks and logs read without rendering HTML.
+        if verdicts is not None:
+            repeat = verdicts.ok or verdicts.action in verdicts.summary
+            print(verdicts.summary if repeat else f"{verdicts.summary}\nDo this: {verdicts.action}")
+        if plan is not None:
+            print(plan_to_text(plan, launch=False))  # the one next step follows
+        for step in next_steps or []:
+            print(f"Next: {step}")
+    elif plan is not None:
+        print(to_text(facts, verdicts, None), end="")
+        print(plan_to_text(plan, launch=not next_steps))
+        for step in next_steps or []:
+            print(f"Next: {step}")
+    else:
+        print(to_text(facts, verdicts, next_steps), end="")
+
+
+def _machine_rows(facts) -> list[tuple[str, str]]:
+    t = facts.torch
+    if t.get("installed"):
+        backend = f"CUDA {t['cuda']}" if t.get("cuda") else f"ROCm/HIP {t['hip']}" if t.get("hip") else "CPU only"
+        arch = " ".join(t["arch_list"]) if t.get("arch_list") is not None else "unknown"
+        torch = f"{t.get('version')} ({backend}; arch list: {arch or 'none'})"
+    else:
+        torch = "not installed"
+    packages = ", ".join(f"{k} {v}" for k, v in facts.packages.items() if v) or "none of kit's"
+    missing = [k for k, v in facts.packages.items() if not v]
+    return [
+        ("platform", f"{facts.platform} ({facts.platform_detected_by})"),
+        ("python", facts.python),
+        ("torch", torch),
+        ("driver", f"{facts.driver or 'none'}" + (f" (GPUs via {facts.gpu_source})" if facts.gpu_source else "")),
+        ("machine", f"{facts.cpu_count or '?'} CPUs, {_gib(facts.ram_bytes)} RAM, {_gib(facts.disk_free_bytes)} free disk here"),
+        ("packages", packages + (f"; not installed: {', '.join(missing)}" if missing else "")),
+        ("HF token", "available" if facts.hf_token_available else "not found"),
+    ]
+
+
+def _gpu_table(facts, verdicts) -> list[list[str]]:
+    header = ["GPU", "name", "arch", "memory", "free"]
+    by_index = {}
+    if verdicts is not None:
+        header += ["runs this torch", "bf16"]
+        by_index = {g["index"]: g for g in verdicts.gpus}
+    rows = [header]
+    for g in facts.gpus:
+        cap = g.get("capability") or "?"
+        arch = f"sm_{cap.replace('.', '')} ({cap})" if g.get("vendor") == "nvidia" and cap != "?" else cap
+        row = [str(g["index"]), g["name"], arch, _gib(g["memory_total_bytes"]), _gib(g.get("memory_free_bytes"))]
+        if verdicts is not None:
+            v = by_index.get(g["index"], {})
+            row += [{True: "yes", False: "NO", None: "unchecked"}[v.get("arch_supported")],
+                    "yes" if v.get("bf16") else "no (fp16)"]
+        rows.append(row)
+    if len(rows) == 1:
+        rows.append(["-", "no GPU", "", "", ""] + (["", ""] if verdicts is not None else []))
+    return rows
+
+
+def _align(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def _gib(n: int | None) -> str:
+    return "?" if n is None else f"{n / _GIB:.2f} GiB"
+
+
+GIB = 2**30
+
+
+def plan_to_text(plan, launch: bool = True) -> str:
+    """The plan as aligned text: what, where, memory term by term, reasons, and (`launch`) the next command."""
+    where = f"{plan.gpus or plan.nproc}× {plan.gpu}" if plan.device == "cuda" and plan.gpu else plan.gpu or plan.device
+    if getattr(plan, "nodes", 1) > 1:
+        where = f"{plan.nodes} nodes × {where}"
+    rows = [("strategy", plan.strategy)]
+    if plan.strategy != "none":
+        rows += [("device", where), ("precision", plan.precision), ("quantization", plan.quantization or "-"),
+                 ("backend", plan.backend), ("optimizer", plan.optimizer),
+                 ("gradient checkpointing", "on" if plan.gradient_checkpointing else "off"),
+                 ("batch", f"{plan.per_device_batch} per device × {plan.grad_accum} accumulation × "
+                           f"{plan.nproc} process(es) = {plan.global_batch}")]
+    lines = [f"plan for {plan.model} on {where}"]
+    lines += [f"  {k:<24}{v}" for k, v in rows]
+    terms = plan.memory.get("terms") or {}
+    if terms:
+        unit = "GPU" if plan.device == "cuda" else "process"
+        lines.append(f"{'memory per ' + unit + ' (estimate)':<38}{'GiB':>10}")
+        lines += [f"  {name:<36}{b / GIB:>10.2f}" for name, b in terms.items()]
+        lines.append(f"  {'total':<36}{plan.memory['per_gpu_bytes'] / GIB:>10.2f}"
+                     f"  of {plan.memory['budget_bytes'] / GIB:.2f}")
+        lines += [f"  ({note})" for note in plan.memory.get("notes", [])]
+    lines.append("reasons")
+    lines += [f"  - {r}" for r in plan.reasons]
+    if getattr(plan, "node_launch", None) and launch:
+        lines.append("next, on each node (node 0 hosts the rendezvous):")
+        lines += [f"  node {i}: {c}" for i, c in enumerate(plan.node_launch)]
+        for name, text in plan.snippets.items():
+            lines.append(f"or as a {name} {'batch script' if name == 'slurm' else 'task'}:")
+            lines += [f"  {line}" for line in text.splitlines()]
+    elif plan.launch and launch:
+        lines.append(f"next: {plan.launch}")
+    return "\n".join(lines)

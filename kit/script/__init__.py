@@ -1,0 +1,1 @@
+"""The generated script: `train_ddp.py` rendered from its template."""

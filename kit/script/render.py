@@ -1,0 +1,113 @@
+"""Write `train_ddp.py`: the template in kit/script/templates filled with a config and its plan.
+
+The output is deterministic (no dates, no machine-specific paths), so re-rendering the same
+config for the same machine gives the same bytes, and a diff shows only what changed.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from string import Template
+
+from kit import __version__
+from kit.planning import config
+from kit.errors import UsageError
+
+TEMPLATE = Path(__file__).parent / "templates" / "train_ddp.py.tmpl"
+PLAN_KEYS = ("precision", "strategy", "device", "nproc", "per_device_batch", "grad_accum", "global_batch",
+             "gradient_checkpointing", "backend", "optimizer", "batching", "kernels")
+METHOD_WORDS = {"lora": "LoRA", "qlora": "QLoRA (4-bit nf4 base + LoRA)", "full": "full fine-tuning"}
+
+
+def _literal(value, indent: int = 0) -> str:
+    """A Python literal of `value`, one key per line for dicts that don't fit on one."""
+    flat = repr(value)
+    if not isinstance(value, dict) or not value or len(flat) + indent < 80:
+        return flat
+    pad = " " * (indent + 4)
+    items = "".join(f"{pad}{k!r}: {_literal(v, indent + 4)},\n" for k, v in value.items())
+    return "{\n" + items + " " * indent + "}"
+
+
+def _strategy_words(plan: dict) -> str:
+    n, device = plan.get("nproc", 1), plan.get("device", "cuda")
+    where = "CPU processes (gloo)" if device == "cpu" else f"GPUs ({plan.get('gpu_name', 'GPU')})"
+    if plan.get("strategy") == "ddp":
+        return f"DDP over {n} {where}, {plan.get('precision')}"
+    if plan.get("strategy") == "fsdp":
+        return f"FSDP over {n} {where}, {plan.get('precision')}"
+    if plan.get("strategy") == "model_parallel":
+        return f"model parallel over the {where} of one process, {plan.get('precision')}"
+    return f"{plan.get('strategy')} on {n} {where}, {plan.get('precision')}"
+
+
+def _launch_line(plan: dict) -> str:
+    if plan.get("strategy") == "model_parallel":
+        return "python train_ddp.py" + " " * 33  # one process drives all GPUs (aligned with the torchrun line)
+    return f"torchrun --standalone --nproc_per_node={plan.get('nproc', 1)} train_ddp.py"
+
+
+def rerender_command(config_path: str, machine_args=(), overrides=(), output: str = "train_ddp.py") -> str:
+    """The `kit render` command that writes this same file again: same config, machine, overrides, -o."""
+    import shlex
+
+    args = ["--config", Path(config_path).as_posix(), *machine_args, *overrides, "-o", Path(output).as_posix(),
+            "--force"]
+    return "python -m kit render " + shlex.join(args)
+
+
+def render(cfg: config.RunConfig, plan: dict, config_path: str, machine: str, rerender: str | None = None) -> str:
+    """The text of train_ddp.py for `cfg` planned as `plan` on `machine` (words).
+
+    `rerender` is the command printed at the top that reproduces the file; by default the one for
+    this machine, no overrides, `-o train_ddp.py`.
+    """
+    kept = {k: plan[k] for k in PLAN_KEYS if k in plan}
+    backend = kept.get("backend")
+    unsloth_import = ("import unsloth  # noqa: F401  (first: Unsloth patches transformers and trl on import)\n"
+                      if backend == "unsloth" else "")
+    return Template(TEMPLATE.read_text()).substitute(
+        model=cfg.model,
+        method_words=METHOD_WORDS[cfg.method],
+        config_path=Path(config_path).as_posix(),
+        nproc=kept.get("nproc", 1),
+        launch=_launch_line(kept),
+        strategy_words=_strategy_words(plan),
+        unsloth_import=unsloth_import,
+        kit_version=__version__,
+        settings=_literal(config.to_dict(cfg)),
+        plan=_literal(kept),
+        plan_machine=machine,
+        rerender=rerender or rerender_command(config_path),
+    )
+
+
+def write(text: str, out: Path, force: bool) -> None:
+    """Write `text` to `out` atomically; an existing different file needs `force`."""
+    from kit.auth import refuse_token
+
+    out = Path(out)
+    # The last gate before disk: whatever put it there (a setting, a --config path), no token is written.
+    refuse_token(text, f"the script for {out}")
+    if out.is_dir():
+        raise UsageError(f"-o {out}: is a directory: give a file name such as {out / 'train_ddp.py'}")
+    if not out.parent.is_dir():
+        raise UsageError(f"-o {out}: folder {out.parent} does not exist or is not a directory")
+    try:
+        if out.exists() and not force and out.read_text() != text:
+            raise UsageError(f"{out} exists and differs; pass --force to overwrite it")
+        fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot write {out}: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes it 0600
+        os.replace(tmp, out)
+    except OSError as e:
+        raise UsageError(f"cannot write {out}: {e.strerror or e}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

@@ -1,0 +1,214 @@
+"""Trainer callbacks: when to save and stop, and what happens to a saved checkpoint.
+
+Every decision that changes what ranks do next (save now, stop now) is agreed with one tiny
+all-reduce per optimizer step: if rank 0 stopped while rank 1 went on, rank 1 would wait in the
+next gradient all-reduce forever.
+"""
+
+from __future__ import annotations
+
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from kit.train import dist
+from kit.checkpoints import manifest
+from kit.planning import save_cadence
+
+
+class StopSignals:
+    """The first SIGTERM/SIGINT asks for a clean stop (save, push, exit 0); a second one kills."""
+
+    def __init__(self):
+        self.received: str | None = None
+        self._previous = {}
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread (a notebook's worker): keep the defaults
+                return
+
+    def _handle(self, signum, frame):
+        self.received = signal.Signals(signum).name
+        for sig, prev in self._previous.items():  # the next one acts at once
+            signal.signal(sig, prev)
+
+    def uninstall(self) -> None:
+        for sig, prev in self._previous.items():
+            signal.signal(sig, prev)
+        self._previous.clear()
+
+
+class Control(TrainerCallback):
+    """Save by wall time, always save the last step, and stop before the deadline or on a signal."""
+
+    def __init__(self, ctx, deadline, save_every_minutes: float | str, signals: StopSignals, save_cost_s,
+                 say=None, halt=None):
+        self.ctx, self.deadline, self.signals = ctx, deadline, signals
+        self.auto = save_every_minutes == "auto"  # from the measured save cost (kit.planning.save_cadence)
+        self.save_every_s = save_cadence.CEILING_S if self.auto else save_every_minutes * 60
+        self.say = say
+        self.halt = halt  # callable: a reason to stop at once without saving (the lease was lost), or None
+        self._said_every_s: float | None = None
+        self.save_cost_s = save_cost_s  # callable: measured seconds a save + upload takes
+        self.last_save = time.monotonic()
+        self.last_step_end = None
+        self.step_s = 0.0
+        self.stop_reason: str | None = None
+        self.halted = False
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.last_save = self.last_step_end = time.monotonic()
+        # A resumed Trainer reloads the checkpoint's state, max_steps included, while it trains to
+        # this run's max_steps: record the current target, so checkpoints never say "100 of 60".
+        if args.max_steps and args.max_steps > 0:
+            state.max_steps = args.max_steps
+
+    def on_step_end(self, args, state, control, **kwargs):
+        now = time.monotonic()
+        took = now - self.last_step_end
+        self.step_s = took if self.step_s == 0 else max(took, 0.8 * self.step_s + 0.2 * took)
+        self.last_step_end = now
+        near = self.deadline.near(self.step_s + self.save_cost_s())
+        halt = self.halt() if self.halt else None
+        stop, save, halted = dist.any_true(
+            [near or self.signals.received is not None, now - self.last_save >= self._every_s(), halt is not None],
+            self.ctx.device)
+        if halted:  # another session owns the store now: writing more checkpoints would fight it
+            control.should_training_stop, control.should_save = True, False
+            self.stop_reason = halt or "the store's lease was lost (rank 0)"
+            self.halted = True
+            return control
+        if state.global_step >= state.max_steps:
+            control.should_save = True  # the final checkpoint always exists, so the store shows "complete"
+        if save:
+            control.should_save = True
+        if stop and state.global_step < state.max_steps:
+            control.should_save = True
+            control.should_training_stop = True
+            self.stop_reason = (f"signal {self.signals.received}" if self.signals.received
+                                else f"deadline ({self.deadline.source})")
+        return control
+
+    def on_save(self, args, state, control, **kwargs):
+        self.last_save = time.monotonic()
+
+    def _every_s(self) -> float:
+        if not self.auto:
+            return self.save_every_s
+        cost = self.save_cost_s()
+        self.save_every_s = save_cadence.interval_s(cost)
+        said = self._said_every_s
+        if cost and self.say and (said is None or abs(self.save_every_s - said) > 0.25 * said):
+            self._said_every_s = self.save_every_s  # said again only when it moved by a quarter
+            self.say(save_cadence.words(self.save_every_s, cost))
+        return self.save_every_s
+
+
+class Checkpoints(TrainerCallback):
+    """Seal each checkpoint with a manifest, then hand it to the background uploader (rank 0)."""
+
+    def __init__(self, ctx, fingerprint: dict, sync=None, on_sealed=None, extra: dict | None = None):
+        self.ctx, self.fingerprint, self.sync, self.on_sealed = ctx, fingerprint, sync, on_sealed
+        self.extra = extra  # run id and base revision, kept in each manifest
+        self.last_seal_s = 0.0
+
+    def on_save(self, args, state, control, **kwargs):
+        # Every rank has written its rng_state_{rank}.pth once all are here; one barrier per save.
+        dist.barrier()
+        if not self.ctx.is_main:
+            return
+        started = time.monotonic()
+        path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        manifest.write_manifest(path, state.global_step, self.ctx.world_size, self.fingerprint, self.extra)
+        self.last_seal_s = time.monotonic() - started
+        if self.sync is not None:
+            self.sync.submit(path, state.global_step)
+        if self.on_sealed is not None:
+            self.on_sealed(state.global_step, path)
+
+
+class Meter(TrainerCallback):
+    """This session's step time, tokens per second and peak GPU memory of this rank.
+
+    The first WARMUP_STEPS steps are left out of the timing (allocator warm-up, kernel autotuning);
+    the median of the rest keeps one slow step (a save, an evaluation) from skewing it. Peak memory
+    counts from the start of training, so it is the loaded model plus the training steps.
+    """
+
+    WARMUP_STEPS = 2
+
+    def __init__(self, device, tokens_per_step: float, on_step=None):
+        self.device, self.tokens_per_step = device, tokens_per_step
+        self.on_step = on_step  # called with the global step at the start and after each step
+        self.step_ends: list[float] = []
+        self.first_step = None
+        self.began_at: float | None = None  # wall clock: the end of this session's setup
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.began_at = time.time()
+        if self.on_step is not None:
+            self.on_step(state.global_step)
+        self.step_ends = [time.perf_counter()]
+        self.first_step = state.global_step + 1
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.step_ends.append(time.perf_counter())
+        if self.on_step is not None:
+            self.on_step(state.global_step)
+
+    def summary(self) -> dict:
+        durations = [b - a for a, b in zip(self.step_ends, self.step_ends[1:])]
+        timed = durations[self.WARMUP_STEPS:] or durations
+        # All steps, warm-up included: with rows of unequal length the median step says little, and
+        # trained tokens per second is a whole run's tokens over its time (bench/speed.py).
+        out: dict = {"steps_timed": len(timed), "steps_run": len(durations), "total_step_s": round(sum(durations), 3)}
+        if timed:
+            step_s = statistics.median(timed)
+            out.update(step_s=round(step_s, 4), tokens_per_s=round(self.tokens_per_step / step_s, 1),
+                       timed_from_step=self.first_step + len(durations) - len(timed))
+        if self.device.type == "cuda":
+            import torch
+
+            out.update(peak_allocated_bytes=torch.cuda.max_memory_allocated(self.device),
+                       peak_reserved_bytes=torch.cuda.max_memory_reserved(self.device))
+        else:
+            rss = peak_rss_bytes()
+            if rss is not None:
+                out["peak_rss_bytes"] = rss
+        return out
+
+
+def peak_rss_bytes() -> int | None:
+    """This process's peak resident memory (host RAM) since it started; None where unknown."""
+    try:
+        import resource
+    except ImportError:  # Windows: no getrusage
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak) if sys.platform == "darwin" else int(peak) * 1024  # macOS: bytes; Linux: KiB
+
+
+def meter_words(m: dict) -> str | None:
+    """One line for the log, e.g. "speed: 1.16 s/step, ~7,080 tokens/s (median of steps 3-24); peak GPU memory …"."""
+    parts = []
+    if "step_s" in m:
+        last = m["timed_from_step"] + m["steps_timed"] - 1
+        parts.append(f"speed: {m['step_s']:.3g} s/step, ~{m['tokens_per_s']:,.0f} tokens/s "
+                     f"(median of steps {m['timed_from_step']}-{last})")
+    if "peak_allocated_bytes" in m:
+        parts.append(f"peak GPU memory of rank 0: {m['peak_allocated_bytes'] / 2**30:.2f} GiB allocated, "
+                     f"{m['peak_reserved_bytes'] / 2**30:.2f} GiB reserved")
+    elif "peak_rss_bytes" in m:
+        parts.append(f"peak host RAM of rank 0: {m['peak_rss_bytes'] / 2**30:.2f} GiB (CPU run: no GPU memory)")
+    return "; ".join(parts) or None

@@ -1,0 +1,244 @@
+"""Training data: load, recognise the format, tokenize with loss masks, split, check duplicates.
+
+Formats (the `data.format` setting, or `auto`):
+- `messages`: chat, a list of {role, content}; loss on every assistant turn (and its end token).
+- `alpaca`: instruction, optional input, output; loss on the output.
+- `prompt_completion`: prompt, completion; loss on the completion.
+- `text`: plain text; loss on everything.
+`data.columns` maps these names onto a dataset's own, e.g. `{messages: conversations}`.
+
+The result is pre-tokenized (`input_ids`, `completion_mask`), so what is trained on is decided
+here, the same way for every TRL version, and tested.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from kit.train.data_checks import as_messages, explain_mixed_types, row_problem, scan_json_lines
+from kit.errors import UsageError
+
+FORMATS = {
+    "messages": ("messages",),
+    "alpaca": ("instruction", "output"),
+    "prompt_completion": ("prompt", "completion"),
+    "text": ("text",),
+}
+LOCAL_TYPES = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+ALPACA_PROMPT = "### Instruction:\n{instruction}\n\n### Response:\n"
+
+
+@dataclass
+class Prepared:
+    train: object  # datasets.Dataset with input_ids, completion_mask
+    eval: object | None
+    format: str
+    dropped_too_long: int
+    eval_duplicates: int
+    mean_tokens: float  # per train example, after truncation to seq_len
+    packed_rows: int | None = None  # train rows packed into the `train` sequences; None = not packed
+
+    def summary(self) -> str:
+        n_eval = 0 if self.eval is None else len(self.eval)
+        train = (f"{self.packed_rows} train rows packed into {len(self.train)} sequences"
+                 if self.packed_rows is not None else f"{len(self.train)} train")
+        return (f"data: {train} / {n_eval} eval examples of {self.mean_tokens:.0f} tokens on average, "
+                f"format {self.format}; "
+                f"{self.eval_duplicates} eval rows duplicate a train row; "
+                f"{self.dropped_too_long} dropped (no trainable token within seq_len)")
+
+
+def load_rows(data_cfg):
+    """The raw dataset named by `data.path`: a local file or folder, or a Hub dataset id."""
+    return _load_located(data_cfg)[0]
+
+
+def _load_located(data_cfg):
+    """(dataset, locate): `locate(i)` names row i where a user finds it ("data.jsonl line 7")."""
+    import datasets
+
+    datasets.disable_progress_bars()  # one summary line instead of a bar per map, per rank
+
+    path = Path(data_cfg.path)
+    if path.is_dir():
+        files = sorted(str(p) for p in path.iterdir() if p.suffix in LOCAL_TYPES)
+        if not files:
+            raise UsageError(f"data folder {path} holds no {'/'.join(LOCAL_TYPES)} files")
+        kinds = {LOCAL_TYPES[Path(f).suffix] for f in files}
+        if len(kinds) > 1:
+            raise UsageError(f"data folder {path} mixes file types {sorted(kinds)}; keep one type")
+        for f in files:  # a bad line is named here, not deep inside Arrow
+            if LOCAL_TYPES[Path(f).suffix] == "json":
+                scan_json_lines(Path(f))
+        try:
+            ds = datasets.load_dataset(kinds.pop(), data_files=files, split="train")
+        except (ValueError, datasets.exceptions.DatasetGenerationError) as e:
+            raise UsageError(f"data folder {path} could not be read: {str(e).splitlines()[0]}") from e
+        locate = lambda i: f"data folder {path} row {i + 1}"  # noqa: E731
+    elif path.suffix in LOCAL_TYPES or path.exists():
+        if not path.is_file():
+            raise UsageError(f"data file {path} does not exist (data.path)")
+        if path.suffix not in LOCAL_TYPES:
+            raise UsageError(f"data file {path}: unknown type {path.suffix!r}; use {', '.join(LOCAL_TYPES)}")
+        if path.stat().st_size == 0:
+            raise UsageError(f"data file {path} is empty")
+        lines = scan_json_lines(path) if LOCAL_TYPES[path.suffix] == "json" else None
+        try:
+            ds = datasets.load_dataset(LOCAL_TYPES[path.suffix], data_files=str(path), split="train")
+        except (ValueError, datasets.exceptions.DatasetGenerationError) as e:
+            why = explain_mixed_types(path, lines) or str(e).splitlines()[0]
+            raise UsageError(f"data file {path} could not be read: {why}") from e
+        locate = (lambda i: f"data file {path} line {lines[i]}") if lines else (lambda i: f"data file {path} row {i + 1}")
+    else:
+        try:
+            ds = datasets.load_dataset(data_cfg.path, split=data_cfg.split)
+        except (FileNotFoundError, ConnectionError, ValueError,
+                datasets.exceptions.DatasetNotFoundError) as e:
+            raise UsageError(f"dataset {data_cfg.path!r} is neither a local file nor a reachable Hub dataset: "
+                             f"{str(e).splitlines()[0]}") from e
+        locate = lambda i: f"{data_cfg.path} row {i + 1}"  # noqa: E731
+    if len(ds) == 0:
+        raise UsageError(f"dataset {data_cfg.path} has no rows")
+    return ds, locate
+
+
+def detect_format(columns: list[str], data_cfg) -> tuple[str, dict[str, str]]:
+    """The format and a map from kit's column names to the dataset's."""
+    mapping = dict(data_cfg.columns or {})
+    wanted = [data_cfg.format] if data_cfg.format != "auto" else list(FORMATS)
+    for fmt in wanted:
+        names = {k: mapping.get(k, k) for k in FORMATS[fmt] + (("input",) if fmt == "alpaca" else ())}
+        if fmt == "messages" and names["messages"] not in columns and "conversations" in columns \
+                and "messages" not in mapping:
+            names["messages"] = "conversations"  # ShareGPT's column name
+        if all(names[k] in columns for k in FORMATS[fmt]):
+            return fmt, names
+    expected = "; ".join(f"{f}: {', '.join(c)}" for f, c in FORMATS.items())
+    raise UsageError(f"columns {sorted(columns)} of {data_cfg.path} match no format"
+                     f"{'' if data_cfg.format == 'auto' else ' ' + data_cfg.format}; expected {expected} "
+                     f"(map yours with data.columns)")
+
+
+def _chat_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and the character spans of the assistant turns in it."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    spans, cursor = [], 0
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        before = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
+        through = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
+        if text.startswith(before) and text.startswith(through):
+            spans.append((len(before), len(through)))
+        else:  # templates that rewrite earlier turns (e.g. dropping reasoning): find the content itself
+            start = text.find(m["content"], cursor)
+            if start < 0:
+                raise UsageError("the chat template does not reproduce an assistant turn verbatim; "
+                                 "use data.format=prompt_completion")
+            spans.append((start, start + len(m["content"])))
+        cursor = spans[-1][1]
+    return text, spans
+
+
+def _to_text(row: dict, fmt: str, names: dict, tokenizer) -> tuple[str, list[tuple[int, int]]]:
+    """One row as text plus the character spans that carry the loss."""
+    if fmt == "text":
+        text = row[names["text"]]
+        return text, [(0, len(text))]
+    if fmt == "messages":
+        return _chat_spans(tokenizer, as_messages(row[names["messages"]]))
+    if fmt == "alpaca":
+        instruction = row[names["instruction"]]
+        extra = row.get(names["input"]) or ""
+        prompt, completion = (instruction + ("\n\n" + extra if extra else "")), row[names["output"]]
+    else:
+        prompt, completion = row[names["prompt"]], row[names["completion"]]
+    if isinstance(prompt, list):  # conversational prompt/completion
+        return _chat_spans(tokenizer, as_messages(prompt) + as_messages(completion))
+    if tokenizer.chat_template:
+        return _chat_spans(tokenizer, [{"role": "user", "content": prompt},
+                                       {"role": "assistant", "content": completion}])
+    head = ALPACA_PROMPT.format(instruction=prompt) if fmt == "alpaca" else prompt
+    eos = tokenizer.eos_token or ""
+    return head + completion + eos, [(len(head), len(head) + len(completion) + len(eos))]
+
+
+def tokenize_row(row: dict, fmt: str, names: dict, tokenizer, seq_len: int) -> dict:
+    text, spans = _to_text(row, fmt, names, tokenizer)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, truncation=True,
+                    max_length=seq_len)
+    # A token carries the loss when its characters overlap a loss span.
+    mask = [int(end > start and any(start < e and end > s for s, e in spans))
+            for start, end in enc["offset_mapping"]]
+    return {"input_ids": enc["input_ids"], "completion_mask": mask,
+            "row_hash": hashlib.sha1(text.encode("utf-8")).hexdigest()}
+
+
+def _checked_row(row: dict, index: int, fmt: str, names: dict, tokenizer, seq_len: int, locate) -> dict:
+    """`tokenize_row`, after checking the row's shape: a bad row is named, not a jinja2 traceback."""
+    problem = row_problem(row, fmt, names)
+    if problem:
+        raise UsageError(f"{locate(index)}: {problem} (format {fmt})")
+    return tokenize_row(row, fmt, names, tokenizer, seq_len)
+
+
+def prepare(cfg, tokenizer, pack: bool = False) -> Prepared:
+    """Load, tokenize, split and check `cfg.data` for training with `tokenizer`.
+
+    `pack` packs the train rows into sequences of at most seq_len tokens (best-fit decreasing, whole
+    rows only, TRL's `pack_dataset`); each keeps its rows' lengths in `seq_lengths`, from which the
+    collator restarts position_ids at every row, so rows stay apart in attention. Eval rows are not
+    packed: eval loss stays per row, comparable with an unpacked run.
+    """
+    ds, locate = _load_located(cfg.data)
+    fmt, names = detect_format(ds.column_names, cfg.data)
+    if fmt == "messages" and not tokenizer.chat_template:
+        raise UsageError(f"{cfg.data.path} is chat data but the tokenizer of {cfg.model} has no chat template; "
+                         "set one or use data.format=prompt_completion")
+    ds = ds.map(_checked_row, with_indices=True,
+                fn_kwargs=dict(fmt=fmt, names=names, tokenizer=tokenizer, seq_len=cfg.seq_len, locate=locate),
+                remove_columns=ds.column_names, keep_in_memory=True, load_from_cache_file=False)
+    before = len(ds)
+    ds = ds.filter(lambda m: 1 in m, input_columns="completion_mask", keep_in_memory=True)
+    dropped = before - len(ds)
+    if len(ds) == 0:
+        raise UsageError(f"no example of {cfg.data.path} keeps a trainable token within seq_len={cfg.seq_len}")
+    train, evald, dups = ds, None, 0
+    if cfg.data.eval_fraction > 0 and len(ds) >= 2:
+        split = ds.train_test_split(test_size=cfg.data.eval_fraction, seed=cfg.seed, shuffle=True)
+        train, evald = split["train"], split["test"]
+        seen = set(train["row_hash"])
+        dups = sum(h in seen for h in evald["row_hash"])
+        if dups > cfg.data.max_duplicate_fraction * len(evald) and not cfg.data.allow_duplicates:
+            raise UsageError(f"{dups} of {len(evald)} eval examples are exact duplicates of train examples "
+                             f"(limit data.max_duplicate_fraction={cfg.data.max_duplicate_fraction}); "
+                             "deduplicate the data or set data.allow_duplicates=true")
+        evald = evald.remove_columns("row_hash")
+    train = train.remove_columns("row_hash")
+    packed_rows = None
+    if pack:
+        from trl.data_utils import pack_dataset
+
+        packed_rows = len(train)
+        # Rows are ≤ seq_len already (truncated above), so "bfd" never cuts one.
+        train = pack_dataset(train, cfg.seq_len, strategy="bfd", map_kwargs={"keep_in_memory": True})
+    return Prepared(train, evald, fmt, dropped, dups, _mean_length(train), packed_rows)
+
+
+def _mean_length(ds) -> float:
+    import pyarrow.compute as pc
+
+    # From the Arrow column: no Python list per row, so cheap on a large dataset too.
+    return pc.mean(pc.list_value_length(ds.data.column("input_ids"))).as_py() or 0.0
+
+
+def describe_row(row: dict, tokenizer) -> str:
+    """A row with the trained tokens in [brackets], for eyeballing masks."""
+    out = []
+    for tok, m in zip(row["input_ids"], row["completion_mask"]):
+        piece = tokenizer.decode([tok])
+        out.append(f"[{piece}]" if m else piece)
+    return json.dumps("".join(out))

@@ -1,0 +1,393 @@
+"""The mechanics around `trainer.train()`, so the generated script only shows the flow.
+
+`Job.start()`: rank 0 opens the store, takes its lease, and picks the checkpoint to resume from
+(local, then store); every rank learns the decision from one broadcast. `Job.callbacks()`:
+saves by steps and minutes, manifests, background upload, the deadline. `Job.finish()`: rank 0
+waits for the last upload, records the session and prints the outcome. Only rank 0 ever touches
+the network.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import math
+import os
+import socket
+import sys
+import tempfile
+import time
+
+from kit.train import dist
+from kit.checkpoints import fingerprint, resume
+from kit.planning import launch as runtime
+from kit.train.callbacks import Checkpoints, Control, Meter, StopSignals, meter_words
+from kit.train.deadline import session_deadline
+from kit.errors import KitError, StoreError, under_torchrun
+from kit.evaluation import stage
+
+FINAL_UPLOAD_TIMEOUT_S = 600.0
+
+
+class Job:
+    def __init__(self, cfg, ctx, plan, *, smoke: bool = False, force: bool = False):
+        self.cfg, self.ctx, self.plan, self.smoke, self.force = cfg, ctx, plan, smoke, force
+        self.store = self.sync = self.lease = None
+        self.decision = resume.Decision()
+        self.signals = StopSignals()
+        self.deadline = session_deadline(cfg.time_budget_minutes)
+        self.started = time.time()
+        self._control = self._checkpoints = self._smoke = self._meter = None
+        self._max_steps = None
+        self._device_facts: dict | None = None
+        self._rate_checked = False
+        self.stored_step: int | None = None  # the newest checkpoint this session got into the store
+        self.run: dict = {}  # run id and base revision (kit.evaluation.identity), rank 0's copy on every rank
+        self.baseline = self.eval_inputs = None
+        self.exit_code = 0  # of a job found complete: 4 when pushing its pending final/ failed
+        self._recorded = False
+
+    # -- words ------------------------------------------------------------------------------
+    def log(self, message: str) -> None:
+        if self.ctx.is_main:
+            from kit.auth import redact
+
+            print(f"[kit] {redact(message)}", flush=True)
+
+    # -- start ------------------------------------------------------------------------------
+    @property
+    def resume_from(self) -> str | None:
+        return self.decision.resume_from
+
+    @property
+    def complete(self) -> bool:
+        return self.decision.complete
+
+    def start(self) -> None:
+        if self.smoke:
+            self._start_smoke()
+            return
+        outcome = None
+        if self.ctx.is_main:
+            try:
+                runtime.check_output_dir(self.cfg.output_dir)  # before any model, data or store is touched
+                self._open_store()
+                decision = resume.choose(self.cfg, self.store, self.ctx.world_size, self.force)
+                outcome = ("ok", (decision, stage.open_run(self.cfg, self.store)))
+            except KitError as e:
+                outcome = ("error", (type(e), str(e)))
+        kind, value = dist.broadcast(outcome)
+        if kind == "error":  # every rank raises the same one-line error, so the job exits cleanly
+            self._release()
+            raise value[0](value[1])
+        self.decision, self.run = value
+        self.log(f"run id: {self.run['run_id']}")
+        self._localize()
+        for w in self.decision.warnings:
+            self.log(f"warning: {w}")
+        self.log(f"plan: {self.plan.precision}, {self.ctx.world_size} × {self.ctx.device.type}, "
+                 f"batch {self.plan.per_device_batch} × accumulation {self.plan.grad_accum} × "
+                 f"{self.ctx.world_size} = {self.plan.global_batch}; deadline: {self._deadline_words()}")
+        for note in self.plan.notes:
+            self.log(note)
+        if self.decision.complete:
+            self.log(f"already complete: step {self.decision.step} of {self.decision.max_steps} "
+                     f"({self.decision.resume_from})")
+            if self.ctx.is_main:
+                self._max_steps = self.decision.max_steps
+                self._push_final_if_missing()
+                self._record(self.decision.step, "already complete")
+            self._release()
+        elif self.decision.resume_from:
+            self.log(f"resuming from step {self.decision.step} ({self.decision.source}: {self.decision.resume_from})")
+        self.signals.install()
+
+    def _localize(self) -> None:
+        """On several nodes each keeps its own output_dir: resume from this node's copy of the
+        checkpoint rank 0 chose, the files it lacks sent by rank 0 (kit.train.dist.share_folder)."""
+        chosen = self.decision.resume_from
+        if not chosen or self.decision.source == "path" or not dist.multi_node():
+            return
+        here = os.path.join(self.cfg.output_dir, os.path.basename(chosen))
+        got = dist.share_folder(chosen, here)
+        if got:
+            print(f"[kit] rank {self.ctx.rank}: {len(got)} file(s) of {os.path.basename(chosen)} received from rank 0",
+                  flush=True)
+        self.decision.resume_from = here
+
+    def _deadline_words(self) -> str:
+        left = self.deadline.seconds_left()
+        return "none" if math.isinf(left) else f"{left / 60:.1f} min left ({self.deadline.source})"
+
+    def _start_smoke(self) -> None:
+        # One step into a fresh folder: never touches output_dir, its checkpoints or the store.
+        folder = dist.broadcast(tempfile.mkdtemp(prefix="kit-smoke-") if self.ctx.is_main else None)
+        if self.ctx.is_main:  # removed in finish(); atexit covers a smoke run that fails
+            self._smoke_dir = folder
+            atexit.register(self._remove_smoke_dir)
+        self.cfg.output_dir, self.cfg.logging_steps, self.cfg.save_steps = folder, 1, 10**9
+        self.cfg.save_every_minutes = 10**9
+        self.cfg.eval_steps = None
+        self.cfg.warmup_steps = 0  # a warmup would make the one step's learning rate 0
+        self.log(f"smoke: one optimizer step in {folder}")
+
+    def _open_store(self) -> None:
+        if not self.cfg.store:
+            return
+        from kit.checkpoints.lease import Lease
+        from kit.checkpoints.store import connect
+        from kit.checkpoints.sync import BackgroundSync
+
+        self.store = connect(self.cfg.store)  # the same one-line checks as `kit status`
+        self.lease = Lease(self.store, heartbeat_s=self.cfg.lease_heartbeat_seconds).acquire()
+        self.lease.keep_alive()
+        if self.lease.took_over:
+            self._record_cut(self.lease.took_over)
+        atexit.register(self._release)  # also on a crash; only kill -9 leaves the lease to go stale
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()  # upload bars from the sync thread would interleave with training's
+        self.sync = BackgroundSync(self.store, keep=self.cfg.keep_checkpoints, on_event=self._sync_event,
+                                   squash_every=self.cfg.squash_history_every)
+        self.log(f"store: {self.store.describe()}")
+
+    def _sync_event(self, event: dict) -> None:
+        if event["event"] == "published":
+            self.stored_step = max(self.stored_step or 0, event["step"])
+            if self.lease is not None:
+                self.lease.progress["stored_step"] = self.stored_step
+                # So a cut right after this is recorded from here; at most one extra beat per half interval.
+                self.lease.beat_soon(unless_within_s=self.lease.heartbeat_s / 2)
+        if event["event"] in ("published", "superseded", "failed", "retrying", "paced", "squashed", "squash failed"):
+            self.log(f"store: step {event['step']} {event['event']}: {event['detail']}")
+
+    def _push_final_if_missing(self) -> None:
+        from kit.deliver import wrapup
+
+        try:
+            code, lines = wrapup.push_if_missing(self, self.decision.step)
+        except KitError as e:
+            code, lines = e.exit_code, [f"error: final/ could not be pushed: {e}"]
+        for line in lines:
+            self.log(line)
+        self.exit_code = code
+
+    # -- evaluation -------------------------------------------------------------------------
+    def evaluate_before(self, model, tokenizer, dataset) -> None:
+        """Tie the run to the base weights just loaded, then the baseline: once per job, kept in the store.
+
+        Rank 0 measures on the model before any step (LoRA starts as a no-op, so this is the base
+        model); the other ranks wait for its outcome and raise the same error if there is one.
+        """
+        self.eval_inputs = (tokenizer, dataset)
+        if self.smoke:
+            return
+        if getattr(self.plan, "strategy", "ddp") == "fsdp" and self.ctx.world_size > 1:
+            # kit's evaluation runs on rank 0 alone; an FSDP model needs every rank for each forward.
+            self.cfg.eval_skip_reason = ("the model is sharded with FSDP and kit evaluates on rank 0 alone: "
+                                         "evaluate the exported model instead (kit export)")
+        outcome = None
+        if self.ctx.is_main:
+            try:
+                self.baseline, notes = stage.before(self.run, self.cfg, model, tokenizer, dataset, self.store,
+                                                    self.plan.per_device_batch, self.force)
+                outcome = ("ok", notes)
+            except KitError as e:
+                outcome = ("error", (type(e), str(e)))
+        kind, value = dist.broadcast(outcome)
+        if kind == "error":
+            self._release()
+            raise value[0](value[1])
+        for note in value:
+            self.log(note)
+
+    # -- training ---------------------------------------------------------------------------
+    def max_steps(self, n_train: int) -> int:
+        if self.smoke:
+            self._max_steps = 1
+        elif self.cfg.max_steps:
+            # A job extended past the config's max_steps keeps its current target (resume.current_target).
+            self._max_steps = self.decision.max_steps or self.cfg.max_steps
+        else:
+            per_step = self.plan.per_device_batch * self.ctx.world_size
+            self._max_steps = max(1, math.ceil(self.cfg.epochs * math.ceil(n_train / per_step) / self.plan.grad_accum))
+        if not self.smoke and n_train < self.plan.global_batch:
+            # Every step would see the same few examples: say so, with the numbers, before training.
+            self.log(f"warning: {n_train} training example(s), fewer than one global batch of "
+                     f"{self.plan.global_batch} ({self.plan.per_device_batch} per device × {self.plan.grad_accum} "
+                     f"accumulation × {self.ctx.world_size} process(es)): each of the {self._max_steps} steps "
+                     f"repeats all of them ({self._max_steps} epochs); add data, or lower global_batch / "
+                     "per_device_batch")
+        return self._max_steps
+
+    def _save_cost_s(self) -> float:
+        upload = (self.sync.last_upload_s or 0.0) if self.sync is not None else 0.0
+        seal = self._checkpoints.last_seal_s if self._checkpoints else 0.0
+        return upload + seal
+
+    def callbacks(self, model, dataset) -> list:
+        self._control = Control(self.ctx, self.deadline, self.cfg.save_every_minutes, self.signals,
+                                self._save_cost_s, say=self.log, halt=self._lease_lost)
+        self._checkpoints = Checkpoints(self.ctx, fingerprint.of_job(self.cfg), self.sync,
+                                        extra={k: self.run.get(k) for k in ("run_id", "base_revision")})
+        self._meter = Meter(self.ctx.device, self.plan.global_batch * dataset.mean_tokens, self._on_step)
+        if self.ctx.is_main and not self.smoke:
+            # A session that dies once training began (an exception, not kill -9) is recorded too.
+            # Registered after the lease's release, so it runs first, while the lease is still held.
+            atexit.register(self._record_if_unfinished)
+        out = [self._control, self._checkpoints, self._meter]
+        if self.smoke:
+            from kit.train.smoke import Smoke
+
+            self._smoke = Smoke(model, self.cfg.method)
+            out.append(self._smoke)
+        return out
+
+    def _lease_lost(self) -> str | None:
+        lost = self.lease.lost if self.lease is not None else None
+        return f"lease lost: {lost}" if lost else None
+
+    def _on_step(self, step: int) -> None:
+        # What the next heartbeat carries: a session cut with kill -9 writes no record, so the one
+        # that takes its lease over writes it from this (`_record_cut`).
+        if self.lease is not None:
+            first = "step" not in self.lease.progress
+            began = self._meter.began_at if self._meter else None
+            self.lease.progress.update(step=step, started=self.started, start_step=self.decision.step or 0,
+                                       setup_s=round(began - self.started, 1) if began else None,
+                                       max_steps=self._max_steps, **self._devices())
+            if first:
+                self.lease.beat_soon()
+        if self.store is not None and not self._rate_checked and self._meter and len(self._meter.step_ends) > 12:
+            self._rate_checked = True  # once, from the first steps' speed (the log says it before the cut does)
+            from kit.checkpoints.store.pacing import checkpoint_rate_warning
+
+            ends = self._meter.step_ends
+            per_hour = self.store.commits_per_hour()
+            words = per_hour and checkpoint_rate_warning(self.cfg.save_steps, (ends[-1] - ends[2]) / (len(ends) - 3),
+                                                         self.cfg.lease_heartbeat_seconds, per_hour)
+            if words:
+                self.log(f"warning: {words}")
+
+    def _devices(self) -> dict:
+        if self._device_facts is None:
+            device = self.ctx.device
+            name = device.type
+            if device.type == "cuda":
+                import torch
+
+                name = torch.cuda.get_device_name(device)
+            self._device_facts = {"gpu_name": name, "gpu_count": self.ctx.world_size if device.type == "cuda" else 0,
+                                  "world_size": self.ctx.world_size}
+        return self._device_facts
+
+    # -- finish -----------------------------------------------------------------------------
+    def finish(self, trainer) -> int:
+        """Wait for the last upload, record the session, say how it ended. Returns the exit code."""
+        self.signals.uninstall()
+        if self.smoke:
+            ok, lines = self._smoke.report(self.ctx)
+            for line in lines:
+                self.log(line)
+            self._remove_smoke_dir()
+            return 0 if ok else 1
+        step = trainer.state.global_step
+        if self._control.halted:  # another session took the store over: leave it to that one
+            if self.ctx.is_main:
+                if self.sync is not None:
+                    self.sync.drop_pending()
+                    self.sync.close(timeout=FINAL_UPLOAD_TIMEOUT_S)
+                self.lease = None  # not ours: nothing to release
+                print(f"error: stopped at step {step}: {self._control.stop_reason}; this session writes "
+                      "nothing more to the store", file=sys.stderr, flush=True)
+            return 4
+        paused = self._control.stop_reason is not None and step < self._max_steps
+        outcome = "paused" if paused else "complete"
+        code, closing = 0, []
+        if self.ctx.is_main:
+            measured = self._meter.summary()
+            words = meter_words(measured)
+            if words:
+                self.log(words)
+            if self.sync is not None:
+                self.sync.close(timeout=FINAL_UPLOAD_TIMEOUT_S)
+            if not paused:
+                from kit.deliver import wrapup
+
+                code, closing, delivered = wrapup.deliver(self, trainer, step)
+                measured = {**measured, **delivered}
+            self._record(step, outcome, measured)
+            self._release()
+            if paused:
+                after = ""
+                if self._control.stop_reason.startswith("signal") and under_torchrun():
+                    after = ("; torchrun's SignalException traceback and exit 1 that follow are its reaction to "
+                             "the same signal: the checkpoint is saved")
+                self.log(f"paused at step {step} of {self._max_steps} ({self._control.stop_reason}) — "
+                         f"run the same command to continue{after}")
+            else:
+                self.log(f"complete: step {step} of {self._max_steps}; checkpoint in "
+                         f"{self.cfg.output_dir}/checkpoint-{step}")
+                for line in closing:
+                    self.log(line)
+        return code
+
+    def _record_if_unfinished(self) -> None:
+        if not self._recorded:
+            m = self._meter
+            step = m.first_step - 1 + len(m.step_ends) - 1 if m is not None and m.first_step else self.decision.step
+            self._record(step, "failed", {"error": "the session ended without finishing (see its log)"})
+
+    def _record(self, step: int, outcome: str, measured: dict | None = None) -> None:
+        began = self._meter.began_at if self._meter else None
+        self._recorded = True
+        record = {"run_id": self.run.get("run_id"), "host": socket.gethostname(), "started": self.started,
+                  "ended": time.time(),
+                  "start_step": self.decision.step, "end_step": step, "max_steps": self._max_steps,
+                  "world_size": self.ctx.world_size, "outcome": outcome,
+                  "setup_s": round(began - self.started, 1) if began else None,
+                  "stored_step": self.stored_step if self.store is not None else step,
+                  **self._devices(), **(measured or {})}
+        self._append_record(record)
+
+    def _record_cut(self, lease: dict) -> None:
+        """Record the session whose lease we took over: it was cut (kill -9) and recorded nothing.
+
+        Its last heartbeat is all we know: ``ended`` and ``end_step`` are as of then, at most one
+        heartbeat interval (``lease_heartbeat_seconds``) before the cut.
+        """
+        progress = lease.get("progress") or {}
+        if not isinstance(progress, dict) or "step" not in progress:
+            return  # a lease from before training began (or an older kit): nothing to account
+        record = {"host": str(lease.get("holder", "?")).rpartition(" pid ")[0] or "?",
+                  "started": progress.get("started"), "ended": lease.get("heartbeat"),
+                  "start_step": progress.get("start_step"), "end_step": progress.get("step"),
+                  "max_steps": progress.get("max_steps"), "world_size": progress.get("world_size"),
+                  "outcome": "cut", "setup_s": progress.get("setup_s"),
+                  "stored_step": progress.get("stored_step"), "gpu_name": progress.get("gpu_name"),
+                  "gpu_count": progress.get("gpu_count"), "from": "its last lease heartbeat"}
+        self._append_record(record)
+
+    def _append_record(self, record: dict) -> None:
+        line = json.dumps(record) + "\n"
+        os.makedirs(self.cfg.output_dir, exist_ok=True)
+        with open(os.path.join(self.cfg.output_dir, "kit_sessions.jsonl"), "a") as f:
+            f.write(line)
+        if self.store is not None:
+            try:  # one writer per store (the lease), so read-then-write loses nothing
+                self.store.write_text("kit/sessions.jsonl", (self.store.read_text("kit/sessions.jsonl") or "") + line)
+            except KitError as e:  # the checkpoint is what matters; a lost record is only a warning
+                print(f"[kit] warning: could not record the session in the store: {e}", file=sys.stderr)
+
+    def _remove_smoke_dir(self) -> None:
+        # Only rank 0 writes into it (Trainer saves on the main process), so it can go now.
+        folder, self._smoke_dir = getattr(self, "_smoke_dir", None), None
+        if folder:
+            import shutil
+
+            shutil.rmtree(folder, ignore_errors=True)  # a temp folder: what cannot go, the OS tmp cleaner takes
+
+    def _release(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None

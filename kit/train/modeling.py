@@ -1,0 +1,176 @@
+"""Load the model and tokenizer for a plan, and add LoRA.
+
+Backends:
+- `transformers`: AutoModelForCausalLM (+ bitsandbytes nf4 for QLoRA) and PEFT LoRA.
+- `unsloth`: Unsloth's FastLanguageModel, same shape. `import unsloth` must run before
+  transformers/trl are imported (it patches them), which the generated script does first.
+
+Every GPU load is pinned to this rank's device with `device_map={"": local_rank}`: a model
+split over GPUs with device_map="auto"/"balanced" cannot be trained under DDP, and it
+serializes the GPUs instead of using them in parallel.
+
+No `prepare_model_for_kbit_training`: it upcasts norms, embeddings and lm_head to fp32, which
+on a Qwen3-8B QLoRA step measured 28.2 GiB and 5,747 tokens/s against 22.5 GiB and 7,072
+tokens/s without it (H200, DESIGN.md). The only part of it training needs is inputs that
+require grad under gradient checkpointing, done below.
+"""
+
+from __future__ import annotations
+
+from kit.train import sharding
+from kit.errors import CannotTrain, UsageError
+
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def _torch_dtype(precision: str):
+    import torch
+
+    return getattr(torch, DTYPES[precision])
+
+
+def _load_kwargs(cfg, plan, ctx) -> dict:
+    import torch
+
+    kwargs = {"revision": cfg.revision}
+    if cfg.method == "full":
+        # Full fine-tuning keeps fp32 master weights; AMP does the 16-bit math.
+        kwargs["dtype"] = torch.float32
+    else:
+        kwargs["dtype"] = _torch_dtype(plan.precision)
+    if ctx.device.type == "cuda" and _device_map(plan, ctx) is not None:
+        kwargs["device_map"] = _device_map(plan, ctx)
+    if cfg.method == "qlora":
+        if ctx.device.type != "cuda":
+            raise CannotTrain("method qlora needs a CUDA GPU (bitsandbytes 4-bit); use method=lora on CPU")
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=_torch_dtype(plan.precision if plan.precision != "fp32" else "fp16"),
+            # FSDP shards float tensors only: the packed nf4 bytes are viewed as the other weights' dtype.
+            **({"bnb_4bit_quant_storage": _torch_dtype_name(sharding.quant_storage(plan.precision))}
+               if plan.strategy == "fsdp" else {}))
+    return kwargs
+
+
+def _device_map(plan, ctx):
+    """Where the weights load: this rank's GPU; the CPU for 16-bit FSDP; spread for model parallel."""
+    if plan.strategy == "model_parallel":
+        return "auto"  # layers over all visible GPUs, in order; one process (see kit.train.sharding)
+    if sharding.loads_on_cpu(plan):
+        return None  # one rank per node reads, FSDP moves each rank's shard to its GPU
+    return {"": ctx.local_rank}
+
+
+def _torch_dtype_name(name: str):
+    import torch
+
+    return getattr(torch, name)
+
+
+def check_seq_len(cfg, model_config) -> None:
+    limit = getattr(model_config, "max_position_embeddings", None)
+    if limit is not None and cfg.seq_len > limit:
+        raise UsageError(f"seq_len={cfg.seq_len} is longer than {cfg.model}'s max_position_embeddings={limit}")
+
+
+def load(cfg, plan, ctx):
+    """(model, tokenizer) for `cfg` on this rank's device, as `plan` says."""
+    if plan.backend == "unsloth":
+        return _load_unsloth(cfg, plan, ctx)
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        model_config = AutoConfig.from_pretrained(cfg.model, revision=cfg.revision)
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model, revision=cfg.revision)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"model {cfg.model!r} could not be loaded: {str(e).splitlines()[0]} "
+                         "(offline? give a local path or set HF_HUB_OFFLINE=0)") from e
+    check_seq_len(cfg, model_config)
+    sharding.prepare_loading(plan)
+    model = AutoModelForCausalLM.from_pretrained(cfg.model, **_load_kwargs(cfg, plan, ctx))
+    _prepare(model, tokenizer, plan)
+    return model, tokenizer
+
+
+def _prepare(model, tokenizer, plan) -> None:
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.config.use_cache = False  # the KV cache is useless in training and breaks checkpointing
+    model.config.return_dict = True
+    if plan.gradient_checkpointing and plan.strategy != "fsdp":  # FSDP checkpoints its own layers
+        # Non-reentrant: works with frozen inputs and DDP without find_unused_parameters.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+
+
+def target_modules(cfg, model) -> list[str] | str:
+    if cfg.lora.target_modules != "all-linear":
+        return list(cfg.lora.target_modules)
+    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    found = [m for m in ALL_LINEAR if m in present]
+    return found or "all-linear"  # unknown architecture: let PEFT find the linear layers
+
+
+def add_lora(model, cfg, plan):
+    """Wrap `model` with LoRA adapters (fp32 adapters, frozen base); full fine-tuning returns it as is."""
+    if cfg.method == "full":
+        return model
+    if plan.backend == "unsloth":
+        from unsloth import FastLanguageModel
+
+        return FastLanguageModel.get_peft_model(
+            model, r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+            target_modules=target_modules(cfg, model), bias="none", random_state=cfg.seed,
+            use_gradient_checkpointing="unsloth" if plan.gradient_checkpointing else False)
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+                      target_modules=target_modules(cfg, model), bias="none", task_type="CAUSAL_LM")
+    return get_peft_model(model, lora)
+
+
+def _load_unsloth(cfg, plan, ctx):
+    from unsloth import FastLanguageModel
+
+    model, tokenizer = FastLanguageModel.from_pretrained(
+        model_name=cfg.model, revision=cfg.revision, max_seq_length=cfg.seq_len, dtype=_torch_dtype(plan.precision),
+        load_in_4bit=cfg.method == "qlora", full_finetuning=cfg.method == "full",
+        device_map={"": ctx.local_rank})
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def settle_adapter_dtype(model, plan) -> int:
+    """Make the trainable weights fp32 when training in fp16; returns how many were cast.
+
+    TRL's SFTTrainer casts LoRA weights on a 4-bit base to bf16 (the QLoRA paper's choice). That
+    is fine under bf16, but fp16 AMP (T4, V100) scales the loss, and its GradScaler cannot unscale
+    bf16 gradients: the first step fails with "_amp_foreach_non_finite_check_and_unscale_cuda not
+    implemented for 'BFloat16'" (seen on the H200 with precision=fp16). fp32 weights also keep
+    small updates that fp16 or bf16 would round away. Call after building the trainer, before
+    `train()` creates the optimizer.
+    """
+    if plan.precision != "fp16":
+        return 0
+    import torch
+
+    cast = 0
+    for param in model.parameters():
+        if param.requires_grad and param.dtype != torch.float32:
+            param.data = param.data.float()
+            cast += 1
+    return cast
+
+
+def trainable_summary(model) -> str:
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    if trainable == total:  # full fine-tuning: every weight trains
+        return f"trainable parameters: all {total:,}"
+    # With LoRA the total counts the adapter too: say so, so it matches the model's own size.
+    return (f"trainable parameters: {trainable:,} of {total:,} ({100 * trainable / max(total, 1):.2f} %; "
+            f"the model's {total - trainable:,} frozen + {trainable:,} trainable)")
