@@ -124,7 +124,7 @@ def test_two_racers_on_the_hub_exactly_one_wins(hub):
     winner = next(k for k, v in results.items() if v == "won")
     assert f"leased by {winner}" in loser
     assert any(status == 412 for _, path, status in hub.requests if "/commit/" in path), "CAS was exercised"
-    lease_json = json.loads(hub.files(REPO)["kit/checkpoints/lease.json"])
+    lease_json = json.loads(hub.files(REPO)["kit/lease.json"])
     assert lease_json["holder"] == winner
 
 

@@ -182,7 +182,7 @@ def test_a_second_writer_is_refused_naming_the_holder(server, tmp_path):
                        "save_steps=1000", *FAST], env)
     try:
         deadline = time.monotonic() + 60
-        while "kit/checkpoints/lease.json" not in server.files("me/shared") if "me/shared" in server.repos else True:
+        while "kit/lease.json" not in server.files("me/shared") if "me/shared" in server.repos else True:
             assert time.monotonic() < deadline, "first run never took the lease"
             time.sleep(0.2)
         second = train([f"output_dir={tmp_path / 'b'}", "store=hf://me/shared", "max_steps=4"], env=env, nproc=1)

@@ -129,7 +129,7 @@ def test_the_scheduled_store_holds_the_records(sequence):
     files = sequence["files"]
     assert "checkpoints/checkpoint-200/kit_manifest.json" in files
     assert len(files["kit/sessions.jsonl"].decode().splitlines()) == 3
-    assert json.loads(files["kit/checkpoints/lease.json"])["released"] is True
+    assert json.loads(files["kit/lease.json"])["released"] is True
 
 
 # -- refused before anything runs ----------------------------------------------------------------

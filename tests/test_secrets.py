@@ -35,7 +35,7 @@ def test_the_token_appears_nowhere(tmp_path):
     assert "outcome: paused at step" in sched.stdout
     assert status.returncode == 0 and '"latest_step"' in status.stdout, status.stderr[-2000:]
     # The token was really used: the store was written with it.
-    assert "kit/checkpoints/lease.json" in pushed and any(p.startswith("checkpoints/") for p in pushed)
+    assert "kit/lease.json" in pushed and any(p.startswith("checkpoints/") for p in pushed)
 
     needle = FAKE.encode()
     for name, text in (("schedule stdout", sched.stdout), ("schedule stderr", sched.stderr),

@@ -222,7 +222,7 @@ def test_publish_needs_a_matching_manifest(backend, tmp_path):
 def test_records_round_trip(backend):
     store, _, _ = backend
     assert store.read_text("job.json") is None
-    store.write_text("kit/train/job.json", '{"a": 1}')
+    store.write_text("kit/job.json", '{"a": 1}')
     store.write_text("sessions.jsonl", "line1\n")
     assert store.read_text("job.json") == '{"a": 1}'
     assert store.read_text("kit/sessions.jsonl") == "line1\n"
@@ -374,7 +374,7 @@ def test_full_disk_during_publish_is_a_store_error(tmp_path, monkeypatch):
 def test_record_write_failure_is_a_store_error(tmp_path):
     store = DirStore(tmp_path / "store")
     (tmp_path / "store/kit/job.json").mkdir(parents=True)  # a folder where the record should go
-    with pytest.raises(StoreError, match="writing kit/train/job.json"):
+    with pytest.raises(StoreError, match="writing kit/job.json"):
         store.write_text("job.json", "{}")
     assert [p.name for p in (tmp_path / "store/kit").iterdir()] == ["job.json"], "no temp file left"
 

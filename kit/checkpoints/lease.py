@@ -1,8 +1,8 @@
 """One writer per store: a lease with a heartbeat, so two sessions never train into one store.
 
-Hub: ``kit/checkpoints/lease.json`` is committed with ``parent_commit`` = the head we read it at; of two
+Hub: ``kit/lease.json`` is committed with ``parent_commit`` = the head we read it at; of two
 racers only one commit lands, the other gets 412, re-reads and sees the winner. Directory: an
-``O_CREAT|O_EXCL`` lock file ``kit/checkpoints/lease.lock`` holding the same record.
+``O_CREAT|O_EXCL`` lock file ``kit/lease.lock`` holding the same record.
 
 The holder heartbeats every ``heartbeat_s`` (60 s); a lease that missed ``missed`` heartbeats in a
 row (3: no heartbeat for 180 s) is stale and taken over with a warning — the holder's session was
