@@ -114,8 +114,8 @@ class Control(TrainerCallback):
 class Checkpoints(TrainerCallback):
     """Seal each checkpoint with a manifest, then hand it to the background uploader (rank 0)."""
 
-    def __init__(self, ctx, fingerprint: dict, sync=None, on_sealed=None, extra: dict | None = None):
-        self.ctx, self.fingerprint, self.sync, self.on_sealed = ctx, fingerprint, sync, on_sealed
+    def __init__(self, ctx, fingerprint: dict, sync=None, extra: dict | None = None):
+        self.ctx, self.fingerprint, self.sync = ctx, fingerprint, sync
         self.extra = extra  # run id and base revision, kept in each manifest
         self.last_seal_s = 0.0
 
@@ -130,8 +130,6 @@ class Checkpoints(TrainerCallback):
         self.last_seal_s = time.monotonic() - started
         if self.sync is not None:
             self.sync.submit(path, state.global_step)
-        if self.on_sealed is not None:
-            self.on_sealed(state.global_step, path)
 
 
 class Meter(TrainerCallback):

@@ -14,7 +14,6 @@ here, the same way for every TRL version, and tested.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -234,11 +233,3 @@ def _mean_length(ds) -> float:
     # From the Arrow column: no Python list per row, so cheap on a large dataset too.
     return pc.mean(pc.list_value_length(ds.data.column("input_ids"))).as_py() or 0.0
 
-
-def describe_row(row: dict, tokenizer) -> str:
-    """A row with the trained tokens in [brackets], for eyeballing masks."""
-    out = []
-    for tok, m in zip(row["input_ids"], row["completion_mask"]):
-        piece = tokenizer.decode([tok])
-        out.append(f"[{piece}]" if m else piece)
-    return json.dumps("".join(out))
