@@ -1,5 +1,9 @@
-"""Shared test setup: markers that skip without a GPU or without KIT_SLOW, and cleanup of any
-process group a test left behind (a leaked group makes the next test's init fail or hang)."""
+"""Shared test setup: the `gpu` marker that skips without a CUDA GPU, and cleanup of any process
+group a test left behind (a leaked group makes the next test's init fail or hang).
+
+Every test runs by default (`python -m pytest -q` is the full suite). `slow` marks the end-to-end
+tests (real torchrun, papermill, Jupyter kernels, kill -9, multi-second training subprocesses);
+`python -m pytest -q -m "not slow"` is the fast development tier."""
 
 import os
 import sys
@@ -30,11 +34,8 @@ def _has_cuda() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    run_slow = os.environ.get("KIT_SLOW") == "1" or "slow" in (config.getoption("-m") or "")
     has_gpu = None
     for item in items:
-        if "slow" in item.keywords and not run_slow:
-            item.add_marker(pytest.mark.skip(reason="slow test: set KIT_SLOW=1 or pass -m slow"))
         if "gpu" in item.keywords:
             if has_gpu is None:
                 has_gpu = _has_cuda()

@@ -104,12 +104,13 @@ class Fault:
     status: int = 503
     seconds: float = 0.0
     hits: int = 0
+    retry_after: int | None = None  # a Retry-After header on a status answer (the client honours it)
 
 
 class HubError(Exception):
-    def __init__(self, status: int, message: str, code: str | None = None):
+    def __init__(self, status: int, message: str, code: str | None = None, retry_after: int | None = None):
         super().__init__(message)
-        self.status, self.message, self.code = status, message, code
+        self.status, self.message, self.code, self.retry_after = status, message, code, retry_after
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -151,7 +152,10 @@ class HubServer:
         return f"http://{host}:{port}"
 
     def start(self) -> "HubServer":
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="hubserver", daemon=True)
+        # A short poll: shutdown() waits up to one poll interval, and the default 0.5 s was paid by
+        # every test that starts a server.
+        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.01,), name="hubserver",
+                                        daemon=True)
         self._thread.start()
         return self
 
@@ -167,14 +171,17 @@ class HubServer:
 
     # ---- failure injection ------------------------------------------------------------------
     def inject(self, kind: str, *, times: int = 1, method: str | None = None, path: str | None = None,
-               status: int = 503, seconds: float = 0.0) -> Fault:
+               status: int = 503, seconds: float = 0.0, retry_after: int | None = None) -> Fault:
         """Make the next ``times`` requests matching ``method`` and the regex ``path`` fail.
 
         kinds: ``status`` (answer ``status``), ``hang`` (sleep ``seconds`` then answer normally),
         ``drop_upload`` (read half the body, then close the socket), ``drop_download`` (send the
         headers and half the body, then close), ``flip_download`` (serve the body with one byte flipped).
+        ``retry_after`` adds that header to a ``status`` answer: huggingface_hub then waits that + 1 s
+        instead of its own backoff (1, 2, 4, 8, 8 s), so a test of "keeps failing" waits 5 s, not 23 s.
         """
-        fault = Fault(kind, times, method, re.compile(path) if path else None, status, seconds)
+        fault = Fault(kind, times, method, re.compile(path) if path else None, status, seconds,
+                      retry_after=retry_after)
         with self.lock:
             self.faults.append(fault)
         return fault
@@ -380,7 +387,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             body = self._read_body()
             if fault and fault.kind == "status":
-                raise HubError(fault.status, f"injected failure {fault.status}")
+                raise HubError(fault.status, f"injected failure {fault.status}", retry_after=fault.retry_after)
             for m, pattern, action in ROUTES:
                 match = pattern.match(path)
                 if m == method and match:
@@ -453,6 +460,8 @@ class _Handler(BaseHTTPRequestHandler):
             headers["X-Error-Message"] = error.message
             if error.code:
                 headers["X-Error-Code"] = error.code
+            if error.retry_after is not None:
+                headers["Retry-After"] = str(error.retry_after)
         # A HEAD answer carries no body: writing one corrupts the next response on a kept-alive
         # connection (seen with TRL's telemetry HEAD request).
         self._send(status, json.dumps(obj).encode(), headers, head_only=self.command == "HEAD")

@@ -106,7 +106,7 @@ class KaggleServer:
                 "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"}
 
     def __enter__(self) -> "KaggleServer":
-        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+        threading.Thread(target=self._httpd.serve_forever, args=(0.01,), daemon=True).start()  # fast shutdown()
         return self
 
     def __exit__(self, *exc) -> None:

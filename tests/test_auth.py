@@ -159,6 +159,7 @@ def test_token_never_appears_in_logs_or_errors(hub, monkeypatch, tmp_path, caplo
     assert FAKE not in joined
 
 
+@pytest.mark.slow
 def test_suite_does_not_depend_on_the_callers_hf_environment(tmp_path):
     """Item 5b of issue 11: with HF_HUB_OFFLINE=1 exported (Kaggle, offline setups), a stray token
     and endpoint, the token test still runs against the local test Hub and passes."""

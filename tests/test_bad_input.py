@@ -286,6 +286,7 @@ def test_script_bad_input(sandbox, capfd, files, argv, code, want):
 
 
 # ---- a few through the real script and the real `kit` command ----------------------------------
+@pytest.mark.slow
 def test_real_script_refuses_a_token_and_bad_data(sandbox):
     write(sandbox, "d.jsonl", jsonl(GOOD_ROWS[:3] + ['{"messages": [}']))
     before = snapshot(sandbox)

@@ -163,7 +163,8 @@ def status_rejected_token(ctx):
 @case
 def status_server_error_on_listing(ctx):
     spec = ctx.hub_store()
-    ctx.hub.inject("status", status=500, times=100, method="GET", path="/tree/")
+    # Retry-After: 0 keeps the client's five retries (all answered 500) but waits 5 s, not 23 s.
+    ctx.hub.inject("status", status=500, times=100, method="GET", path="/tree/", retry_after=0)
     return "status", [spec], 4, "HTTP 500"
 
 

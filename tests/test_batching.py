@@ -99,6 +99,7 @@ def test_pack_keeps_every_row_whole_and_its_loss_mask(tmp_path, tiny):
     assert packed.mean_tokens == pytest.approx(sum(lengths) / len(packed.train))
 
 
+@pytest.mark.slow
 def test_generated_script_same_losses_padding_free_as_padded_and_packed_trains(tmp_path):
     trace = {}
     for batching in ("padded", "padding_free", "packed"):

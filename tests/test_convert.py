@@ -307,6 +307,7 @@ def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
 
 
+@pytest.mark.slow
 def test_converted_notebook_trains_under_torchrun(tmp_path, capsys):
     assert main(["convert", str(FIXTURES / "tiny_cpu_sft.ipynb"), "-o", str(tmp_path / "train_ddp.py")]) == 0
     torchrun = str(Path(sys.executable).with_name("torchrun"))
@@ -320,6 +321,7 @@ def test_converted_notebook_trains_under_torchrun(tmp_path, capsys):
     assert "destroy_process_group() was not called" not in res.stderr
 
 
+@pytest.mark.slow
 def test_converted_notebook_runs_as_one_process(tmp_path):
     assert main(["convert", str(FIXTURES / "tiny_cpu_sft.ipynb"), "-o", str(tmp_path / "train_ddp.py")]) == 0
     res = _run([sys.executable, "train_ddp.py"], tmp_path)

@@ -85,6 +85,7 @@ def hub():
 
 
 @pytest.mark.parametrize("notebook", sorted(RUNS))
+@pytest.mark.slow
 def test_corpus_notebook_runs_under_torchrun(notebook, tmp_path, hub, capsys):
     work = tmp_path / "work"
     work.mkdir()

@@ -40,6 +40,7 @@ def finished(tmp_path_factory):
     return out, store, r.stdout
 
 
+@pytest.mark.slow
 def test_a_full_job_evaluates_before_and_after_and_delivers_final(finished):
     out, store, stdout = finished
     final = out / "final"
@@ -108,6 +109,7 @@ def _kit():
     return [sys.executable, "-m", "kit"]
 
 
+@pytest.mark.slow
 def test_export_of_the_finished_job_loads_in_plain_transformers_and_matches(finished, tmp_path):
     import torch
     from peft import PeftModel
@@ -130,6 +132,7 @@ def test_export_of_the_finished_job_loads_in_plain_transformers_and_matches(fini
     assert diff < 1e-4, diff
 
 
+@pytest.mark.slow
 def test_final_push_to_the_hub_is_one_commit_with_the_expected_files(tmp_path):
     out = tmp_path / "out"
     with HubServer(tokens={WRITE_TOKEN: "write"}) as server:
@@ -149,6 +152,7 @@ def test_final_push_to_the_hub_is_one_commit_with_the_expected_files(tmp_path):
         assert {"kit/run.json", "kit/baseline.json", "checkpoints/checkpoint-4/kit_manifest.json"} <= set(files)
 
 
+@pytest.mark.slow
 def test_a_job_killed_after_the_baseline_resumes_without_measuring_it_again(tmp_path):
     out, store = tmp_path / "out", tmp_path / "store"
     args = [f"output_dir={out}", f"store={store}", "max_steps=400", "save_steps=5", *FAST]
@@ -171,6 +175,7 @@ def test_a_job_killed_after_the_baseline_resumes_without_measuring_it_again(tmp_
     assert doc["baseline"] == json.loads(kept)
 
 
+@pytest.mark.slow
 def test_a_different_base_revision_is_refused_and_nothing_is_overwritten(tmp_path):
     base, out = tmp_path / "base", tmp_path / "out"
     shutil.copytree(TINY, base)
@@ -194,6 +199,7 @@ def test_a_different_base_revision_is_refused_and_nothing_is_overwritten(tmp_pat
     assert "[kit] warning: --force: run " in forced.stdout or "--force: run" in forced.stdout
 
 
+@pytest.mark.slow
 def test_a_session_that_fails_mid_training_is_recorded_as_failed(tmp_path):
     # The real script with one extra callback raising at step 3: an out-of-memory error or a bad batch.
     wrapper = tmp_path / "fail.py"

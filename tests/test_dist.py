@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
+
 from tests.scripts import ROOT, run, torchrun_cmd
 
 SCRIPT = """
@@ -31,6 +33,7 @@ def _job(tmp_path, code: int, fail: bool = False):
     return run(torchrun_cmd(script), timeout=120)
 
 
+@pytest.mark.slow
 def test_a_clean_finish_exits_with_its_code_and_flushed_output(tmp_path):
     # The exit code a finished job chose (0, or 1 for a failed smoke check) is what torchrun
     # returns, and what was printed is not lost to the immediate exit.
@@ -42,6 +45,7 @@ def test_a_clean_finish_exits_with_its_code_and_flushed_output(tmp_path):
     assert _job(tmp_path, code=5).returncode != 0
 
 
+@pytest.mark.slow
 def test_a_failed_rank_is_not_ended_quietly(tmp_path):
     # The failing rank's exception propagates (its traceback is the user's clue), and the job fails.
     done = _job(tmp_path, code=0, fail=True)

@@ -31,6 +31,7 @@ def _cfg(tmp_path, *overrides):
     return config.load(str(ROOT / "configs" / "default.yaml"), [f"output_dir={tmp_path / 'out'}", *overrides])
 
 
+@pytest.mark.slow
 def test_baseline_measures_loss_metric_and_five_samples_on_fixed_rows(tiny, tmp_path):
     model, tok = tiny
     cfg = _cfg(tmp_path)

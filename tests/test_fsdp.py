@@ -56,6 +56,7 @@ def worst_difference(a: Path, b: Path) -> float:
     return max((wa[k] - wb[k]).abs().max().item() for k in wa)
 
 
+@pytest.mark.slow
 def test_fsdp_trains_and_saves_plain_adapters_with_a_named_optimizer(reference):
     ckpt = reference / "checkpoint-8"
     names = {p.name for p in ckpt.iterdir()}
@@ -86,6 +87,7 @@ def test_the_fsdp_adapter_loads_in_plain_peft(reference):
     assert any(saved[k].abs().sum() > 0 for k in saved if "lora_B" in k)  # trained, not the zero init
 
 
+@pytest.mark.slow
 def test_kill_9_then_rerun_resumes_to_the_same_adapter(scripts, reference, tmp_path):
     out = tmp_path / "run"
     args = [f"output_dir={out}", *STEPS]
@@ -108,6 +110,7 @@ def test_kill_9_then_rerun_resumes_to_the_same_adapter(scripts, reference, tmp_p
     assert worst_difference(reference / "checkpoint-8", out / "checkpoint-8") <= 1e-6
 
 
+@pytest.mark.slow
 def test_a_ddp_checkpoint_resumes_under_fsdp_and_back(scripts, reference, tmp_path):
     out = tmp_path / "run"
     base = [f"output_dir={out}", "save_steps=2", "keep_checkpoints=4", *FAST]

@@ -64,6 +64,7 @@ def test_already_complete_runs_and_missing_facts_do_not_count_or_crash():
 JOB = ["max_steps=150", "save_steps=10", "keep_checkpoints=2", "lease_heartbeat_seconds=0.3", *FAST]
 
 
+@pytest.mark.slow
 def test_a_kill_9_is_recorded_by_the_next_session_with_the_steps_it_lost(tmp_path):
     """kill -9 mid-run; the next session (a new machine: no local files) takes the lease over at once
     (that process is gone from this host), records the cut session from its last heartbeat, and the

@@ -32,6 +32,7 @@ def publish_all(store, tmp_path, steps, squash_every: int, keep: int = 2) -> tup
     return sync, events
 
 
+@pytest.mark.slow
 def test_by_default_pruned_checkpoints_stay_in_the_history(hub, tmp_path):
     store = HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url)
     publish_all(store, tmp_path, [1, 2, 3, 4], squash_every=0)
@@ -39,6 +40,7 @@ def test_by_default_pruned_checkpoints_stay_in_the_history(hub, tmp_path):
     assert hub.stored_bytes() > 4 * 150_000, "all four checkpoints still use storage"
 
 
+@pytest.mark.slow
 def test_squashing_frees_the_storage_of_pruned_checkpoints(hub, tmp_path):
     store = HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url)
     sync, events = publish_all(store, tmp_path, [1, 2, 3, 4], squash_every=2)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.hubserver import WRITE_TOKEN, HubServer
 from tests.scripts import FAST, ROOT, cpu_env, train
 
@@ -44,6 +46,7 @@ def vanilla(tmp_path, *args, env=None):
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_a_kit_checkpoint_resumes_under_a_vanilla_trainer(tmp_path):
     out = tmp_path / "run"
     assert train([f"output_dir={out}", "max_steps=4", "save_steps=4", *FAST], nproc=1).returncode == 0
@@ -52,6 +55,7 @@ def test_a_kit_checkpoint_resumes_under_a_vanilla_trainer(tmp_path):
     assert "VANILLA_STEP 8" in r.stdout
 
 
+@pytest.mark.slow
 def test_kit_resumes_from_a_vanilla_trainers_hub_checkpoint(tmp_path):
     with HubServer(tokens={WRITE_TOKEN: "write"}) as server:
         env = cpu_env(HF_ENDPOINT=server.url, HF_TOKEN=WRITE_TOKEN, HF_HUB_OFFLINE="0", HF_HUB_DISABLE_TELEMETRY="1")

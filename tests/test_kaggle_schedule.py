@@ -95,6 +95,7 @@ def reference(tmp_path_factory):
     return out / "checkpoint-400"
 
 
+@pytest.mark.slow
 def test_a_job_cut_three_times_runs_to_completion_on_kaggle(whole_job, reference):
     r, k = whole_job["run"], whole_job["server"]
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
@@ -158,6 +159,7 @@ def hub():
         yield server
 
 
+@pytest.mark.slow
 def test_a_session_without_the_token_stops_the_schedule_at_once(tmp_path, hub):
     with KaggleServer(tmp_path / "k", users={USER: KEY}, kernel_env=session_env(hub.url, token=None)) as k:
         r = schedule(tmp_path, kaggle_env(tmp_path, hub.url, k), "--loop")
@@ -167,6 +169,7 @@ def test_a_session_without_the_token_stops_the_schedule_at_once(tmp_path, hub):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_a_kernel_error_before_any_progress_stops_with_its_reason(tmp_path, hub):
     with KaggleServer(tmp_path / "k", users={USER: KEY}, kernel_env=session_env(hub.url)) as k:
         r = schedule(tmp_path, kaggle_env(tmp_path, hub.url, k), "--loop", "--kit-repo", str(tmp_path / "no-kit"))
@@ -189,6 +192,7 @@ def test_the_weekly_quota_counted_by_the_schedule_stops_it_before_a_push(tmp_pat
     assert "stopped: the GPU quota is nearly spent: 11.90 h used of --max-gpu-hours 20" in r.stdout
 
 
+@pytest.mark.slow
 def test_kaggles_own_quota_refusal_is_one_line_exit_4(tmp_path, hub):
     with KaggleServer(tmp_path / "k", users={USER: KEY}, kernel_env=session_env(hub.url), quota_s=0) as k:
         r = schedule(tmp_path, kaggle_env(tmp_path, hub.url, k), "--loop")
@@ -228,6 +232,7 @@ def test_refused_credentials_are_one_line_exit_4(tmp_path, hub):
     assert KEY not in r.stdout + r.stderr and k.versions == []
 
 
+@pytest.mark.slow
 def test_an_access_token_is_accepted_through_introspection(tmp_path, hub):
     with KaggleServer(tmp_path / "k", tokens={"KGAT_0123456789abcdef": USER}, kernel_env=session_env(hub.url, None)) as k:
         env = kaggle_env(tmp_path, hub.url, k, KAGGLE_API_TOKEN="KGAT_0123456789abcdef")
@@ -237,6 +242,7 @@ def test_an_access_token_is_accepted_through_introspection(tmp_path, hub):
     assert "KGAT_0123456789abcdef" not in r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_a_rejected_push_shows_kaggles_message(tmp_path, hub):
     with KaggleServer(tmp_path / "k", users={USER: KEY}, kernel_env=session_env(hub.url)) as k:
         k.reject_next = (400, "Notebook title must be at least 5 characters")
@@ -264,6 +270,7 @@ def test_a_directory_store_is_refused_for_kaggle(tmp_path):
     assert "--kaggle needs a Hub store (store=hf://USER/NAME)" in r.stderr
 
 
+@pytest.mark.slow
 def test_a_session_already_running_is_waited_for_never_pushed_over(tmp_path, hub):
     """Started elsewhere (the web UI, another machine): the schedule waits for it and pushes nothing."""
     import nbformat
@@ -293,6 +300,7 @@ def test_print_cron_for_kaggle_only_prints_a_tick_that_schedules_one_session(tmp
     assert not (tmp_path / "runs" / "kaggle-push").exists()
 
 
+@pytest.mark.slow
 def test_a_refused_access_token_is_one_line_without_the_packages_help_page(tmp_path, hub):
     with KaggleServer(tmp_path / "k", tokens={"KGAT_good": USER}, kernel_env=session_env(hub.url)) as k:
         env = kaggle_env(tmp_path, hub.url, k, KAGGLE_API_TOKEN="KGAT_expired")

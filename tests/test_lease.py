@@ -54,6 +54,7 @@ def test_same_holder_object_can_reacquire(store_factory):
     other.release()
 
 
+@pytest.mark.slow
 def test_stale_lease_is_taken_over_with_a_warning(store_factory, caplog):
     old = Lease(store_factory(), "cut-session", ttl_s=0.3).acquire()
     time.sleep(0.5)
@@ -153,6 +154,7 @@ def test_dir_lease_on_unwritable_store(tmp_path):
         Lease(DirStore(blocker / "s"), "me").acquire()
 
 
+@pytest.mark.slow
 def test_keep_alive_holds_the_lease_past_its_ttl(store_factory, caplog):
     lease = Lease(store_factory(), "long-run", ttl_s=0.6)
     lease.acquire()
@@ -178,6 +180,7 @@ def test_keep_alive_records_a_lost_lease(tmp_path, caplog):
     assert json.loads((tmp_path / "s/kit" / LOCK_NAME).read_text())["holder"] == "b", "not ours: left alone"
 
 
+@pytest.mark.slow
 def test_hub_lease_gives_up_when_the_repo_keeps_moving(hub, monkeypatch):
     import kit.checkpoints.lease
 
@@ -201,6 +204,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slow
 def test_after_a_kill_9_another_host_takes_over_after_three_missed_heartbeats(hub):
     """A real holder process heartbeats every 0.5 s and is killed with SIGKILL; a session on another
     host is refused while the heartbeats are fresh and gets the lease about 3 × 0.5 s after the last."""
@@ -236,6 +240,7 @@ def test_after_a_kill_9_another_host_takes_over_after_three_missed_heartbeats(hu
     lease.release()
 
 
+@pytest.mark.slow
 def test_a_job_whose_lease_was_taken_over_stops_and_writes_nothing_more(tmp_path):
     """Real train_ddp.py into a Hub store; mid-run another session's record replaces its lease (as a
     takeover after missed heartbeats would): at its next heartbeat the job stops, exit 4, and no

@@ -61,6 +61,7 @@ def newer_than(folder: Path, step: int) -> bool:
                for p in folder.glob("checkpoint-*"))
 
 
+@pytest.mark.slow
 def test_two_nodes_train_push_from_rank_0_survive_a_dead_node_and_resume(hubs, tmp_path):
     store, trap = hubs
     # 1. Train to the end: rank 0 (node 0) saves and pushes; node 1 keeps only its own RNG state.

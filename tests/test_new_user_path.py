@@ -81,6 +81,7 @@ def test_current_target(configured, step, recorded, target):
     assert resume.current_target(configured, step, recorded) == target
 
 
+@pytest.mark.slow
 def test_an_extended_job_reports_one_target_everywhere(tmp_path):
     """Train a 2-step config, extend it with max_steps=4 on the command line: the checkpoint, the
     script and `kit status` (which `kit schedule`'s notebook reads) all say 4, never "4 of 2"."""
@@ -182,6 +183,7 @@ def test_plan_refusal_is_printed_once_and_names_the_assumed_torch(capsys):
 
 
 # ---- item 11: exit codes under torchrun ------------------------------------------------------------------
+@pytest.mark.slow
 def test_under_torchrun_the_error_line_names_kits_exit_code(tmp_path):
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                            str(ROOT / "train_ddp.py"), "max_steps=0"], cwd=ROOT, env=cpu_env(), capture_output=True,
@@ -194,6 +196,7 @@ def test_under_torchrun_the_error_line_names_kits_exit_code(tmp_path):
 
 
 # ---- item 12: smoke cleans up after itself ---------------------------------------------------------------
+@pytest.mark.slow
 def test_smoke_removes_its_temporary_folder(tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()

@@ -53,6 +53,7 @@ def executed(tmp_path_factory):
     return nb
 
 
+@pytest.mark.slow
 def test_html_table_and_next_command_in_a_notebook(executed):
     cell = executed.cells[0]
     html = [o["data"]["text/html"] for o in cell.outputs if o.output_type == "display_data"]

@@ -84,6 +84,7 @@ def assert_results_cell(nb, complete: str):
 
 
 @pytest.mark.xfail(reason='merge of 2026-12-03: fails on merged main, follow-up open (see closing note)', strict=False)
+@pytest.mark.slow
 def test_kaggle_notebook_on_cpu(tmp_path, kernel_env):
     work = scratch(tmp_path)
     out_dir = tmp_path / "out"
@@ -99,6 +100,7 @@ def test_kaggle_notebook_on_cpu(tmp_path, kernel_env):
     assert json.loads((out_dir / "checkpoint-6" / "trainer_state.json").read_text())["global_step"] == 6
 
 
+@pytest.mark.slow
 def test_colab_notebook_with_a_folder_store_and_a_rerun(tmp_path, kernel_env):
     work = scratch(tmp_path)
     store, out_dir = tmp_path / "drive" / "ckpts", tmp_path / "out"
@@ -114,6 +116,7 @@ def test_colab_notebook_with_a_folder_store_and_a_rerun(tmp_path, kernel_env):
     assert "[kit] already complete: step 6 of 6" in text_of(cell_with(again, "!python train_ddp.py"))
 
 
+@pytest.mark.slow
 def test_a_failed_training_stops_the_notebook(tmp_path, kernel_env):
     work = scratch(tmp_path)
     blocker = tmp_path / "a-file"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from kit.checkpoints.store.hub import HubStore
 from kit.checkpoints.store.pacing import RESERVE, CommitPacer, checkpoint_rate_warning
 from kit.checkpoints.sync import BackgroundSync
@@ -33,6 +35,7 @@ def test_the_pacer_lets_a_checkpoint_through_until_the_hours_budget_less_a_reser
     assert pacer.wait_s() == 0.0
 
 
+@pytest.mark.slow
 def test_the_uploader_holds_checkpoints_back_and_publishes_the_newest_at_close(tmp_path):
     with HubServer(tokens={WRITE_TOKEN: "write"}) as hub:
         store = HubStore("hf://me/paced", token=WRITE_TOKEN, endpoint=hub.url)

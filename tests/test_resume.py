@@ -91,6 +91,7 @@ def wait_for_steps(proc, log: Path, steps: int, timeout: float = 120) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_kill_9_at_random_moments_then_rerun_until_done(server, reference_long, tmp_path):
     out = tmp_path / "run"
     args = [f"output_dir={out}", "store=hf://me/ha-tiny", *LONG, "save_steps=4"]
@@ -123,6 +124,7 @@ def test_kill_9_at_random_moments_then_rerun_until_done(server, reference_long, 
     assert again.returncode == 0 and "already complete: step 200 of 200" in again.stdout
 
 
+@pytest.mark.slow
 def test_time_budget_pauses_with_exit_0_and_the_rerun_finishes(server, tmp_path):
     out = tmp_path / "run"
     args = [f"output_dir={out}", "store=hf://me/budget", *LONG]
@@ -154,6 +156,7 @@ def _first_step_then(proc, out: Path, sig, timeout=120) -> str:
 
 
 @pytest.mark.parametrize("launcher", ["python", "torchrun"])
+@pytest.mark.slow
 def test_sigterm_saves_pushes_and_stops_cleanly(server, tmp_path, launcher):
     out = tmp_path / "run"
     args = [f"output_dir={out}", "store=hf://me/sigterm", "max_steps=2000", "save_steps=5", *FAST]
@@ -176,6 +179,7 @@ def test_sigterm_saves_pushes_and_stops_cleanly(server, tmp_path, launcher):
     assert again.returncode == 0 and f"resuming from step {step} (store" in again.stdout, again.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_a_second_writer_is_refused_naming_the_holder(server, tmp_path):
     env = hub_env(server)
     first = start_job([f"output_dir={tmp_path / 'a'}", "store=hf://me/shared", "max_steps=400",
@@ -200,6 +204,7 @@ def test_a_second_writer_is_refused_naming_the_holder(server, tmp_path):
     dict(kind="hang", seconds=15, times=1, method="POST", path="/commit/"),
     dict(kind="drop_upload", times=2, method="POST", path="/commit/"),
 ])
+@pytest.mark.slow
 def test_a_failing_server_never_stops_training_nor_corrupts_resume(server, reference, tmp_path, fault):
     out = tmp_path / "run"
     args = [f"output_dir={out}", "store=hf://me/flaky", *STEPS]
@@ -216,6 +221,7 @@ def test_a_failing_server_never_stops_training_nor_corrupts_resume(server, refer
 
 
 @pytest.mark.xfail(reason='merge of 2026-12-03: fails on merged main, follow-up open (see closing note)', strict=False)
+@pytest.mark.slow
 def test_a_corrupt_download_falls_back_to_an_older_complete_checkpoint(server, reference, tmp_path):
     out = tmp_path / "run"
     env = hub_env(server)
@@ -235,6 +241,7 @@ def test_a_corrupt_download_falls_back_to_an_older_complete_checkpoint(server, r
     assert_same_training(reference, out / "checkpoint-24")
 
 
+@pytest.mark.slow
 def test_directory_store_resumes_after_the_local_copy_is_lost(tmp_path):
     out, store = tmp_path / "run", tmp_path / "drive"
     args = [f"output_dir={out}", f"store={store}", *LONG]
@@ -246,6 +253,7 @@ def test_directory_store_resumes_after_the_local_copy_is_lost(tmp_path):
     assert_continuous(out / "checkpoint-200", 200)
 
 
+@pytest.mark.slow
 def test_a_different_world_size_resumes_with_a_warning(tmp_path):
     out = tmp_path / "run"
     assert train([f"output_dir={out}", "max_steps=6", "save_steps=3", *FAST]).returncode == 0

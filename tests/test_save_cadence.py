@@ -36,6 +36,7 @@ def test_anything_else_is_a_one_line_config_error(value):
         config.load(None, [f"save_every_minutes={value}"])
 
 
+@pytest.mark.slow
 def test_a_run_with_auto_says_the_interval_it_chose_from_the_measured_save(tmp_path):
     with HubServer(tokens={WRITE_TOKEN: "write"}) as hub:
         env = cpu_env(HF_ENDPOINT=hub.url, HF_TOKEN=WRITE_TOKEN, HF_HUB_OFFLINE="0", HF_HUB_DISABLE_TELEMETRY="1")

@@ -71,6 +71,7 @@ def sequence(tmp_path_factory):
                "text": text, "files": server.files("me/sched")}
 
 
+@pytest.mark.slow
 def test_first_run_pauses_second_completes_third_is_already_complete(sequence):
     first, second, third = sequence["results"]
     for r in (first, second, third):
@@ -229,6 +230,7 @@ def test_bad_numbers_are_refused(tmp_path):
     _refused(r, 2, "--every must be positive")
 
 
+@pytest.mark.slow
 def test_run_timeout_interrupts_training_which_pauses_cleanly(tmp_path):
     """A hung or overlong run is cut by --run-timeout: SIGTERM to the training, which saves and pauses."""
     runs, out, store = tmp_path / "runs", tmp_path / "out", tmp_path / "store"

@@ -23,6 +23,7 @@ def files_under(*roots: Path):
                 yield path
 
 
+@pytest.mark.slow
 def test_the_token_appears_nowhere(tmp_path):
     runs, out = tmp_path / "runs", tmp_path / "out"
     with HubServer(tokens={FAKE: "write"}) as server:

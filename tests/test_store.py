@@ -50,6 +50,7 @@ def backend(request, tmp_path, monkeypatch):
     return HubStore(REPO, token=WRITE_TOKEN, endpoint=server.url), "hub", server
 
 
+@pytest.mark.slow
 def test_publish_list_latest_fetch_round_trip(backend, tmp_path):
     store, _, _ = backend
     src = {s: make_ckpt(tmp_path / "local", s) for s in (1, 2, 3)}
@@ -124,6 +125,7 @@ def test_truncated_hub_file_is_skipped(hub, tmp_path, caplog):
     assert "step 2" in caplog.text and "adapter_model.safetensors has 2048 bytes" in caplog.text
 
 
+@pytest.mark.slow
 def test_flipped_hub_byte_fails_fetch_and_falls_back(hub, tmp_path, caplog):
     store = HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url)
     for s in (1, 2):
@@ -157,6 +159,7 @@ def test_lfs_sha256_from_the_tree_catches_an_overwrite_without_downloading(hub, 
 
 
 @pytest.mark.parametrize("kind", ["flip_download", "drop_download"])
+@pytest.mark.slow
 def test_bad_download_raises_and_leaves_dest(hub, tmp_path, kind):
     store = HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url)
     store.publish(make_ckpt(tmp_path, 4, size=300_000), 4, keep=5)
@@ -231,6 +234,7 @@ def test_records_round_trip(backend):
 
 
 @pytest.mark.parametrize("layout", ["hub", "dir"])
+@pytest.mark.slow
 def test_vanilla_last_checkpoint_is_a_candidate(layout, tmp_path, request, caplog):
     if layout == "hub":
         server = request.getfixturevalue("hub")
@@ -296,6 +300,7 @@ def test_missing_repo_reads_as_empty(hub):
 
 @pytest.mark.parametrize("fault", [dict(kind="status", status=500), dict(kind="status", status=429),
                                    dict(kind="drop_upload"), dict(kind="hang", seconds=3)])
+@pytest.mark.slow
 def test_transient_publish_failures_are_marked_retryable(hub, tmp_path, fault):
     store = HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url, timeout_s=1.0)
     store.publish(make_ckpt(tmp_path, 1), 1, keep=1)
@@ -387,6 +392,7 @@ def test_file_vanishing_during_a_fetch(backend, tmp_path):
         store._download(["checkpoints/checkpoint-1/not-there.bin"], snap, tmp_path / "dl")
 
 
+@pytest.mark.slow
 def test_concurrent_writer_412_is_retried_then_given_up(hub, tmp_path, caplog):
     store = HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url)
     store.publish(make_ckpt(tmp_path, 1), 1, keep=2)

@@ -67,6 +67,7 @@ def add_junk(store, server, tmp_path: Path, step: int, kind: str) -> None:
 
 
 # ---- 29: pruning counts verified checkpoints only ---------------------------------------------
+@pytest.mark.slow
 def test_junk_folders_never_push_valid_checkpoints_out(backend, tmp_path):
     store, server = backend
     src = {s: make_ckpt(tmp_path / "local", s) for s in (20, 21, 25)}
@@ -83,6 +84,7 @@ def test_junk_folders_never_push_valid_checkpoints_out(backend, tmp_path):
     assert tree_bytes(restored) == tree_bytes(src[20])
 
 
+@pytest.mark.slow
 def test_valid_ones_beyond_keep_and_junk_older_than_them_are_removed(backend, tmp_path):
     store, server = backend
     add_junk(store, server, tmp_path, 5, "no-manifest")
@@ -97,6 +99,7 @@ def test_valid_ones_beyond_keep_and_junk_older_than_them_are_removed(backend, tm
 
 
 # ---- 33: status reports the newest VERIFIED checkpoint and why the others are not -------------
+@pytest.mark.slow
 def test_status_reports_the_newest_verified_checkpoint_and_why_others_are_not(backend, tmp_path, monkeypatch):
     store, server = backend
     for s in (10, 20):
@@ -133,6 +136,7 @@ def quick_backoff(monkeypatch):
     monkeypatch.setattr(base, "FETCH_BACKOFF_S", (0.01, 0.01, 0.01))
 
 
+@pytest.mark.slow
 def test_one_http_500_on_a_download_is_retried(hub, tmp_path, quick_backoff):
     store = HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url)
     src = make_ckpt(tmp_path / "l", 6)
@@ -143,6 +147,7 @@ def test_one_http_500_on_a_download_is_retried(hub, tmp_path, quick_backoff):
     assert fault.hits == 1 and tree_bytes(tmp_path / "dest") == tree_bytes(src)
 
 
+@pytest.mark.slow
 def test_a_download_that_keeps_failing_falls_back_to_the_next_older_checkpoint(hub, tmp_path, quick_backoff):
     store = HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url)
     for s in (3, 6):
@@ -155,6 +160,7 @@ def test_a_download_that_keeps_failing_falls_back_to_the_next_older_checkpoint(h
     assert json.loads((tmp_path / "dest" / "trainer_state.json").read_text())["global_step"] == 3
 
 
+@pytest.mark.slow
 def test_a_store_that_only_fails_transiently_is_an_error_not_a_fresh_start(hub, tmp_path, quick_backoff):
     store = HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url)
     for s in (3, 6):
@@ -197,6 +203,7 @@ def test_status_with_a_file_as_store_is_one_line_exit_4(tmp_path, capsys):
     assert f.read_text() == "not a folder"
 
 
+@pytest.mark.slow
 def test_training_script_says_the_same_about_a_file_store(tmp_path):
     f = tmp_path / "store.txt"
     f.write_text("x")
@@ -270,6 +277,7 @@ def test_every_hub_api_call_is_bounded(silent, call):
     assert silent in str(box["error"]) and "did not answer within 1 s" in str(box["error"])
 
 
+@pytest.mark.slow
 def test_status_against_a_silent_endpoint_exits_4_naming_it(silent):
     env = cpu_env(HF_ENDPOINT=silent, HF_TOKEN=WRITE_TOKEN, HF_HUB_OFFLINE="0", KIT_NETWORK_TIMEOUT_S="2")
     t0 = time.monotonic()
@@ -283,6 +291,7 @@ def test_status_against_a_silent_endpoint_exits_4_naming_it(silent):
     assert WRITE_TOKEN not in r.stderr + r.stdout
 
 
+@pytest.mark.slow
 def test_training_script_against_a_silent_endpoint_exits_4_naming_it(silent, tmp_path):
     env = cpu_env(HF_ENDPOINT=silent, HF_TOKEN=WRITE_TOKEN, HF_HUB_OFFLINE="0", KIT_NETWORK_TIMEOUT_S="2")
     t0 = time.monotonic()

@@ -25,6 +25,7 @@ def hub_store(server, token=WRITE_TOKEN, timeout_s=2.0):
 @pytest.mark.parametrize("fault", [dict(kind="status", status=503, times=2), dict(kind="status", status=429),
                                    dict(kind="status", status=500, times=3), dict(kind="drop_upload", times=2),
                                    dict(kind="hang", seconds=4)])
+@pytest.mark.slow
 def test_transient_failures_are_retried_until_the_checkpoint_lands(hub, tmp_path, fault):
     store = hub_store(hub)
     events = []
@@ -42,6 +43,7 @@ def test_transient_failures_are_retried_until_the_checkpoint_lands(hub, tmp_path
     sync.close(5)
 
 
+@pytest.mark.slow
 def test_dropped_upload_never_yields_a_corrupt_latest(hub, tmp_path):
     store = hub_store(hub)
     store.publish(make_ckpt(tmp_path / "a", 1), 1, keep=3)
@@ -81,6 +83,7 @@ def test_refusal_is_recorded_and_training_goes_on(hub, tmp_path, caplog):
         sync.wait(30)
 
 
+@pytest.mark.slow
 def test_newer_submission_supersedes_a_queued_one_and_says_so(hub, tmp_path, caplog):
     store = hub_store(hub, timeout_s=30)
     hub.throttle_bps = 2_000_000  # ~1.3 MB of base64 per upload: ~0.7 s each
@@ -104,6 +107,7 @@ def test_newer_submission_supersedes_a_queued_one_and_says_so(hub, tmp_path, cap
     sync.close(5)
 
 
+@pytest.mark.slow
 def test_staged_snapshot_survives_rotation_of_the_source(hub, tmp_path):
     store = hub_store(hub, timeout_s=30)
     hub.throttle_bps = 1_000_000

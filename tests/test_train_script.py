@@ -20,6 +20,7 @@ def _tree_digest(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_torchrun_two_ranks_train_save_and_tear_down(tmp_path):
     out = tmp_path / "run"
     r = train([f"output_dir={out}", "max_steps=8", "save_steps=4", *FAST])
@@ -47,6 +48,7 @@ def test_torchrun_two_ranks_train_save_and_tear_down(tmp_path):
     assert record["tokens_per_s"] == pytest.approx(16 * mean_tokens / record["step_s"], rel=0.02)
 
 
+@pytest.mark.slow
 def test_single_process_python(tmp_path):
     out = tmp_path / "run"
     r = train([f"output_dir={out}", "max_steps=4", "save_steps=2", *FAST], nproc=1)
@@ -55,6 +57,7 @@ def test_single_process_python(tmp_path):
     assert (out / "checkpoint-4" / "rng_state.pth").exists()
 
 
+@pytest.mark.slow
 def test_a_rank_that_raises_ends_the_job_without_a_hang(tmp_path):
     # A wrapper that runs the real script with one extra callback raising on rank 1 at step 2,
     # standing in for an out-of-memory error or a bad batch on one GPU.
@@ -84,6 +87,7 @@ runpy.run_path({str(SCRIPT)!r}, run_name="__main__")
     assert took < 60, f"the job took {took:.0f} s to end after a rank failed"
 
 
+@pytest.mark.slow
 def test_smoke_passes_on_the_default():
     r = train(["--smoke"])
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
@@ -94,6 +98,7 @@ def test_smoke_passes_on_the_default():
     assert "smoke passed" in r.stdout
 
 
+@pytest.mark.slow
 def test_smoke_fails_when_nothing_learns():
     r = train(["--smoke", "learning_rate=0", "warmup_steps=0"], nproc=1)
     assert r.returncode != 0
@@ -101,6 +106,7 @@ def test_smoke_fails_when_nothing_learns():
     assert "smoke FAILED at rung 'LoRA weights changed': LoRA weights unchanged" in r.stdout
 
 
+@pytest.mark.slow
 def test_smoke_leaves_earlier_output_alone(tmp_path):
     out = tmp_path / "run"
     assert train([f"output_dir={out}", "max_steps=2", "save_steps=2", *FAST], nproc=1).returncode == 0
@@ -132,6 +138,7 @@ def finished_run(tmp_path):
     (["model=nobody/no-such-model"], 2, "could not be loaded"),
     (["method=qlora"], 3, "method=qlora needs a CUDA GPU"),
 ])
+@pytest.mark.slow
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, code, words):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
@@ -157,6 +164,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, code, words):
     # a shape change cannot be forced (it would fail with a size mismatch inside torch)
     ("lora.r=8", ["has other tensor shapes", "lora.r: 16 (checkpoint) != 8", "cannot be resumed, even with --force"]),
 ])
+@pytest.mark.slow
 def test_a_checkpoint_of_another_job_is_refused_and_kept(finished_run, change, words):
     before = _tree_digest(finished_run)
     r = train([f"output_dir={finished_run}", "max_steps=4", change], nproc=1)
@@ -166,6 +174,7 @@ def test_a_checkpoint_of_another_job_is_refused_and_kept(finished_run, change, w
     assert _tree_digest(finished_run) == before
 
 
+@pytest.mark.slow
 def test_resume_never_refuses_to_overwrite_checkpoints(finished_run):
     before = _tree_digest(finished_run)
     r = train([f"output_dir={finished_run}", "max_steps=4", "resume=never"], nproc=1)
@@ -174,12 +183,14 @@ def test_resume_never_refuses_to_overwrite_checkpoints(finished_run):
     assert _tree_digest(finished_run) == before
 
 
+@pytest.mark.slow
 def test_smoke_qlora_on_cpu_is_refused():
     r = train(["--smoke", "method=qlora"], nproc=1)
     assert r.returncode == 3
     assert "method=qlora needs a CUDA GPU" in _error_line(r)
 
 
+@pytest.mark.slow
 def test_checkpoint_adapter_loads_in_plain_peft(tmp_path):
     """What kit saves is a standard PEFT adapter: plain transformers + peft can load it."""
     out = tmp_path / "run"
