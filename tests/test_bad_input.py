@@ -20,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import huggingface_hub.constants
 import pytest
 
 from kit.cli import main
@@ -44,6 +45,9 @@ def sandbox(tmp_path, monkeypatch):
     monkeypatch.chdir(box)
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # huggingface_hub read HF_HUB_OFFLINE when it was imported (conftest had cleared it): in-process
+    # cases would otherwise try the real Hub (a missing model id: 23 s of retries, then the same error).
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.setenv("KIT_PLATFORM", "local")
     return box
@@ -283,6 +287,30 @@ def test_script_bad_input(sandbox, capfd, files, argv, code, want):
     check_contract(sandbox, before, got, out, err, code, want, one_line_stderr=False)
     if any(a.startswith("output_dir=") and a != "output_dir=outputs/bad" for a in argv):
         assert "trainable parameters" not in out  # refused before the model was loaded
+
+
+@pytest.mark.parametrize("args, code, words", [
+    (["data.path=missing.jsonl"], 2, "data file missing.jsonl does not exist"),
+    (["data.path=empty.jsonl"], 2, "is empty"),
+    (["data.path=odd.jsonl", "data.format=auto"], 2, "match no format"),
+    (["seq_len=4096"], 2, "longer than models/tiny-qwen3's max_position_embeddings=1024"),
+    (["model=nobody/no-such-model"], 2, "could not be loaded"),
+    (["method=qlora"], 3, "method=qlora needs a CUDA GPU"),
+])
+def test_script_bad_input_adds_nothing_to_an_existing_output_dir(sandbox, capfd, args, code, words):
+    write(sandbox, "empty.jsonl", "")
+    write(sandbox, "odd.jsonl", '{"question": "q", "answer": "a"}\n' * 5)
+    out = sandbox / "outputs" / "mine"
+    out.mkdir(parents=True)
+    (out / "notes.txt").write_text("mine")
+    before = snapshot(sandbox)
+    got = run_script_in_process(sandbox, [f"output_dir={out}", "max_steps=4", *args])
+    stdout, err = capfd.readouterr()
+    check_contract(sandbox, before, got, stdout, err, code, re.escape(words), one_line_stderr=False)
+    if "odd" in str(args):
+        line = [ln for ln in err.splitlines() if ln.startswith("error:")][0]
+        assert "['answer', 'question']" in line and "messages: messages" in line, line
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]  # nothing added either
 
 
 # ---- a few through the real script and the real `kit` command ----------------------------------

@@ -75,6 +75,7 @@ def test_a_full_job_evaluates_before_and_after_and_delivers_final(finished):
     assert session["primary_metric"]["name"] == "exact_match"
 
 
+@pytest.mark.slow
 def test_the_model_card_has_hub_metadata_and_says_how_to_use_it(finished):
     out, _, _ = finished
     card = (out / "final" / "README.md").read_text()
@@ -88,6 +89,7 @@ def test_the_model_card_has_hub_metadata_and_says_how_to_use_it(finished):
         assert words in card, words
 
 
+@pytest.mark.slow
 def test_status_plots_loss_against_step_and_shows_the_run_id(finished, tmp_path):
     out, store, _ = finished
     png = tmp_path / "job.png"

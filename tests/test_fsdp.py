@@ -72,6 +72,7 @@ def test_fsdp_trains_and_saves_plain_adapters_with_a_named_optimizer(reference):
     assert a.shape[0] == 16 and a.shape[1] == 64
 
 
+@pytest.mark.slow
 def test_the_fsdp_adapter_loads_in_plain_peft(reference):
     import torch
     from peft import PeftModel

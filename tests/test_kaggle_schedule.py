@@ -108,6 +108,7 @@ def test_a_job_cut_three_times_runs_to_completion_on_kaggle(whole_job, reference
     assert_same_training(reference, k.versions[-1].work / "out" / "checkpoint-400")
 
 
+@pytest.mark.slow
 def test_every_push_is_private_on_two_t4_with_internet_and_carries_no_token(whole_job):
     k = whole_job["server"]
     assert len(k.pushes) == 4
@@ -120,6 +121,7 @@ def test_every_push_is_private_on_two_t4_with_internet_and_carries_no_token(whol
     assert all(WRITE_TOKEN not in p.read_text(errors="replace") for p in runs.rglob("*") if p.is_file())
 
 
+@pytest.mark.slow
 def test_each_sessions_output_and_hours_are_kept(whole_job):
     runs = whole_job["tmp"] / "runs"
     outputs = sorted(p for p in runs.iterdir() if p.is_dir() and p.name != "kaggle-push")
@@ -130,6 +132,7 @@ def test_each_sessions_output_and_hours_are_kept(whole_job):
     assert all(0 < h["hours"] < 0.5 for h in hours)
 
 
+@pytest.mark.slow
 def test_the_ledger_accounts_for_every_session_and_the_steps_each_cut_lost(whole_job):
     facts, k = whole_job["status"], whole_job["server"]
     sessions = facts["sessions"]

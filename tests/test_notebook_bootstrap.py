@@ -63,10 +63,12 @@ def test_html_table_and_next_command_in_a_notebook(executed):
     assert "Next: torchrun --standalone --nproc_per_node=2 train_ddp.py" in text
 
 
+@pytest.mark.slow
 def test_facts_and_verdicts_left_in_the_namespace(executed):
     assert "T4X2 Facts 2 True False" in _texts(executed.cells[1])
 
 
+@pytest.mark.slow
 def test_bootstrap_of_this_machine_in_the_kernel(executed):
     text = _texts(executed.cells[2])
     here = _texts(executed.cells[3]).split()
@@ -76,6 +78,7 @@ def test_bootstrap_of_this_machine_in_the_kernel(executed):
         assert "CPU-slow" in text and "continuing on the CPU" in text
 
 
+@pytest.mark.slow
 def test_kernel_never_imported_torch_nor_started_cuda(executed):
     assert _texts(executed.cells[3]).split()[3] == "False"  # torch not in sys.modules after bootstrap
     assert "CUDA_INITIALIZED False" in _texts(executed.cells[4])

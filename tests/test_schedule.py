@@ -88,6 +88,7 @@ def test_first_run_pauses_second_completes_third_is_already_complete(sequence):
     assert "*/30 * * * *" in first.stdout and "OnUnitActiveSec=30min" in first.stdout
 
 
+@pytest.mark.slow
 def test_each_run_notebook_keeps_the_training_output_and_one_outcome(sequence):
     import nbformat
 
@@ -102,6 +103,7 @@ def test_each_run_notebook_keeps_the_training_output_and_one_outcome(sequence):
     assert sorted(outcomes) == ["already", "complete", "paused"]
 
 
+@pytest.mark.slow
 def test_status_json_after_the_sequence(sequence):
     r = sequence["status"]
     assert r.returncode == 0, r.stderr[-2000:]
@@ -116,6 +118,7 @@ def test_status_json_after_the_sequence(sequence):
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 1024
 
 
+@pytest.mark.slow
 def test_status_text_is_short_and_aligned(sequence):
     r = sequence["text"]
     assert r.returncode == 0, r.stderr[-2000:]
@@ -126,6 +129,7 @@ def test_status_text_is_short_and_aligned(sequence):
     assert len(lines) <= 12
 
 
+@pytest.mark.slow
 def test_the_scheduled_store_holds_the_records(sequence):
     files = sequence["files"]
     assert "checkpoints/checkpoint-200/kit_manifest.json" in files
