@@ -22,7 +22,8 @@ from transformers import set_seed
 from trl import SFTConfig, SFTTrainer
 
 from kit.train import data, dist, modeling, sharding
-from kit.planning import launch as runtime
+from kit.planning import adapt
+from kit.script import arguments
 from kit.errors import KitError, exit_words
 from kit.train.job import Job
 
@@ -84,7 +85,7 @@ SETTINGS = {
     'resume': 'auto',
 }
 
-# What `kit plan` chose for 2 × Tesla T4 (assumed: --gpus 2xT4). Precision and gradient accumulation are settled
+# What `kit plan` chose for 2 × Tesla T4 (assumed: --gpus 2xT4) (`--config FILE` plans again). Precision and accumulation are settled
 # again at start for the device and the number of processes this actually runs on.
 PLAN = {
     'precision': 'fp16',
@@ -103,12 +104,12 @@ PLAN = {
 
 
 def main(argv: list[str]) -> int:
-    args = runtime.parse_args(argv, CONFIG_PATH)
-    cfg = runtime.settings(SETTINGS, args)
+    args = arguments.parse(argv, CONFIG_PATH)
+    cfg, planned = arguments.settings(SETTINGS, PLAN, args)  # --config FILE: its settings, planned for this machine
     ctx = dist.init()  # LOCAL_RANK -> this rank's device; nccl on GPUs, gloo on the CPU
     ok, code = False, 1
     try:
-        plan = runtime.plan_for(ctx, cfg, PLAN)
+        plan = adapt.plan_for(ctx, cfg, planned)  # the planner's rules again, for this device and world size
         job = Job(cfg, ctx, plan, smoke=args.smoke, force=args.force)
         job.start()  # rank 0 finds the newest complete checkpoint (local, then store); all ranks agree
         if job.complete:  # nothing to train; a final/ the store lacks is pushed
@@ -123,7 +124,7 @@ def main(argv: list[str]) -> int:
         job.log(modeling.trainable_summary(model))
         job.log(dataset.summary())
         job.evaluate_before(model, tokenizer, dataset)  # the baseline: once per job, kept in the store
-        for note in runtime.settle_batching(plan, cfg, dataset.mean_tokens):  # padding-free for short rows only
+        for note in adapt.settle_batching(plan, cfg, dataset.mean_tokens):  # padding-free for short rows only
             job.log(note)
 
         # Strategy (DDP over 2 GPUs (Tesla T4), fp16). ddp: a full replica per rank. fsdp: FSDP2 shards the
@@ -158,7 +159,7 @@ def main(argv: list[str]) -> int:
             # the attention builds a block-diagonal mask, so rows never attend to each other.
             padding_free=plan.padding_free,
             use_liger_kernel=plan.kernels == "liger",  # Triton RMSNorm, SwiGLU and RoPE
-            **runtime.sampler_args(plan),  # batching "grouped": batches of rows of similar length
+            **adapt.sampler_args(plan),  # batching "grouped": batches of rows of similar length
             completion_only_loss=True,  # the loss masks come from kit.train.data
             save_strategy="steps",
             save_steps=cfg.save_steps,

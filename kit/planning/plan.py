@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from kit.planning import hostram, memory, shapes as models, speed
-from kit.machine import verdicts
-from kit.planning import nodes as nodes_mod
 from kit.errors import CannotTrain, UsageError
+from kit.machine import verdicts
+from kit.machine.command import launch_command
+from kit.planning import hostram, memory, precision, shapes, speed
+from kit.planning import nodes as nodes_mod
 from kit.planning.fit import CHECKPOINTING_FROM_PARAMS, batch_for_world, cheaper_change, fit, training_loop
 
 GIB = 2**30
@@ -71,7 +72,7 @@ def make_plan(facts, cfg, nproc: int | None = None, *, replica_only: bool = Fals
     nodes_mod.check_nodes(nodes)
     endpoint = nodes_mod.check_endpoint(rdzv_endpoint or f"$MASTER_ADDR:{nodes_mod.DEFAULT_PORT}")
     facts = _as_facts(facts)
-    model = models.model_facts(cfg.model, cfg.revision)
+    model = shapes.model_facts(cfg.model, cfg.revision)
     plan = Plan(model=cfg.model)
     plan.reasons.append(f"{cfg.model}: {_count(model.params)} parameters, {model.layers} layers, vocab "
                         f"{model.vocab} (from {model.source}).")
@@ -213,15 +214,16 @@ def _cpu_plan(facts, cfg, model, plan: Plan, nproc) -> Plan:
                       "use a GPU machine (Kaggle T4×2, Colab T4) or a model under 1B")
     if cfg.method == "qlora" or model.prequantized:
         _refuse(plan, "4-bit QLoRA needs a GPU (bitsandbytes): use method=lora on the CPU")
-    if cfg.precision == "fp16":
-        _refuse(plan, "precision fp16 needs a GPU: use precision=fp32 (or auto) on the CPU")
+    try:
+        plan.precision, _ = precision.choose(cfg.precision, "cpu")
+    except CannotTrain as e:
+        _refuse(plan, str(e))
     if cfg.strategy == "model_parallel":
         _refuse(plan, "strategy model_parallel splits the layers over GPUs, and this machine has none: use "
                       "strategy=auto")
     if cfg.strategy == "fsdp" and plan.nproc < 2:
         _refuse(plan, "strategy fsdp on one CPU process has nothing to shard over (FSDP on the CPU is for checking "
                       "the script, over gloo): use --nproc 2 or more, or strategy=auto")
-    plan.precision = "bf16" if cfg.precision == "bf16" else "fp32"
     plan.optimizer = "adamw_torch" if cfg.optimizer in ("auto", "adamw_8bit", "paged_adamw_8bit") else cfg.optimizer
     ram = facts.ram_bytes or 8 * GIB  # ranks on a CPU share the machine's memory
     plan.batching = speed.batching(cfg, None, plan.reasons)
@@ -240,35 +242,17 @@ def _cpu_plan(facts, cfg, model, plan: Plan, nproc) -> Plan:
                         (f"{plan.nproc} processes over gloo" if plan.nproc > 1 else "one process") +
                         (", FSDP-sharded (checks the script's FSDP path; no memory saved: the ranks share one RAM)."
                          if plan.strategy == "fsdp" else "."))
-    plan.launch = (f"torchrun --standalone --nproc_per_node={plan.nproc} train_ddp.py" if plan.nproc > 1
-                   else "python train_ddp.py")
+    plan.launch = launch_command(plan.nproc)
     return plan
 
 
 def _precision(cfg, gpu, reasons, plan) -> str:
-    vendor, cap, name = gpu["vendor"], gpu["capability"], gpu["name"]
-    native = verdicts.bf16_native(vendor, cap)
-    arch = verdicts.arch_name(vendor, cap)
-    if cfg.precision == "bf16" and not native:
-        _refuse(plan, f"precision bf16 asked for, but {name} ({arch}) has no native bf16: use precision=fp16 "
-                      "or precision=auto")
-    if cfg.precision != "auto":
-        if cfg.precision == "fp16" and vendor == "amd":
-            reasons.append("precision fp16 as configured; on ROCm fp16 has given NaNs (MI300X): bf16 is safer.")
-        else:
-            reasons.append(f"precision {cfg.precision} as configured.")
-        return cfg.precision
-    if not native:
-        reasons.append(f"{name} ({arch}) has no native bf16: fp16 with loss scaling "
-                       "(torch.cuda.is_bf16_supported() says True here only through emulation); on an H200, fp16 "
-                       f"measured {speed.MEASURED['fp16_vs_bf16']:.2f}× bf16's tokens/s for Qwen3-8B QLoRA (loss "
-                       "scaling and fp32 LoRA weights are its cost; a T4's own speed was not measured).")
-        return "fp16"
-    if vendor == "amd":
-        reasons.append(f"{name} ({arch}) has native bf16; on ROCm bf16 is preferred: fp16 gave NaNs on MI300X.")
-    else:
-        reasons.append(f"{name} ({arch}) has native bf16: bf16, no loss scaling needed.")
-    return "bf16"
+    try:
+        chosen, why = precision.choose(cfg.precision, "cuda", gpu["vendor"], gpu["capability"], gpu["name"])
+    except CannotTrain as e:
+        _refuse(plan, str(e))
+    reasons.append(why + ".")
+    return chosen
 
 
 def _optimizer(cfg, facts, gpu=None) -> str:
@@ -332,11 +316,9 @@ def _backend(cfg, facts, gpu, strategy, reasons) -> str:
 
 
 def _launch(strategy, world, usable, facts, gpu) -> str:
-    # Trainer runs FSDP only in a process group, so even one FSDP process starts under torchrun.
-    command = (f"torchrun --standalone --nproc_per_node={world} train_ddp.py"
-               if strategy == "fsdp" or (strategy == "ddp" and world > 1) else "python train_ddp.py")
     used = usable if strategy != "single" else [gpu]
-    if len(used) < len(facts.gpus):  # hide the rest, or Trainer would wrap the model in DataParallel
-        var = "HIP_VISIBLE_DEVICES" if gpu["vendor"] == "amd" else "CUDA_VISIBLE_DEVICES"
-        command = f"{var}={','.join(str(g['index']) for g in used)} {command}"
-    return command
+    # Hide the GPUs the plan does not use, or Trainer would wrap the model in DataParallel.
+    visible = [g["index"] for g in used] if len(used) < len(facts.gpus) else None
+    # Trainer runs FSDP only in a process group, so even one FSDP process starts under torchrun.
+    return launch_command(world, torchrun=strategy == "fsdp" or (strategy == "ddp" and world > 1),
+                          visible=visible, vendor=gpu["vendor"])
