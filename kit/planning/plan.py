@@ -57,11 +57,10 @@ class Plan:
         return asdict(self)
 
 
-def make_plan(facts, cfg, nproc: int | None = None, *, replica_only: bool = False, nodes: int = 1,
+def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
               rdzv_endpoint: str | None = None) -> Plan:
     """Plan `cfg` on the machine `facts` describes (a Facts or its dict); `nproc` limits the GPUs used.
 
-    `replica_only` leaves out sharding and model parallelism (one full replica per GPU only).
     `nodes`: that many machines like `facts` (GPUs per node), started by torchrun's c10d
     rendezvous at `rdzv_endpoint` (HOST:PORT of node 0; default $MASTER_ADDR:29500).
 
@@ -114,7 +113,7 @@ def make_plan(facts, cfg, nproc: int | None = None, *, replica_only: bool = Fals
     plan.batching = speed.batching(cfg, gpu, plan.reasons)
     loop = {**training_loop(facts), "batching": plan.batching}
     ram, why = hostram.budget(facts.ram_bytes), []
-    found = fit(model, cfg, plan.precision, quantized, plan.optimizer, n, budget, loop=loop, replica_only=replica_only,
+    found = fit(model, cfg, plan.precision, quantized, plan.optimizer, n, budget, loop=loop,
                 nodes=nodes, ram=ram, why=why)
     plan.memory["budget_bytes"] = budget
     plan.nodes = nodes
@@ -124,12 +123,12 @@ def make_plan(facts, cfg, nproc: int | None = None, *, replica_only: bool = Fals
                               world_size=n, optimizer=plan.optimizer, **loop)
         plan.memory.update(per_gpu_bytes=est.total_bytes, allocated_bytes=est.allocated_bytes, terms=est.terms,
                            notes=[f"one replica at micro-batch {cfg.per_device_batch or 1}"] + est.notes)
-        how = " with one full replica per GPU" if replica_only and n > 1 else ""
+        how = " with one full replica per GPU" if cfg.strategy == "ddp" and n > 1 else ""
         where = f"{nodes} nodes of {n}× {gpu['name']}" if nodes > 1 else f"{n}× {gpu['name']}"
         passed = f" (passed over {'; '.join(why)})" if why else ""
         _refuse(plan, f"{cfg.model} ({cfg.method}, seq_len {cfg.seq_len}) does not fit on {where}{how}{passed}: "
                       + cheaper_change(model, cfg, plan.precision, plan.optimizer, n, budget, gpu["name"], loop,
-                                        replica_only, nodes=nodes, ram=ram))
+                                        nodes=nodes, ram=ram))
     strategy, world, pdb, gc, est = found
     plan.strategy, plan.device, plan.gradient_checkpointing = strategy, "cuda", gc
     plan.per_device_batch, plan.grad_accum, plan.global_batch = batch_for_world(cfg, pdb, world)
