@@ -4,4 +4,9 @@
 and prints the command to run next. See README.md.
 """
 
+import os as _os
+
 __version__ = "0.1.0"
+
+# The checkout kit runs from: the folder that holds kit/, models/tiny-qwen3 and data/.
+CHECKOUT = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))

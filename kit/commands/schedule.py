@@ -137,7 +137,7 @@ def _git(*argv: str) -> str | None:
     import kit
 
     try:
-        done = subprocess.run(["git", "-C", str(Path(kit.__file__).resolve().parent.parent), *argv],
+        done = subprocess.run(["git", "-C", kit.CHECKOUT, *argv],
                               capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None

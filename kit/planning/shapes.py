@@ -170,7 +170,9 @@ def _local_dir(name: str) -> str | None:
     """`name` as a directory, also relative to the checkout kit runs from (the shipped models/tiny-qwen3)."""
     if os.path.isdir(name):
         return name
-    beside = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), name)
+    import kit
+
+    beside = os.path.join(kit.CHECKOUT, name)
     return beside if not os.path.isabs(name) and os.path.isdir(beside) else None
 
 

@@ -20,10 +20,11 @@ from pathlib import Path
 
 import libcst as cst
 
+import kit
 from kit.notebooks.convert.calls import is_model_loader, is_training_args
 from kit.notebooks.convert.syntax import call_name, code, drop_kwarg, kwarg, normal, set_kwarg, short_name
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+ROOT = Path(kit.CHECKOUT)
 TINY_MODEL = ROOT / "models" / "tiny-qwen3"
 TINY_DATA = ROOT / "data" / "ha_commands.jsonl"
 DRY_RUN_STEPS = 2
