@@ -189,6 +189,6 @@ def test_fsdp_qlora_estimate_within_5_percent_of_the_h200_measurement(doc, run):
             "gradient_checkpointing=on", "lora.r=16", "lora.alpha=32", "lora.target_modules=all-linear",
             f"precision={run['precision']}", "strategy=fsdp",
             "batching=padded")  # what the script settled to for rows that fill seq_len
-    p = make_plan(hardware.synthesize("1xH200"), c)
+    p = make_plan(gpu_table.synthesize("1xH200"), c)
     assert p.strategy == "fsdp"
     assert p.memory["allocated_bytes"] / GIB == pytest.approx(run["measured_peak_allocated_gib"], rel=0.05)
