@@ -29,6 +29,7 @@ import uuid
 from pathlib import Path
 
 from kit.errors import StoreError
+from kit.files import write_atomic
 from kit.checkpoints.store.base import StaleHead, Store, TransientStoreError
 from kit.checkpoints.store.directory import DirStore
 
@@ -274,9 +275,7 @@ class Lease:
 
     def _dir_replace(self, record: dict) -> None:
         path = self._lock_path()
-        tmp = path.with_name(f".{LOCK_NAME}.{self.id}.tmp")
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(record))
 
 
 def _number(value) -> float | None:

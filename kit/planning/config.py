@@ -14,7 +14,8 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
-from kit.errors import UsageError, read_text
+from kit.errors import UsageError
+from kit.files import read_text
 
 METHODS = ("lora", "qlora", "full")
 BACKENDS = ("auto", "transformers", "unsloth")

@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 
 from kit.errors import StoreError
+from kit.files import write_atomic
 from kit.checkpoints.manifest import verify_files
 from kit.checkpoints.store.base import (
     CKPT_DIR,
@@ -160,15 +161,9 @@ class DirStore(Store):
     def write_text(self, name: str, text: str) -> None:
         path = self.root / record_path(name)
         self._writable_dir(path.parent)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
         try:
-            with open(tmp, "w") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            write_atomic(path, text, fsync=True)
         except OSError as err:
-            tmp.unlink(missing_ok=True)
             raise StoreError(f"writing {record_path(name)} to {self.describe()} failed: {err}") from err
 
 
