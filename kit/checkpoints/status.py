@@ -19,6 +19,7 @@ from pathlib import Path
 
 from kit.checkpoints import goodput, resume
 from kit.errors import StoreError
+from kit.files import GIB
 
 log = logging.getLogger("kit.checkpoints.status")
 
@@ -187,9 +188,9 @@ def session_line(i: int, rec: dict, ledger_row: dict | None = None) -> str:
     if isinstance(rec.get("tokens_per_s"), (int, float)):
         extra.append(f"~{rec['tokens_per_s']:,.0f} tokens/s")
     if isinstance(rec.get("peak_allocated_bytes"), (int, float)):
-        extra.append(f"peak {rec['peak_allocated_bytes'] / 2**30:.1f} GiB")
+        extra.append(f"peak {rec['peak_allocated_bytes'] / GIB:.1f} GiB")
     elif isinstance(rec.get("peak_rss_bytes"), (int, float)):
-        extra.append(f"peak RAM {rec['peak_rss_bytes'] / 2**30:.1f} GiB")
+        extra.append(f"peak RAM {rec['peak_rss_bytes'] / GIB:.1f} GiB")
     if isinstance(rec.get("setup_s"), (int, float)):
         extra.append(f"setup {_duration(rec['setup_s'])}")
     if ledger_row and ledger_row.get("steps_lost"):

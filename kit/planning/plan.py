@@ -17,9 +17,9 @@ from kit.planning import hostram, memory, shapes as models, speed
 from kit.machine import verdicts
 from kit.planning import nodes as nodes_mod
 from kit.errors import CannotTrain, UsageError
+from kit.files import GIB
 from kit.planning.fit import CHECKPOINTING_FROM_PARAMS, batch_for_world, cheaper_change, fit, training_loop
 
-GIB = 2**30
 CPU_MAX_PARAMS = 1e9
 
 __all__ = ["Plan", "batch_for_world", "make_plan"]
