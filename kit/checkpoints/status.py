@@ -64,7 +64,7 @@ def gather(cfg, now: float | None = None) -> dict:
 
 
 def _from_store(cfg, now: float) -> dict:
-    from kit.checkpoints.store import DirStore, connect
+    from kit.checkpoints.store import connect
 
     store = connect(cfg.store)
     verdicts = store.inspect()
@@ -73,11 +73,7 @@ def _from_store(cfg, now: float) -> dict:
     if latest is not None:
         raw = store.read_checkpoint_file(latest, "trainer_state.json")
         state = _json(raw, f"checkpoint-{latest}/trainer_state.json")
-    if isinstance(store, DirStore):
-        # A directory lease is a lock file that release() deletes: absent means free.
-        lease_raw, released_if_absent = store.read_text("lease.lock"), True
-    else:
-        lease_raw, released_if_absent = store.read_text("lease.json"), False
+    lease_raw, released_if_absent = store.read_lease()
     run = _json(store.read_text("run.json"), "kit/run.json") or {}
     return {
         "store": store.describe(),

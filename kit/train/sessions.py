@@ -57,7 +57,7 @@ def append(output_dir, store, record: dict) -> None:
     with open(os.path.join(output_dir, LOCAL), "a") as f:
         f.write(line)
     if store is not None:
-        try:  # one writer per store (the lease), so read-then-write loses nothing
-            store.write_text(f"kit/{IN_STORE}", (store.read_text(f"kit/{IN_STORE}") or "") + line)
+        try:
+            store.append_text(IN_STORE, line)
         except KitError as e:  # the checkpoint is what matters; a lost record is only a warning
             print(f"[kit] warning: could not record the session in the store: {e}", file=sys.stderr)

@@ -20,6 +20,7 @@ from pathlib import Path
 from kit.errors import StoreError
 from kit.checkpoints.leftovers import owned_name
 from kit.checkpoints.manifest import MANIFEST_NAME, parse_manifest, read_manifest, verify_files
+from kit.checkpoints.store.leasing import LEASE_NAME
 # The store's vocabulary lives in layout.py; importing it here keeps `store.base.X` working.
 from kit.checkpoints.store.layout import (  # noqa: F401
     CKPT_DIR, CKPT_RE, RECORDS_DIR, VANILLA_DIR, Candidate, Snapshot, StaleHead, TransientStoreError, Verdict,
@@ -101,6 +102,20 @@ class Store(ABC):
 
     def preflight(self) -> None:
         """Raise StoreError (one line) when the store cannot even be read: the check every entry point shares."""
+
+    # ---- concurrency: what the lease and the session records rest on (store/leasing.py) -------
+    @abstractmethod
+    def swap_lease(self, decide) -> None:
+        """Compare-and-swap the lease record: ``decide(current text | None)`` -> record to write, or None."""
+
+    def read_lease(self) -> tuple[str | None, bool]:
+        """(the lease record's text or None, whether no record at all means the lease was released)."""
+        return self.read_text(LEASE_NAME), False
+
+    def append_text(self, name: str, text: str) -> None:
+        """Append to a job record. The lease makes this session the store's only writer, so
+        read-then-write (the Hub has no append) loses nothing."""
+        self.write_text(name, (self.read_text(name) or "") + text)
 
     # ---- shared logic ---------------------------------------------------------------------------
     def candidates(self, snap: Snapshot | None = None) -> list[Candidate]:
