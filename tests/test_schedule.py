@@ -200,15 +200,14 @@ def test_token_as_a_parameter_is_refused_without_echoing_it(tmp_path, override):
 def test_a_second_scheduler_on_the_same_runs_dir_refuses(tmp_path):
     import os
 
-    runs = tmp_path / "runs"
-    runs.mkdir()
-    # A live process of this host holds the lock: this test's own pid.
-    (runs / ".kit-schedule.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
-    r = kit(schedule_args(runs, tmp_path / "out", str(tmp_path / "store")), cpu_env(), timeout=60)
-    _refused(r, 2, "another `kit schedule`", f"pid {os.getpid()}")
-    # A lock left by a dead process is taken over (print-cron exits before any run, so use the lock directly).
     from kit.notebooks.schedule.loop import RunsLock
 
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    with RunsLock(runs):  # a live scheduler: this test's own process
+        r = kit(schedule_args(runs, tmp_path / "out", str(tmp_path / "store")), cpu_env(), timeout=60)
+    _refused(r, 2, "another `kit schedule`", f"pid {os.getpid()}")
+    # What a process killed with -9 leaves (the OS dropped its lock) does not block the next one.
     (runs / ".kit-schedule.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": 2**22 + 12345}))
     with RunsLock(runs) as lock:
         assert json.loads(lock.path.read_text())["pid"] == os.getpid()
