@@ -30,6 +30,7 @@ import time
 import uuid
 
 from kit.errors import StoreError
+from kit.retry import retry
 from kit.checkpoints.store.base import Store, TransientStoreError
 from kit.checkpoints.store.leasing import LEASE_NAME, LOCK_NAME  # noqa: F401  (the records' names)
 
@@ -119,16 +120,9 @@ class Lease:
         """Take the lease, or raise StoreError naming who holds it."""
         self.since = time.time()
         # A Hub hiccup (5xx, 429, a timeout) as a session starts must not cost the session.
-        for wait in ACQUIRE_BACKOFF_S:
-            try:
-                self._swap(lambda current: self._record() if self._judge(current) else None)
-                break
-            except TransientStoreError as err:
-                if wait is None:
-                    raise
-                log.warning("%s: taking the lease failed (%s); retrying in %.0f s",
-                            self.store.describe(), err, wait)
-                time.sleep(wait)
+        retry(lambda: self._swap(lambda current: self._record() if self._judge(current) else None),
+              pauses=[w for w in ACQUIRE_BACKOFF_S if w is not None], transient=(TransientStoreError,),
+              what=f"{self.store.describe()}: taking the lease", log=log)
         self.held = True
         log.info("%s: lease acquired by %s", self.store.describe(), self.holder)
         return self

@@ -13,11 +13,11 @@ import logging
 import os
 import shutil
 import tempfile
-import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 
 from kit.errors import StoreError
+from kit.retry import retry
 from kit.checkpoints.leftovers import owned_name
 from kit.checkpoints.manifest import MANIFEST_NAME, parse_manifest, read_manifest, verify_files
 from kit.checkpoints.store.leasing import LEASE_NAME
@@ -272,15 +272,7 @@ class Store(ABC):
 
 def _retrying(call, what: str):
     """``call()``, again after each pause of ``FETCH_BACKOFF_S`` while it fails transiently."""
-    for pause in (*FETCH_BACKOFF_S, None):
-        try:
-            return call()
-        except TransientStoreError as err:
-            if pause is None:
-                raise
-            log.warning("%s failed (%s); retrying in %.0f s", what, err, pause)
-            time.sleep(pause)
-    raise AssertionError("unreachable")
+    return retry(call, pauses=FETCH_BACKOFF_S, transient=(TransientStoreError,), what=what, log=log)
 
 
 def _swap_into(src: Path, dest: Path) -> None:
