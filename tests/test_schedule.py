@@ -255,3 +255,34 @@ def test_the_local_loop_stops_when_a_run_made_no_progress(tmp_path, monkeypatch)
     assert code == 1
     assert said[-1] == ("stopped: the session made no progress (the store stayed at step 40): "
                         "paused at step 40 of 200")
+
+
+def _notebook(path, source: str):
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(source)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, str(path))
+    return path
+
+
+def test_a_runs_outcome_is_its_session_record_not_printed_text(tmp_path):
+    """Real papermill and kernel: the outcome comes from the record the session appended."""
+    from kit.notebooks.schedule.papermill_run import Plan, execute
+
+    sessions = tmp_path / "out" / "kit_sessions.jsonl"
+    sessions.parent.mkdir()
+    # An older session's record (and a torn line) must not count for this run.
+    sessions.write_text(json.dumps({"started": 1.0, "outcome": "complete", "end_step": 9, "max_steps": 9}) + "\n{\"to")
+    nb = _notebook(tmp_path / "writes.ipynb", (
+        "import json, time\n"
+        f"with open({str(sessions)!r}, 'a') as f:\n"
+        "    f.write('\\n' + json.dumps({'started': time.time(), 'outcome': 'paused', 'end_step': 40, 'max_steps': 200}) + '\\n')\n"
+        "print('outcome: complete: step 200 of 200')  # printed words are not what counts\n"))
+    plan = Plan(notebook=nb, runs_dir=tmp_path / "runs", parameters={}, cwd=tmp_path, sessions=sessions)
+    assert execute(plan, 1)[0] == "paused at step 40 of 200"
+    # A session that died in its first cell left no record: a failure, saying so, with the notebook's words.
+    plan.notebook = _notebook(tmp_path / "dies.ipynb", "print('outcome: failed (exit code 1): missing HF_TOKEN')")
+    outcome = execute(plan, 2)[0]
+    assert outcome.startswith(f"failed: the session left no record in {sessions}") and "missing HF_TOKEN" in outcome
