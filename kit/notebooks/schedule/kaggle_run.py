@@ -93,8 +93,13 @@ def run_session(job: KaggleJob, n: int, *, say=print, sleep=time.sleep,
     folder = Path(job.runs_dir) / f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(ended))}-{n}"
     kaggle_api.output(job.ref, folder)
     record = _read_outcome(folder)
-    outcome = (record or {}).get("outcome") or (
-        f"failed: kernel {state.state}" + (f": {state.message}" if state.message else "") + " (no kit-outcome.json)")
+    session = (record or {}).get("session")
+    if (record or {}).get("returncode") == 0 and isinstance(session, dict) and session.get("outcome") in (
+            "paused", "complete", "already complete"):
+        outcome = stops.words_of(session)  # the session record the job wrote, not the words it printed
+    else:  # a failed session (or one that left no record): the kernel's own words say why
+        outcome = (record or {}).get("outcome") or (
+            f"failed: kernel {state.state}" + (f": {state.message}" if state.message else "") + " (no kit-outcome.json)")
     after, complete = job.progress()
     return stops.Session(outcome, before, after, hours), complete, _log_tail(folder, job.ref, record)
 

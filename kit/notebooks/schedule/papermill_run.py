@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kit.notebooks.schedule.stops import words_of
+
 OUTCOME_RE = re.compile(r"^outcome: (.+)$", re.M)
 DONE = ("complete", "already complete")
 
@@ -104,16 +106,6 @@ def session_since(path: Path, began: float) -> dict | None:
         if isinstance(rec, dict) and isinstance(rec.get("started"), (int, float)) and rec["started"] >= began:
             found = rec
     return found
-
-
-def words_of(record: dict) -> str:
-    """A session record as the outcome words the stop rules read (`kit.notebooks.schedule.stops`)."""
-    outcome, step, of = record.get("outcome"), record.get("end_step"), record.get("max_steps")
-    if outcome == "paused":
-        return f"paused at step {step} of {of}"
-    if outcome in DONE:
-        return f"{outcome}: step {step} of {of}"
-    return f"failed: {record.get('error') or outcome}"
 
 
 def is_done(outcome: str) -> bool:
