@@ -2,8 +2,9 @@
 
     retry(call, pauses=(1, 2, 4), transient=(TransientStoreError,), what="downloading step 40", log=log)
 
-Used for the store's downloads (kit.checkpoints.store.base), uploads (kit.checkpoints.sync) and
-the lease (kit.checkpoints.lease). Not tenacity: that comes with papermill (the notebooks extra)
+Used for the store's downloads (kit.checkpoints.store.base), uploads (kit.checkpoints.sync), the
+lease (kit.checkpoints.lease), and a Kaggle schedule's status polls and output download
+(kit.notebooks.schedule.kaggle_run; never the push, which is not idempotent). Not tenacity: that comes with papermill (the notebooks extra)
 only, and these calls run inside the training script. Not huggingface_hub's `http_backoff`:
 it retries one raw HTTP request, and these are whole operations (a commit, a verified download).
 The pauses are read when the call is made, so a test (or a caller) can shorten them.
