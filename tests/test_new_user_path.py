@@ -44,13 +44,17 @@ def test_readme_keeps_its_two_commands_and_names_the_cpu_index():
 
 def test_parameter_counts_agree_between_readme_and_run():
     from kit.train import modeling
-    from kit.planning.launch import RuntimePlan
+    from kit.planning.adapt import LaunchPlan
 
     cfg = config.load("configs/default.yaml")
-    plan = RuntimePlan("fp32", 8, 2, 16, False, "transformers", "adamw_torch", [])
+    plan = LaunchPlan("fp32", 8, 2, 16, False, "transformers", "adamw_torch", [])
     ctx = SimpleNamespace(device=__import__("torch").device("cpu"), local_rank=0, rank=0, world_size=1, is_main=True)
     model, _ = modeling.load(cfg, plan, ctx)
-    line = modeling.trainable_summary(modeling.add_lora(model, cfg, plan))
+    from peft import LoraConfig
+
+    lora = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, target_modules=modeling.target_modules(cfg, model),
+                      task_type="CAUSAL_LM")  # as train_ddp.py builds it
+    line = modeling.trainable_summary(modeling.add_lora(model, cfg, plan, lora))
     assert line.startswith("trainable parameters: 32,768 of 139,648")
     assert "106,880 frozen + 32,768 trainable" in line
     assert "107k-parameter Qwen3" in README and "32,768 of 139,648" in README and "106,880" in README
@@ -235,11 +239,11 @@ def test_a_dataset_smaller_than_one_global_batch_is_named(capsys):
     import torch
 
     from kit.train.job import Job
-    from kit.planning.launch import RuntimePlan
+    from kit.planning.adapt import LaunchPlan
 
     cfg = config.load("configs/default.yaml", ["max_steps=null", "epochs=1"])
     ctx = SimpleNamespace(device=torch.device("cpu"), rank=0, world_size=2, is_main=True)
-    job = Job(cfg, ctx, RuntimePlan("fp32", 8, 1, 16, False, "transformers", "adamw_torch", []))
+    job = Job(cfg, ctx, LaunchPlan("fp32", 8, 1, 16, False, "transformers", "adamw_torch", []))
     assert job.max_steps(3) == 1
     out = capsys.readouterr().out
     assert ("warning: 3 training example(s), fewer than one global batch of 16 (8 per device × 1 accumulation × "
@@ -252,7 +256,7 @@ def test_a_dataset_smaller_than_one_global_batch_is_named(capsys):
 # ---- item 18: output_dir is checked before anything loads --------------------------------------------------
 def test_output_dir_check(tmp_path):
     from kit.errors import UsageError
-    from kit.planning.launch import check_output_dir
+    from kit.train.output_dir import check_output_dir
 
     (tmp_path / "file").write_text("x")
     for bad, words in ((tmp_path / "file", "is a file"), (tmp_path / "file" / "run", "which is a file"),

@@ -16,7 +16,7 @@ import time
 
 from kit.train import dist, sessions
 from kit.checkpoints import fingerprint, resume
-from kit.planning import launch as runtime
+from kit.train.output_dir import check_output_dir
 from kit.train.callbacks import Checkpoints, Control, Meter, StopSignals
 from kit.train.deadline import session_deadline
 from kit.errors import KitError
@@ -66,7 +66,7 @@ class Job:
         outcome = None
         if self.ctx.is_main:
             try:
-                runtime.check_output_dir(self.cfg.output_dir)  # before any model, data or store is touched
+                check_output_dir(self.cfg.output_dir)  # before any model, data or store is touched
                 self._open_store()
                 decision = resume.choose(self.cfg, self.store, self.ctx.world_size, self.force)
                 outcome = ("ok", (decision, stage.open_run(self.cfg, self.store)))
