@@ -50,7 +50,11 @@ def test_parameter_counts_agree_between_readme_and_run():
     plan = LaunchPlan("fp32", 8, 2, 16, False, "transformers", "adamw_torch", [])
     ctx = SimpleNamespace(device=__import__("torch").device("cpu"), local_rank=0, rank=0, world_size=1, is_main=True)
     model, _ = modeling.load(cfg, plan, ctx)
-    line = modeling.trainable_summary(modeling.add_lora(model, cfg, plan))
+    from peft import LoraConfig
+
+    lora = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, target_modules=modeling.target_modules(cfg, model),
+                      task_type="CAUSAL_LM")  # as train_ddp.py builds it
+    line = modeling.trainable_summary(modeling.add_lora(model, cfg, plan, lora))
     assert line.startswith("trainable parameters: 32,768 of 139,648")
     assert "106,880 frozen + 32,768 trainable" in line
     assert "107k-parameter Qwen3" in README and "32,768 of 139,648" in README and "106,880" in README

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from kit.planning import config
-from kit.machine import gpu_table as hardware
+from kit.machine import gpu_table
 from kit.errors import CannotTrain, UsageError
 from kit.planning.plan import make_plan
 from tests.scripts import FAST, ROOT, cpu_env, torchrun_cmd
@@ -51,7 +51,7 @@ def test_32b_qlora_on_2xt4_goes_model_parallel_because_fsdp_loads_a_whole_4bit_b
     assert any(r.startswith("passed over fsdp: each rank quantizes the whole 4-bit base") for r in p.reasons)
     assert any("the GPUs run one after another" in r and "32 of the 64 layers on each GPU" in r for r in p.reasons)
     # With GPUs that hold the 4-bit base while loading, FSDP it is, with the quant storage named.
-    p = make_plan(hardware.synthesize("2xL4"), cfg("model=Qwen/Qwen3-32B", "method=qlora", "seq_len=1024"))
+    p = make_plan(gpu_table.synthesize("2xL4"), cfg("model=Qwen/Qwen3-32B", "method=qlora", "seq_len=1024"))
     assert p.strategy == "fsdp" and p.memory["per_gpu_bytes"] <= p.memory["budget_bytes"]
     assert any("stored as bf16 (bnb_4bit_quant_storage)" in r for r in p.reasons)
 
@@ -98,7 +98,7 @@ def test_model_parallel_asked_for_is_one_process_and_never_over_nodes():
     with pytest.raises(UsageError, match="one process on one machine"):
         make_plan(KAGGLE_T4X2, cfg("model=Qwen/Qwen3-8B", "method=qlora", "strategy=model_parallel"), nodes=2)
     with pytest.raises(UsageError, match="splits the layers over several GPUs"):
-        make_plan(hardware.synthesize("1xT4"), cfg("model=Qwen/Qwen3-8B", "method=qlora", "strategy=model_parallel"))
+        make_plan(gpu_table.synthesize("1xT4"), cfg("model=Qwen/Qwen3-8B", "method=qlora", "strategy=model_parallel"))
 
 
 def test_two_nodes_get_a_torchrun_command_each_and_the_batch_spans_all_ranks():

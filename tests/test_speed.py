@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from kit.planning import adapt, config, memory, shapes as models, speed
+from kit.planning import adapt, config, memory, shapes, speed
 from kit.errors import CannotTrain, UsageError
 from kit.planning.plan import make_plan
 from tests.test_plan import A100, COLAB_T4, CPU_ONLY, H200, KAGGLE_T4X2, MI300X, QWEN8_QLORA, cfg, machine
@@ -66,7 +66,7 @@ def test_memory_estimate_follows_the_batching():
 
 def test_packed_mask_without_checkpointing_is_kept_by_every_layer():
     assert memory.packed_mask_bytes(1000, 36, gradient_checkpointing=False) == 1000 * 1000 * (1 + 2 * 36)
-    m = models.model_facts("Qwen/Qwen3-8B")
+    m = shapes.model_facts("Qwen/Qwen3-8B")
     est = memory.estimate(m, cfg(*QWEN8_QLORA, *CHAT), "bf16", 4, True, True, device="cpu", batching="packed")
     assert "packed_attention_mask" not in est.terms  # the CPU's math kernel: no 16-bit bias to model
 

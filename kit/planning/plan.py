@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass, field
 from kit.errors import CannotTrain, UsageError
 from kit.machine import verdicts
 from kit.machine.command import launch_command
-from kit.planning import hostram, memory, precision, shapes, speed
+from kit.planning import hostram, memory, plan_words, precision, shapes, speed
 from kit.planning import nodes as nodes_mod
-from kit.planning.fit import CHECKPOINTING_FROM_PARAMS, batch_for_world, cheaper_change, fit, training_loop
+from kit.planning.fit import batch_for_world, cheaper_change, fit, training_loop
 
 GIB = 2**30
 CPU_MAX_PARAMS = 1e9
@@ -57,11 +57,10 @@ class Plan:
         return asdict(self)
 
 
-def make_plan(facts, cfg, nproc: int | None = None, *, replica_only: bool = False, nodes: int = 1,
+def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
               rdzv_endpoint: str | None = None) -> Plan:
     """Plan `cfg` on the machine `facts` describes (a Facts or its dict); `nproc` limits the GPUs used.
 
-    `replica_only` leaves out sharding and model parallelism (one full replica per GPU only).
     `nodes`: that many machines like `facts` (GPUs per node), started by torchrun's c10d
     rendezvous at `rdzv_endpoint` (HOST:PORT of node 0; default $MASTER_ADDR:29500).
 
@@ -74,7 +73,7 @@ def make_plan(facts, cfg, nproc: int | None = None, *, replica_only: bool = Fals
     facts = _as_facts(facts)
     model = shapes.model_facts(cfg.model, cfg.revision)
     plan = Plan(model=cfg.model)
-    plan.reasons.append(f"{cfg.model}: {_count(model.params)} parameters, {model.layers} layers, vocab "
+    plan.reasons.append(f"{cfg.model}: {plan_words.count(model.params)} parameters, {model.layers} layers, vocab "
                         f"{model.vocab} (from {model.source}).")
     quantized = cfg.method == "qlora" or model.prequantized is not None
     if model.prequantized and cfg.method == "full":
@@ -114,7 +113,7 @@ def make_plan(facts, cfg, nproc: int | None = None, *, replica_only: bool = Fals
     plan.batching = speed.batching(cfg, gpu, plan.reasons)
     loop = {**training_loop(facts), "batching": plan.batching}
     ram, why = hostram.budget(facts.ram_bytes), []
-    found = fit(model, cfg, plan.precision, quantized, plan.optimizer, n, budget, loop=loop, replica_only=replica_only,
+    found = fit(model, cfg, plan.precision, quantized, plan.optimizer, n, budget, loop=loop,
                 nodes=nodes, ram=ram, why=why)
     plan.memory["budget_bytes"] = budget
     plan.nodes = nodes
@@ -124,12 +123,12 @@ def make_plan(facts, cfg, nproc: int | None = None, *, replica_only: bool = Fals
                               world_size=n, optimizer=plan.optimizer, **loop)
         plan.memory.update(per_gpu_bytes=est.total_bytes, allocated_bytes=est.allocated_bytes, terms=est.terms,
                            notes=[f"one replica at micro-batch {cfg.per_device_batch or 1}"] + est.notes)
-        how = " with one full replica per GPU" if replica_only and n > 1 else ""
+        how = " with one full replica per GPU" if cfg.strategy == "ddp" and n > 1 else ""
         where = f"{nodes} nodes of {n}× {gpu['name']}" if nodes > 1 else f"{n}× {gpu['name']}"
         passed = f" (passed over {'; '.join(why)})" if why else ""
         _refuse(plan, f"{cfg.model} ({cfg.method}, seq_len {cfg.seq_len}) does not fit on {where}{how}{passed}: "
                       + cheaper_change(model, cfg, plan.precision, plan.optimizer, n, budget, gpu["name"], loop,
-                                        replica_only, nodes=nodes, ram=ram))
+                                        nodes=nodes, ram=ram))
     strategy, world, pdb, gc, est = found
     plan.strategy, plan.device, plan.gradient_checkpointing = strategy, "cuda", gc
     plan.per_device_batch, plan.grad_accum, plan.global_batch = batch_for_world(cfg, pdb, world)
@@ -138,8 +137,8 @@ def make_plan(facts, cfg, nproc: int | None = None, *, replica_only: bool = Fals
     plan.nproc = world // nodes if strategy in ("ddp", "fsdp") else world  # per node
     plan.gpus = len(usable) if strategy == "model_parallel" else plan.nproc
     plan.reasons += [f"passed over {w}." for w in why]  # cheaper strategies that fit the GPUs but not the load
-    plan.reasons += _strategy_reasons(strategy, n if strategy == "model_parallel" else world, gpu["name"], est, budget, model, cfg, gc, quantized, plan)
-    plan.reasons.append(_host_words(model, strategy, quantized, plan.nproc, cfg, ram))
+    plan.reasons += plan_words.strategy_reasons(strategy, n if strategy == "model_parallel" else world, gpu["name"], est, budget, model, cfg, gc, quantized, plan)
+    plan.reasons.append(plan_words.host_words(model, strategy, quantized, plan.nproc, cfg, ram))
     plan.backend = _backend(cfg, facts, gpu, strategy, plan.reasons)
     if plan.backend == "unsloth" and speed.unsloth_batching(cfg, plan.batching, plan.reasons) != plan.batching:
         plan.batching = "padded"  # and the estimate without the padding-free mask (Unsloth is single-GPU here)
@@ -162,13 +161,6 @@ def make_plan(facts, cfg, nproc: int | None = None, *, replica_only: bool = Fals
     return plan
 
 
-def _host_words(model, strategy, quantized, ranks, cfg, ram) -> str:
-    load = hostram.node_load_bytes(model, strategy, quantized, ranks if strategy != "model_parallel" else 1,
-                                   full_method=cfg.method == "full")
-    have = f"{ram / GIB:.1f} GiB usable" if ram else "unknown RAM: not checked"
-    return f"host RAM while loading: ~{load.total_bytes / GIB:.1f} GiB per node ({load.words}; {have})."
-
-
 def _budget(usable: list[dict], reasons: list[str]) -> int:
     """The memory each rank may use: the smallest GPU's total, or its free memory when something holds a lot."""
     budget = min(g["memory_total_bytes"] for g in usable)
@@ -181,10 +173,6 @@ def _budget(usable: list[dict], reasons: list[str]) -> int:
                        f"notebook kernel holding a model?): planning with the free {budget / GIB:.1f} GiB; restart "
                        "that kernel to get it back.")
     return budget
-
-
-def _count(params: int) -> str:
-    return f"{params / 1e9:.2f}B" if params >= 1e9 else f"{params / 1e6:.1f}M" if params >= 1e6 else f"{params:,}"
 
 
 def _as_facts(facts):
@@ -263,37 +251,6 @@ def _optimizer(cfg, facts, gpu=None) -> str:
     if cfg.method == "full" and has_bnb:
         return "adamw_8bit"
     return "adamw_torch_fused" if speed.fused_adamw(cfg, gpu) else "adamw_torch"
-
-
-def _strategy_reasons(strategy, n, gpu_name, est, budget, model, cfg, gc, quantized, plan) -> list[str]:
-    need = f"estimated {est.total_bytes / GIB:.1f} GiB per GPU of {budget / GIB:.1f} GiB"
-    out = {"single": f"single device: one {gpu_name}; {need}.",
-           "ddp": f"DDP over {n}× {gpu_name}: one replica fits each GPU ({need}); each rank trains on its "
-                  f"own share of the batches, so {n} GPUs give about {n}× the throughput.",
-           "fsdp": (f"FSDP over {n}× {gpu_name} as configured ({need})." if cfg.strategy == "fsdp" else
-                    f"FSDP over {n}× {gpu_name}: a full replica does not fit one GPU, sharded {n} ways it does "
-                    f"({need})."),
-           "model_parallel": f"model parallel (device_map) over {n}× {gpu_name}: neither a replica nor FSDP fits, "
-                             f"only the layers spread over the GPUs ({need}): about {model.layers // max(n, 1)} of "
-                             f"the {model.layers} layers on each GPU (device_map=\"auto\" balances them by size); "
-                             "one process, the GPUs run one after another, so it is no speed-up; launched with "
-                             "python, never torchrun."}[strategy]
-    reasons = [out]
-    if strategy == "fsdp" and quantized:
-        reasons.append(f"QLoRA under FSDP: the 4-bit weights are stored as {plan.precision} "
-                       "(bnb_4bit_quant_storage) so FSDP2 can shard them; each rank quantizes the whole base on its GPU "
-                       f"while loading (~{memory.fsdp_qlora_load_bytes(model, plan.precision) / GIB:.1f} GiB) "
-                       "before sharding it.")
-    elif strategy == "fsdp":
-        reasons.append("FSDP with a 16-bit base: the weights load on the CPU, one rank per node reads them and "
-                       "the others receive their shards; no GPU holds a full replica.")
-    why_gc = ("set in the config" if cfg.gradient_checkpointing != "auto" else
-              f"the model has {model.params / 1e9:.1f}B ≥ 1B parameters" if model.params >= CHECKPOINTING_FROM_PARAMS
-              else "needed to fit" if gc else f"the model is small ({_count(model.params)} parameters)")
-    reasons.append(f"gradient checkpointing {'on' if gc else 'off'}: {why_gc}.")
-    b = "as configured" if cfg.per_device_batch else "the largest power of two ≤ 8 that fits"
-    reasons.append(f"micro-batch {plan.per_device_batch} per device ({b}), {plan.grad_accum} accumulation step(s), global batch {plan.global_batch}.")
-    return reasons
 
 
 def _backend(cfg, facts, gpu, strategy, reasons) -> str:
