@@ -278,3 +278,30 @@ def test_a_torn_session_record_is_named_by_line(tmp_path, caplog):
         s = status.gather(config.load("configs/default.yaml", [f"output_dir={out}"]))
     assert len(s["sessions"]) == 1
     assert f"{out / 'kit_sessions.jsonl'} line 2 is not valid JSON" in caplog.text
+
+
+# ---- overrides anywhere among the flags (`train_ddp.py lora.r=8 --force output_dir=X`) ---------------------
+def test_the_script_takes_overrides_before_between_and_after_its_flags(tmp_path):
+    from kit.script import arguments
+
+    args = arguments.parse(["lora.r=8", "--force", f"output_dir={tmp_path}", "--smoke", "max_steps=3"], "c.yaml")
+    assert (args.force, args.smoke, args.overrides) == (True, True, ["lora.r=8", f"output_dir={tmp_path}",
+                                                                      "max_steps=3"])
+    cfg, _ = arguments.settings(config.to_dict(config.load("configs/default.yaml")), {}, args)
+    assert (cfg.lora.r, cfg.output_dir, cfg.max_steps) == (8, str(tmp_path), 3)
+    # The real script: the override after --force is read (and refused for its value, not as an argument).
+    r = subprocess.run([sys.executable, str(ROOT / "train_ddp.py"), "lora.r=8", "--force", f"output_dir={tmp_path}",
+                        "max_steps=0"], cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip() == "error: config key 'max_steps' in command line must be > 0, got 0"
+
+
+def test_kit_commands_take_overrides_among_their_flags(capsys):
+    def lora_bytes(*argv):
+        assert main(["plan", *argv]) == 0
+        return json.loads(capsys.readouterr().out)["memory"]["terms"]["lora_params_fp32"]
+
+    flags_first = lora_bytes("--gpus", "2xT4", "--config", "configs/default.yaml", "--json", "lora.r=8")
+    assert lora_bytes("lora.r=8", "--gpus", "2xT4", "--json", "--config", "configs/default.yaml") == flags_first
+    assert lora_bytes("--gpus", "2xT4", "--json", "--config", "configs/default.yaml") == 2 * flags_first  # r=16
+    assert main(["plan", "lora.r=8", "--jsn", "--gpus", "2xT4"]) == 2  # an unknown flag is still refused, in one line
+    assert capsys.readouterr().err.strip() == "error: kit: unrecognized arguments: --jsn (see `kit --help`)"
