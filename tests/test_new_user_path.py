@@ -196,9 +196,45 @@ def test_under_torchrun_the_error_line_names_kits_exit_code(tmp_path):
                           text=True, timeout=300)
     assert done.returncode == 1  # torchrun's own code for any failed rank
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and errors[0].endswith("[kit exit 2; torchrun exits 1 and reports it below as a "
-                                                   "ChildFailedError]")
+    assert errors[0].endswith("[kit exit 2; torchrun exits 1 and reports it below as a ChildFailedError]")
+    # torchrun's report follows the rank's line; kit says it again after it, so the last line is kit's.
+    assert "ChildFailedError" in done.stderr.split(errors[0])[1]
+    assert errors[1:] == [done.stderr.strip().splitlines()[-1]] and errors[1] == (
+        "error: config key 'max_steps' in command line must be > 0, got 0 [kit exit 2; torchrun's exit 1 and its "
+        "ChildFailedError report above pass it on]")
     assert "torchrun's" in README and "ChildFailedError" in README and "SignalException" in README
+
+
+def test_ctrl_c_under_torchrun_ends_with_kits_outcome_line(tmp_path):
+    """Ctrl-C in a terminal signals torchrun's process group; torchrun starts each rank in a session
+    of its own and forwards SIGINT to it. The ranks pause cleanly, then torchrun prints its
+    SignalException traceback and exits 1: kit's outcome must still be the last line."""
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(ROOT / "train_ddp.py"), f"output_dir={out}", "max_steps=2000", "save_steps=5", *FAST]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=cpu_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 150
+        while not list(out.glob("checkpoint-*")):  # the first save: training is under way
+            assert time.monotonic() < deadline and proc.poll() is None, "the run never saved"
+            time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGINT)  # the terminal's Ctrl-C reaches torchrun (the ranks have own sessions)
+        log, _ = proc.communicate(timeout=150)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1 and "SignalException" in log  # torchrun's, for the signal it got
+    step = int(log.split("[kit] paused at step ")[1].split()[0])
+    assert (out / f"checkpoint-{step}" / "kit_manifest.json").is_file()
+    last = log.strip().splitlines()[-1]
+    assert last.startswith(f"[kit] paused at step {step} of 2000 (signal SIGINT) — run the same command to continue")
+    assert last.endswith("[kit exit 0; the SignalException traceback and exit 1 above are torchrun's own reaction "
+                         "to the signal]")
 
 
 # ---- item 12: smoke cleans up after itself ---------------------------------------------------------------
