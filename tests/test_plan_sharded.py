@@ -170,3 +170,25 @@ def test_model_parallel_script_under_torchrun_exits_2_with_one_line(tmp_path):
     assert "error: strategy model_parallel runs as one process" in run.stderr and "not torchrun" in run.stderr
     assert "Traceback" not in run.stderr.split("error: strategy model_parallel")[0][-500:]
     assert not (tmp_path / "out").exists()
+
+
+def _fsdp_measurements():
+    """FSDP + QLoRA at world size 1 through the generated script on the H200 (bench/fsdp_qlora_gpu.py)."""
+    import json
+
+    doc = json.loads((ROOT / "bench" / "results" / "fsdp_qlora_h200.json").read_text())
+    return [pytest.param(doc, r, id=r["precision"]) for r in doc["runs"]]
+
+
+@pytest.mark.parametrize("doc,run", _fsdp_measurements())
+def test_fsdp_qlora_estimate_within_5_percent_of_the_h200_measurement(doc, run):
+    # The peak a user is told before an FSDP job, against rank 0's max_memory_allocated over real steps;
+    # the gathered lm_head unit was missing from it at world size 1 (14 % under).
+    c = cfg(f"model={doc['model_shape']}", "method=qlora", f"seq_len={doc['seq_len']}",
+            f"per_device_batch={doc['per_device_batch']}", f"global_batch={doc['per_device_batch']}",
+            "gradient_checkpointing=on", "lora.r=16", "lora.alpha=32", "lora.target_modules=all-linear",
+            f"precision={run['precision']}", "strategy=fsdp",
+            "batching=padded")  # what the script settled to for rows that fill seq_len
+    p = make_plan(gpu_table.synthesize("1xH200"), c)
+    assert p.strategy == "fsdp"
+    assert p.memory["allocated_bytes"] / GIB == pytest.approx(run["measured_peak_allocated_gib"], rel=0.05)

@@ -71,22 +71,25 @@ def test_packed_mask_without_checkpointing_is_kept_by_every_layer():
     assert "packed_attention_mask" not in est.terms  # the CPU's math kernel: no 16-bit bias to model
 
 
-def test_kernels_auto_stays_off_until_the_loss_check_and_says_the_measurement():
+def test_kernels_auto_is_liger_where_measured_checked_and_installed():
+    with_liger = {**H200, "packages": {**H200["packages"], "liger_kernel": "0.8.5"}}
+    plan = make_plan(with_liger, cfg(*QWEN8_QLORA))
+    assert plan.kernels == "liger"
+    why = _reason(plan, "kernels liger")
+    assert "1.29×" in why and "within 0.10 % of the plain one" in why
+    assert "not installed" in _reason(make_plan(H200, cfg(*QWEN8_QLORA)), "kernels none")
+    t4 = {**COLAB_T4, "packages": {**COLAB_T4["packages"], "liger_kernel": "0.8.5"}}
+    plan = make_plan(t4, cfg(*QWEN8_QLORA))
+    assert plan.kernels == "none" and "not measured on sm_75" in _reason(plan, "kernels none")
+
+
+def test_kernels_auto_stays_off_while_the_loss_curve_is_unchecked(monkeypatch):
+    monkeypatch.setitem(speed.MEASURED, "liger_loss_checked", False)
     facts = {**H200, "packages": {**H200["packages"], "liger_kernel": "0.8.5"}}
     plan = make_plan(facts, cfg(*QWEN8_QLORA))
     assert plan.kernels == "none"
     why = _reason(plan, "kernels none")
     assert "1.29×" in why and "loss curve is not yet checked" in why and "kernels=liger" in why
-
-
-def test_kernels_auto_is_liger_once_measured_and_checked(monkeypatch):
-    monkeypatch.setitem(speed.MEASURED, "liger_loss_checked", True)
-    with_liger = {**H200, "packages": {**H200["packages"], "liger_kernel": "0.8.5"}}
-    assert make_plan(with_liger, cfg(*QWEN8_QLORA)).kernels == "liger"
-    assert "not installed" in _reason(make_plan(H200, cfg(*QWEN8_QLORA)), "kernels none")
-    t4 = {**COLAB_T4, "packages": {**COLAB_T4["packages"], "liger_kernel": "0.8.5"}}
-    plan = make_plan(t4, cfg(*QWEN8_QLORA))
-    assert plan.kernels == "none" and "not measured on sm_75" in _reason(plan, "kernels none")
 
 
 def test_kernels_configured():
