@@ -15,7 +15,6 @@ Re-render after editing the config (the command that wrote this file):
     python -m kit render --config configs/default.yaml --gpus 2xT4 -o train_ddp.py --force
 """
 
-import os
 import sys
 
 from peft import LoraConfig
@@ -23,10 +22,10 @@ from transformers import BitsAndBytesConfig, set_seed
 from trl import SFTConfig, SFTTrainer
 
 try:  # the mechanics (store sync, resume, lease, deadline, smoke checks) are kit's tested modules
-    from kit.errors import KitError, exit_words
+    from kit.errors import KitError
     from kit.planning import adapt
     from kit.script import arguments
-    from kit.train import data, dist, modeling, sharding
+    from kit.train import data, dist, last_word, modeling, sharding
     from kit.train.job import Job
 except ModuleNotFoundError as e:
     if not (e.name or "").startswith("kit"):
@@ -219,6 +218,5 @@ if __name__ == "__main__":
     try:
         sys.exit(main(sys.argv[1:]))
     except KitError as e:  # bad config, data, store or hardware: one line and its exit code
-        if os.environ.get("RANK", "0") == "0":
-            print(f"error: {e}{exit_words(e.exit_code)}", file=sys.stderr)
+        last_word.say_error(e)  # rank 0; under torchrun said again after torchrun's own report
         sys.exit(e.exit_code)

@@ -29,11 +29,26 @@ COMMANDS = {
 
 
 class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line and exit 2, like every other kit error."""
+    """An ArgumentParser whose errors are one line and exit 2, like every other kit error.
+
+    `key=value` overrides may sit anywhere among the flags (`train_ddp.py lora.r=8 --force
+    output_dir=X`): plain argparse stops filling a `nargs="*"` positional at the first flag and
+    calls the rest "unrecognized arguments", so a parser without subcommands parses intermixed.
+    """
+
+    _intermixed = False  # set while parse_known_intermixed_args calls back into parse_known_args
 
     def parse_known_args(self, args=None, namespace=None):
+        if self._intermixed:  # the inner passes: argv stays the whole command line, for error()
+            return super().parse_known_args(args, namespace)
         self._argv = list(sys.argv[1:] if args is None else args)  # for error(): the value it refused
-        return super().parse_known_args(args, namespace)
+        if any(a.nargs in (argparse.PARSER, argparse.REMAINDER) for a in self._get_positional_actions()):
+            return super().parse_known_args(args, namespace)
+        self._intermixed = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixed = False
 
     def error(self, message):
         # argparse takes a value that starts with "-" (`--gpus -1xT4`) for an option and says only

@@ -171,9 +171,11 @@ def test_token_never_appears_in_logs_or_errors(hub, monkeypatch, tmp_path, caplo
     assert FAKE not in joined
 
 
-def test_suite_does_not_depend_on_the_callers_hf_environment(tmp_path):
+@pytest.mark.parametrize("preload", [[], ["-p", "huggingface_hub.constants"]], ids=["plain", "hub-imported-first"])
+def test_suite_does_not_depend_on_the_callers_hf_environment(tmp_path, preload):
     """Item 5b of issue 11: with HF_HUB_OFFLINE=1 exported (Kaggle, offline setups), a stray token
-    and endpoint, the token test still runs against the local test Hub and passes."""
+    and endpoint, the token test still runs against the local test Hub and passes — also when a
+    pytest plugin imported huggingface_hub (which reads HF_HUB_OFFLINE once) before conftest.py."""
     import os
     import subprocess
     from pathlib import Path
@@ -181,7 +183,7 @@ def test_suite_does_not_depend_on_the_callers_hf_environment(tmp_path):
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_TOKEN": "hf_" + "callerTOKEN" * 3,
            "HF_ENDPOINT": "http://127.0.0.1:9", "PYTHONPATH": str(root)}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *preload,
                            "tests/test_auth.py::test_token_never_appears_in_logs_or_errors"],
                           cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:]

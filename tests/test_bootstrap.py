@@ -81,13 +81,15 @@ def test_config_plans_writes_the_script_and_keeps_the_result(tmp_path, capsys):
     assert result.facts.gpu_count == 2 and result.verdicts.ok
     plan = result.plan
     assert (plan.strategy, plan.nproc, plan.precision) == ("ddp", 2, "fp16")
-    assert result.next == [f"wrote {out} (the previous one is now train_ddp.py.prev); "
-                                      f"next: torchrun --standalone --nproc_per_node=2 {out}"]
+    assert result.wrote == f"wrote {out} (the previous one is now train_ddp.py.prev)"
+    assert result.next == [f"torchrun --standalone --nproc_per_node=2 {out}"]
     script = out.read_text()
     assert "'r': 8" in script and "ddp_find_unused_parameters=False" in script
     assert (tmp_path / "train_ddp.py.prev").read_text() == "# my own edits\n"  # nothing lost
     printed = capsys.readouterr().out
-    assert "plan for Qwen/Qwen3-8B" in printed and f"Next: wrote {out}" in printed
+    assert "plan for Qwen/Qwen3-8B" in printed
+    assert printed.splitlines()[-2:] == [f"Wrote {out} (the previous one is now train_ddp.py.prev)",
+                                         f"Next: torchrun --standalone --nproc_per_node=2 {out}"]
     failed = cli.run(["bootstrap", "--facts", "/nonexistent.json"])
     assert failed.code == 2 and failed.result is None  # a failed run leaves no stale facts for the notebook
 

@@ -27,6 +27,7 @@ class Result:
     next: list[str] = field(default_factory=list)
     plan: object | None = None
     cpu_only: bool = False
+    wrote: str | None = None  # "wrote train_ddp.py …" when a script was written
     exit_code: int = 0
 
 
@@ -61,8 +62,8 @@ def run(args) -> Result:
     if args.config and (verdicts.ok or cpu_only):
         plan, written, refusal = _plan_and_write(args, facts)
     steps = _next_steps(facts, verdicts, plan, written, args.output)
-    result = Result(facts=facts, verdicts=verdicts, next=steps, plan=plan, cpu_only=cpu_only)
-    report.show(facts, verdicts, steps, as_json=args.json, plan=plan)
+    result = Result(facts=facts, verdicts=verdicts, next=steps, plan=plan, cpu_only=cpu_only, wrote=written)
+    report.show(facts, verdicts, steps, as_json=args.json, plan=plan, wrote=written)
     if refusal is not None:
         refusal.result = result
         raise refusal
@@ -117,12 +118,15 @@ def _free_backup_name(out: Path) -> Path:
 
 
 def _next_steps(facts, verdicts, plan, written, script: str) -> list[str]:
-    """The one command to run next (a list, for JSON readers); `script` is where train_ddp.py was written."""
+    """The one command to run next (a list, for JSON readers); `script` is where train_ddp.py was written.
+
+    Only the command: what was written is said on its own line before it (`wrote`), so the
+    output has exactly one line that says what to do next.
+    """
     if plan is not None and written:
         from kit.commands.render import launch_for
 
-        step = f"{written}; next: {launch_for(plan, Path(script))}"
-        return [step + (f"  ({CPU_NOTE})" if plan.device == "cpu" else "")]
+        return [launch_for(plan, Path(script)) + (f"  ({CPU_NOTE})" if plan.device == "cpu" else "")]
     if verdicts.ok:
         return [verdicts.action]
     if not facts.gpus and facts.torch.get("installed"):

@@ -51,11 +51,19 @@ def finish(job, trainer) -> int:
         job._release()
         if paused:
             after = ""
-            if job._control.stop_reason.startswith("signal") and under_torchrun():
+            signalled = job._control.stop_reason.startswith("signal") and under_torchrun()
+            if signalled:
                 after = ("; torchrun's SignalException traceback and exit 1 that follow are its reaction to "
                          "the same signal: the checkpoint is saved")
-            job.log(f"paused at step {step} of {job._max_steps} ({job._control.stop_reason}) — "
-                    f"run the same command to continue{after}")
+            said = (f"paused at step {step} of {job._max_steps} ({job._control.stop_reason}) — "
+                    f"run the same command to continue")
+            job.log(said + after)
+            if signalled:  # torchrun's traceback comes after the ranks end: say the outcome again, last
+                from kit.auth import redact
+                from kit.train.last_word import repeat_after_torchrun
+
+                repeat_after_torchrun(f"[kit] {redact(said)} [kit exit 0; the SignalException traceback and "
+                                      f"exit 1 above are torchrun's own reaction to the signal]")
         else:
             job.log(f"complete: step {step} of {job._max_steps}; checkpoint in "
                     f"{job.cfg.output_dir}/checkpoint-{step}")
