@@ -133,17 +133,22 @@ def main() -> None:
     except subprocess.TimeoutExpired:
         export_proc.kill()
         raise SystemExit(f"export ran over 540 s:\n{tail(work / 'export.log')}")
-    if export_proc.returncode != 0:
-        raise SystemExit(f"export failed:\n{tail(work / 'export.log')}")
-    text = (work / "export.log").read_text()
+    text = (work / "export.log").read_text(errors="replace")
+    if "PEAK_RSS_KIB" not in text:  # it died before the probe could print (killed, out of memory)
+        raise SystemExit(f"export failed ({export_proc.returncode}):\n{tail(work / 'export.log')}")
     peak_kib, wall = int(text.split("PEAK_RSS_KIB")[1].split()[0]), float(text.split("WALL_S")[1].split()[0])
-    report = json.loads(text[text.index("{\n"):text.index("PEAK_RSS_KIB")])
+    # A refused merge (its verification) has still loaded, merged, saved and reloaded: its time and
+    # peak memory are the export's; the refusal is recorded beside them instead of losing both.
+    error = next((ln for ln in text.splitlines() if ln.startswith("error:")), None)
+    report = (json.loads(text[text.index("{\n"):text.index("PEAK_RSS_KIB")])
+              if export_proc.returncode == 0 else {"exit_code": export_proc.returncode, "error": error})
     shards = sorted(p.name for p in merged.glob("*.safetensors"))
     result["export"] = {"wall_s": round(wall, 1), "peak_rss_gib": round(peak_kib / 2**20, 2),
                         "fits_kaggle_29gb": peak_kib * 1024 / 1e9 < KAGGLE_RAM_GB,
                         "shards": len(shards), "merged_bytes": sum(p.stat().st_size for p in merged.glob("*.safetensors")),
                         **{k: report.get(k) for k in ("load_s", "merge_save_s", "verify_s", "max_abs_logit_diff",
-                                                      "tolerance", "top1_agreement", "positions")}}
+                                                      "tolerance", "top1_agreement", "positions", "exit_code", "error")
+                           if k in report}}
     save()
     print(json.dumps(result["export"], indent=1))
 

@@ -32,7 +32,11 @@ JOB = [f"max_steps={STEPS}", "save_steps=20", "keep_checkpoints=2", "lease_heart
        "eval_steps=null", "logging_steps=1"]
 
 
-def run_job(tmp: Path, cuts: dict[int, float]) -> dict:
+def job_args(steps: int) -> list[str]:
+    return [f"max_steps={steps}", *JOB[1:]]
+
+
+def run_job(tmp: Path, cuts: dict[int, float], steps: int = STEPS) -> dict:
     from tests.hubserver import WRITE_TOKEN, HubServer
     from tests.kaggleserver import KaggleServer
     from tests.test_kaggle_schedule import KEY, USER, kaggle_env, session_env
@@ -44,14 +48,14 @@ def run_job(tmp: Path, cuts: dict[int, float]) -> dict:
         t0 = time.time()
         r = subprocess.run([sys.executable, "-m", "kit", "schedule", "--kaggle", f"{USER}/kit-resume", "--config",
                             "configs/default.yaml", "--kit-repo", str(ROOT), "--runs-dir", str(tmp / "runs"),
-                            "--poll", "0.5", "--nproc", "1", "--loop", *JOB, f"store={store}",
+                            "--poll", "0.5", "--nproc", "1", "--loop", *job_args(steps), f"store={store}",
                             f"output_dir={tmp / 'local'}"], cwd=ROOT, env=env, capture_output=True, text=True,
                            timeout=1800)
         wall = time.time() - t0
         if r.returncode != 0:
             raise SystemExit(f"the schedule failed ({r.returncode}): {r.stdout[-2000:]} {r.stderr[-2000:]}")
-        shown = subprocess.run([sys.executable, "-m", "kit", "status", "--config", "configs/default.yaml", *JOB,
-                                f"store={store}", "--json"], cwd=ROOT, env=env, capture_output=True, text=True,
+        shown = subprocess.run([sys.executable, "-m", "kit", "status", "--config", "configs/default.yaml",
+                                *job_args(steps), f"store={store}", "--json"], cwd=ROOT, env=env, capture_output=True, text=True,
                                timeout=120)
         facts = json.loads(shown.stdout)
         kernel_s = [round((v.ended or 0) - v.started, 1) for v in k.versions]
@@ -65,12 +69,15 @@ def main() -> int:
     p.add_argument("--cuts", type=int, default=3)
     p.add_argument("--seed", type=int, default=16)
     p.add_argument("--out", type=Path)
+    p.add_argument("--steps", type=int, default=STEPS, help="the job's max_steps (longer: setup a smaller share)")
+    p.add_argument("--cut-max-s", type=float, default=2.5,
+                   help="cuts fall at a random moment up to this many seconds after a session's first publish")
     args = p.parse_args()
     rng = random.Random(args.seed)
-    cuts = {n: round(rng.uniform(0.3, 2.5), 2) for n in range(1, args.cuts + 1)}
+    cuts = {n: round(rng.uniform(0.3, args.cut_max_s), 2) for n in range(1, args.cuts + 1)}
     with tempfile.TemporaryDirectory(prefix="kit-goodput-") as a, tempfile.TemporaryDirectory(prefix="kit-ref-") as b:
-        cut = run_job(Path(a), cuts)
-        ref = run_job(Path(b), {})
+        cut = run_job(Path(a), cuts, args.steps)
+        ref = run_job(Path(b), {}, args.steps)
     used, ref_used = cut["ledger"]["gpu_hours"] * 3600, ref["ledger"]["gpu_hours"] * 3600
     rows = cut["ledger"]["sessions"]
     setup = [r["setup_s"] for r in rows if r["setup_s"] is not None]
@@ -79,7 +86,7 @@ def main() -> int:
     projected = 1 - (sum(setup) / len(setup) + (sum(lost) / len(lost) if lost else 0)) / twelve_h
     result = {
         "bench": "kaggle_goodput", "machine": "CPU (2 shared cores), tiny default, 1 process",
-        "when": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()), "max_steps": STEPS, "cut_after_first_publish_s": cuts,
+        "when": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()), "max_steps": args.steps, "cut_after_first_publish_s": cuts,
         "cut_job": cut, "uninterrupted_job": ref,
         "goodput_ledger": cut["ledger"]["goodput"],
         "goodput_vs_uninterrupted": ref_used / used if used else None,

@@ -55,7 +55,7 @@ HOLDOUT = [
 def planned_allocated_gib(row: dict) -> float:
     """What `kit plan` estimates today (allocated_bytes, GiB) for one row of a results file."""
     from kit.planning import config
-    from kit.machine import gpu_table as hardware
+    from kit.machine import gpu_table
     from kit.planning.plan import make_plan
 
     cfg = config.load(None, [f"model={row['hub_id']}", f"method={row['method']}", f"seq_len={row['seq_len']}",
@@ -65,7 +65,7 @@ def planned_allocated_gib(row: dict) -> float:
                              # measured with padded batches of rows that fill seq_len (what the script
                              # settles to for such rows); the padding-free mask is checked in speed_h200.json
                              "batching=padded"])
-    return make_plan(hardware.synthesize("1xH200"), cfg).memory["allocated_bytes"] / GIB
+    return make_plan(gpu_table.synthesize("1xH200"), cfg).memory["allocated_bytes"] / GIB
 
 
 def reestimate(path: Path) -> int:

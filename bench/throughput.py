@@ -58,6 +58,10 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--unsloth", action="store_true", help="also Unsloth directly and kit's Unsloth backend")
     p.add_argument("--only-unsloth", action="store_true", help="only rows 4 and 5")
+    p.add_argument("--only-kit", action="store_true",
+                   help="only kit's rows (3, and 5 with --unsloth), against the reference rows of --baseline")
+    p.add_argument("--baseline", default=str(ROOT / "bench" / "results" / "throughput_h200.json"),
+                   help="with --only-kit: the earlier run whose reference rows the ratios use")
     p.add_argument("--timeout", type=float, default=400)
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "throughput_h200.json"))
     a = p.parse_args()
@@ -86,17 +90,29 @@ def main() -> int:
         rows.append(row(name, json.loads(result.read_text())))
         print(f"[bench] {rows[-1]}", flush=True)
 
-    if not a.only_unsloth:
+    if a.only_kit:
+        kit_row("kit_transformers", "transformers")
+        if a.unsloth:
+            kit_row("kit_unsloth", "unsloth")
+    if not a.only_unsloth and not a.only_kit:
         script_row("reference_trainer_kbit_prep", ref)
         script_row("reference_trainer_no_kbit_prep", ref + ["--no-kbit-prep"])
         kit_row("kit_transformers", "transformers")
-    if a.unsloth or a.only_unsloth:
+    if (a.unsloth or a.only_unsloth) and not a.only_kit:
         script_row("reference_unsloth", [sys.executable, str(ROOT / "bench" / "reference_unsloth.py"), "--model",
                                          str(model), "--data", str(data), "--seq-len", str(SEQ), "--batch", str(BATCH),
                                          "--steps", str(a.steps)])
         kit_row("kit_unsloth", "unsloth")
 
     by = {r["name"]: r["tokens_per_s"] for r in rows}
+    if a.only_kit:  # the references were measured before, on the same GPU and stack
+        earlier = {r["name"]: r for r in json.loads(Path(a.baseline).read_text())["rows"]}
+        by = {**{n: r["tokens_per_s"] for n, r in earlier.items() if n.startswith("reference")}, **by}
+        for r in rows:
+            before = earlier.get(r["name"])
+            if before:
+                r["before"] = {"tokens_per_s": before["tokens_per_s"], "peak_allocated_gib": before["peak_allocated_gib"]}
+                r["tokens_per_s_vs_before"] = round(r["tokens_per_s"] / before["tokens_per_s"], 3)
     ratios = {}
     if "kit_transformers" in by:
         ratios["kit_transformers_vs_reference"] = round(by["kit_transformers"] / by["reference_trainer_kbit_prep"], 3)

@@ -19,6 +19,12 @@ CALLER_HF_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE
                   "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT", "HF_TOKEN_PATH")
 for _var in CALLER_HF_VARS:
     os.environ.pop(_var, None)
+if "huggingface_hub.constants" in sys.modules:
+    # A pytest plugin (or `-p`) imported huggingface_hub before this file ran, so its constants hold
+    # the caller's values (offline mode blocks every request in-process): read them again, now.
+    import importlib
+
+    importlib.reload(sys.modules["huggingface_hub.constants"])
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:

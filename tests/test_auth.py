@@ -7,6 +7,7 @@ import sys
 import types
 
 import pytest
+from huggingface_hub import constants as hf_constants
 
 from kit import auth
 from kit.errors import StoreError
@@ -18,9 +19,11 @@ FAKE = "hf_fakeSECRETvalue0123456789"
 
 
 @pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
-    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "KAGGLE_KERNEL_RUN_TYPE", "COLAB_RELEASE_TAG"):
+def clean_env(monkeypatch, tmp_path):
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "KAGGLE_KERNEL_RUN_TYPE", "COLAB_RELEASE_TAG", "HF_OIDC_RESOURCE"):
         monkeypatch.delenv(var, raising=False)
+    # huggingface_hub.get_token() also reads the token file `hf auth login` writes: none here.
+    monkeypatch.setattr(hf_constants, "HF_TOKEN_PATH", str(tmp_path / "hf-token"))
     monkeypatch.setattr(auth.os.path, "isdir", lambda p: False if p == "/kaggle/working" else _isdir(p))
 
 
@@ -76,6 +79,15 @@ def test_env_order(monkeypatch):
     assert auth.find_token() == "hf_second"
     monkeypatch.setenv("HF_TOKEN", " hf_first \n")
     assert auth.find_token() == "hf_first" and auth.token_source() == "HF_TOKEN env"
+
+
+def test_hf_auth_login_token_file(monkeypatch, tmp_path):
+    (tmp_path / "hf-token").write_text("hf_fromTheLoginFile\n")
+    assert auth.find_token() == "hf_fromTheLoginFile" and auth.token_source() == "hf auth login (token file)"
+    fake_kaggle(monkeypatch, value="hf_kaggle")
+    assert auth.find_token() == "hf_fromTheLoginFile", "huggingface_hub's own sources come before Kaggle's"
+    monkeypatch.setenv("HF_TOKEN", "hf_env")
+    assert auth.find_token() == "hf_env" and auth.token_source() == "HF_TOKEN env"
 
 
 def test_kaggle_secret_only_on_kaggle(monkeypatch):
@@ -160,9 +172,11 @@ def test_token_never_appears_in_logs_or_errors(hub, monkeypatch, tmp_path, caplo
 
 
 @pytest.mark.slow
-def test_suite_does_not_depend_on_the_callers_hf_environment(tmp_path):
+@pytest.mark.parametrize("preload", [[], ["-p", "huggingface_hub.constants"]], ids=["plain", "hub-imported-first"])
+def test_suite_does_not_depend_on_the_callers_hf_environment(tmp_path, preload):
     """Item 5b of issue 11: with HF_HUB_OFFLINE=1 exported (Kaggle, offline setups), a stray token
-    and endpoint, the token test still runs against the local test Hub and passes."""
+    and endpoint, the token test still runs against the local test Hub and passes — also when a
+    pytest plugin imported huggingface_hub (which reads HF_HUB_OFFLINE once) before conftest.py."""
     import os
     import subprocess
     from pathlib import Path
@@ -170,7 +184,7 @@ def test_suite_does_not_depend_on_the_callers_hf_environment(tmp_path):
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_TOKEN": "hf_" + "callerTOKEN" * 3,
            "HF_ENDPOINT": "http://127.0.0.1:9", "PYTHONPATH": str(root)}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *preload,
                            "tests/test_auth.py::test_token_never_appears_in_logs_or_errors"],
                           cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:]

@@ -4,6 +4,7 @@ import argparse
 
 import pytest
 
+from kit.checkpoints.fingerprint import config_fields, diff_lines
 from kit.planning import config
 from kit.errors import UsageError
 
@@ -100,12 +101,12 @@ def test_round_trip_through_yaml(tmp_path):
 
 
 def test_fingerprint_and_diff():
-    a = config.fingerprint(config.load(None))
-    b = config.fingerprint(config.load(None, ["lora.r=8", "learning_rate=1e-3"]))
+    a = config_fields(config.load(None))
+    b = config_fields(config.load(None, ["lora.r=8", "learning_rate=1e-3"]))
     assert set(a) == {"model", "revision", "method", "lora.r", "lora.target_modules", "data.path",
                       "data.format", "data.columns", "seq_len"}
-    assert config.diff_fingerprints(a, a) == []
-    assert config.diff_fingerprints(a, b) == ["lora.r: 16 (checkpoint) != 8 (config)"]  # lr may change
+    assert diff_lines(a, a) == []
+    assert diff_lines(a, b) == ["lora.r: 16 (checkpoint) != 8 (config)"]  # lr may change
 
 
 def test_cli_arguments_helper():

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kit.planning import config
-from kit.machine import gpu_table as hardware
+from kit.machine import gpu_table
 from kit.planning.plan import make_plan
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,7 +44,7 @@ def test_config_loads_and_states_its_command(path, monkeypatch):
         assert got == value, f"{path.name}: {key} is {got!r} after loading, the YAML says {value!r}"
     gpus = re.search(r"--gpus\s+(\S+)", first)
     if gpus:  # a shipped config must fit the machine it was written for
-        plan = make_plan(hardware.synthesize(gpus.group(1)), cfg)
+        plan = make_plan(gpu_table.synthesize(gpus.group(1)), cfg)
         assert plan.strategy != "none"
         expected = "torchrun" if plan.nproc > 1 else "python train_ddp.py"
         assert expected in plan.launch and expected in first

@@ -3,7 +3,7 @@ gradient checkpointing on; torch.cuda.max_memory_allocated, which excludes the C
 
 import pytest
 
-from kit.planning import memory, shapes as models
+from kit.planning import memory, shapes
 from kit.planning.config import RunConfig
 
 GIB = 2**30
@@ -11,7 +11,7 @@ GIB = 2**30
 
 def est(name, method, batch=4, seq=2048, gc=True, precision="bf16", **kw):
     cfg = RunConfig(model=name, method=method, seq_len=seq)
-    return memory.estimate(models.model_facts(name), cfg, precision, batch, gc, method == "qlora", **kw)
+    return memory.estimate(shapes.model_facts(name), cfg, precision, batch, gc, method == "qlora", **kw)
 
 
 @pytest.mark.parametrize("name,method,upcast,measured_gib", [
@@ -60,12 +60,12 @@ def test_lora_adapter_is_175_mb_for_qwen3_8b_r16():
     e = est("Qwen/Qwen3-8B", "qlora")
     assert e.terms["lora_params_fp32"] / 1e6 == pytest.approx(175, rel=0.02)
     assert e.terms["optimizer_states"] / 1e6 == pytest.approx(350, rel=0.02)
-    m = models.model_facts("Qwen/Qwen3-8B")
+    m = shapes.model_facts("Qwen/Qwen3-8B")
     assert memory.lora_params(m, ["q_proj", "v_proj"], 16) < memory.lora_params(m, "all-linear", 16) / 4
 
 
 def test_nf4_weights_are_about_half_a_byte_per_linear_param():
-    m = models.model_facts("Qwen/Qwen3-8B")
+    m = shapes.model_facts("Qwen/Qwen3-8B")
     e = est("Qwen/Qwen3-8B", "qlora")
     per_param = e.terms["weights_4bit"] / (m.layers * m.layer_linear_params())
     assert per_param == pytest.approx(0.5 + 0.127 / 8)

@@ -4,6 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from peft import LoraConfig
 from transformers import AutoModelForCausalLM
 
 from kit.planning import config
@@ -15,7 +16,9 @@ from tests.scripts import ROOT
 def lora_model():
     cfg = config.load(str(ROOT / "configs" / "default.yaml"), [])
     model = AutoModelForCausalLM.from_pretrained(ROOT / "models" / "tiny-qwen3", dtype=torch.float32)
-    model = modeling.add_lora(model, cfg, SimpleNamespace(backend="transformers"))
+    lora = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, target_modules=modeling.target_modules(cfg, model),
+                      task_type="CAUSAL_LM")  # as train_ddp.py builds it
+    model = modeling.add_lora(model, cfg, SimpleNamespace(backend="transformers"), lora)
     # What TRL's SFTTrainer does to LoRA weights on a 4-bit base (the QLoRA paper's bf16 adapters);
     # the 4-bit base itself needs a GPU, so only the cast is reproduced here.
     for p in model.parameters():

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from kit.planning import shapes as models
+from kit.planning import shapes
 from kit.errors import UsageError
 from tests.hubserver import HubServer
 
@@ -28,14 +28,14 @@ def offline(monkeypatch):
     ("google/gemma-2-27b", 27.23),
 ])
 def test_table_params_match_published_counts(name, params_b):
-    assert models.model_facts(name).params / 1e9 == pytest.approx(params_b, rel=0.01)
+    assert shapes.model_facts(name).params / 1e9 == pytest.approx(params_b, rel=0.01)
 
 
 def test_qwen3_shapes_are_the_published_config_values():
-    m = models.model_facts("Qwen/Qwen3-8B")
+    m = shapes.model_facts("Qwen/Qwen3-8B")
     assert (m.layers, m.hidden, m.intermediate, m.heads, m.kv_heads, m.head_dim, m.vocab, m.tied_embeddings) == \
         (36, 4096, 12288, 32, 8, 128, 151936, False)
-    s = models.model_facts("Qwen/Qwen3-0.6B")
+    s = shapes.model_facts("Qwen/Qwen3-0.6B")
     assert (s.layers, s.hidden, s.intermediate, s.heads, s.kv_heads, s.head_dim, s.tied_embeddings) == \
         (28, 1024, 3072, 16, 8, 128, True)
 
@@ -53,20 +53,20 @@ def test_qwen3_shapes_are_the_published_config_values():
     ("unsloth/gemma-3-4b-it-unsloth-bnb-4bit", "google/gemma-3-4b-pt", "bnb-4bit"),
 ])
 def test_variants_share_the_base_shapes(name, base, prequantized):
-    m, b = models.model_facts(name), models.model_facts(base)
+    m, b = shapes.model_facts(name), shapes.model_facts(base)
     assert m.params == b.params and m.source == "table" and m.prequantized == prequantized
 
 
 def test_moe_and_unknown_models_are_not_guessed():
-    assert models.from_table("Qwen/Qwen3-30B-A3B") is None
+    assert shapes.from_table("Qwen/Qwen3-30B-A3B") is None
     with pytest.raises(UsageError, match=r"'someone/Custom-7B'.*HF_HUB_OFFLINE.*local model directory or go online"):
-        models.model_facts("someone/Custom-7B")
+        shapes.model_facts("someone/Custom-7B")
     with pytest.raises(UsageError, match="not a local directory"):
-        models.model_facts("no-such-dir")
+        shapes.model_facts("no-such-dir")
 
 
 def test_local_directory_reads_config_json(tmp_path):
-    tiny = models.model_facts("models/tiny-qwen3")
+    tiny = shapes.model_facts("models/tiny-qwen3")
     assert tiny.source == "local" and tiny.layers == 2 and tiny.hidden == 64 and tiny.tied_embeddings
     # Gemma 3 style: the shape is under text_config; a bnb quantization_config marks it 4-bit.
     (tmp_path / "config.json").write_text(json.dumps({
@@ -74,19 +74,19 @@ def test_local_directory_reads_config_json(tmp_path):
         "text_config": {"model_type": "gemma3_text", "num_hidden_layers": 34, "hidden_size": 2560,
                         "intermediate_size": 10240, "num_attention_heads": 8, "num_key_value_heads": 4,
                         "head_dim": 256, "vocab_size": 262208, "max_position_embeddings": 131072}}))
-    m = models.model_facts(str(tmp_path))
-    assert m.prequantized == "bnb-4bit" and m.params == models.model_facts("google/gemma-3-4b-it").params
+    m = shapes.model_facts(str(tmp_path))
+    assert m.prequantized == "bnb-4bit" and m.params == shapes.model_facts("google/gemma-3-4b-it").params
 
 
 def test_local_directory_errors(tmp_path):
     with pytest.raises(UsageError, match="no readable config.json"):
-        models.model_facts(str(tmp_path))
+        shapes.model_facts(str(tmp_path))
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(UsageError, match=r"not valid JSON \(line 1\)"):
-        models.model_facts(str(tmp_path))
+        shapes.model_facts(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
     with pytest.raises(UsageError, match="decoder-only"):
-        models.model_facts(str(tmp_path))
+        shapes.model_facts(str(tmp_path))
 
 
 def test_hub_config_json_only_through_the_real_client(tmp_path):

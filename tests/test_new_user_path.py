@@ -20,8 +20,8 @@ import pytest
 from kit.planning import config
 from kit.train import data
 from kit.checkpoints import resume, status
+from kit import cli
 from kit.cli import main
-from kit.commands import bootstrap
 from tests.scripts import FAST, ROOT, cpu_env, train
 
 README = (ROOT / "README.md").read_text()
@@ -44,13 +44,17 @@ def test_readme_keeps_its_two_commands_and_names_the_cpu_index():
 
 def test_parameter_counts_agree_between_readme_and_run():
     from kit.train import modeling
-    from kit.planning.launch import RuntimePlan
+    from kit.planning.adapt import LaunchPlan
 
     cfg = config.load("configs/default.yaml")
-    plan = RuntimePlan("fp32", 8, 2, 16, False, "transformers", "adamw_torch", [])
+    plan = LaunchPlan("fp32", 8, 2, 16, False, "transformers", "adamw_torch", [])
     ctx = SimpleNamespace(device=__import__("torch").device("cpu"), local_rank=0, rank=0, world_size=1, is_main=True)
     model, _ = modeling.load(cfg, plan, ctx)
-    line = modeling.trainable_summary(modeling.add_lora(model, cfg, plan))
+    from peft import LoraConfig
+
+    lora = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, target_modules=modeling.target_modules(cfg, model),
+                      task_type="CAUSAL_LM")  # as train_ddp.py builds it
+    line = modeling.trainable_summary(modeling.add_lora(model, cfg, plan, lora))
     assert line.startswith("trainable parameters: 32,768 of 139,648")
     assert "106,880 frozen + 32,768 trainable" in line
     assert "107k-parameter Qwen3" in README and "32,768 of 139,648" in README and "106,880" in README
@@ -107,14 +111,20 @@ def test_bootstrap_with_config_on_cpu_exits_0_with_one_next_line(tmp_path, capsy
                  "-o", str(out)])
     printed = capsys.readouterr()
     assert code == 0 and out.exists() and printed.err == ""
-    nexts = [line for line in printed.out.splitlines() if re.match(r"(?i)next\b", line)]
-    assert nexts == [f"Next: wrote {out}; next: python {out}  (CPU: slow, fine for the tiny default)"]
+    # One line says what to do next, and nothing else does: the verdict's "use a machine with a
+    # GPU" advice is not repeated under a plan that trains here.
+    lines = printed.out.splitlines()
+    assert [line for line in lines if re.search(r"(?i)\b(next|do this)\b", line)] == [
+        f"Next: python {out}  (CPU: slow, fine for the tiny default)"]
+    assert lines[-2:] == [f"Wrote {out}", f"Next: python {out}  (CPU: slow, fine for the tiny default)"]
 
 
 def test_bootstrap_without_config_on_cpu_says_config_gives_a_script(capsys):
-    assert main(["bootstrap", "--facts", str(MACHINES / "cpu_only.json")]) == 3
+    outcome = cli.run(["bootstrap", "--facts", str(MACHINES / "cpu_only.json")])
     printed = capsys.readouterr()
-    assert bootstrap.LAST["next"] == ["kit bootstrap --config configs/default.yaml  # writes train_ddp.py for "
+    # exit 3, and the result still comes back: the notebook launcher continues on the CPU with it
+    assert outcome.code == 3 and outcome.result.cpu_only
+    assert outcome.result.next == ["kit bootstrap --config configs/default.yaml  # writes train_ddp.py for "
                                       "this machine (CPU: slow, fine for the tiny default)"]
     assert "--config configs/default.yaml` writes a script" in printed.err
 
@@ -190,9 +200,45 @@ def test_under_torchrun_the_error_line_names_kits_exit_code(tmp_path):
                           text=True, timeout=300)
     assert done.returncode == 1  # torchrun's own code for any failed rank
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and errors[0].endswith("[kit exit 2; torchrun exits 1 and reports it below as a "
-                                                   "ChildFailedError]")
+    assert errors[0].endswith("[kit exit 2; torchrun exits 1 and reports it below as a ChildFailedError]")
+    # torchrun's report follows the rank's line; kit says it again after it, so the last line is kit's.
+    assert "ChildFailedError" in done.stderr.split(errors[0])[1]
+    assert errors[1:] == [done.stderr.strip().splitlines()[-1]] and errors[1] == (
+        "error: config key 'max_steps' in command line must be > 0, got 0 [kit exit 2; torchrun's exit 1 and its "
+        "ChildFailedError report above pass it on]")
     assert "torchrun's" in README and "ChildFailedError" in README and "SignalException" in README
+
+
+def test_ctrl_c_under_torchrun_ends_with_kits_outcome_line(tmp_path):
+    """Ctrl-C in a terminal signals torchrun's process group; torchrun starts each rank in a session
+    of its own and forwards SIGINT to it. The ranks pause cleanly, then torchrun prints its
+    SignalException traceback and exits 1: kit's outcome must still be the last line."""
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(ROOT / "train_ddp.py"), f"output_dir={out}", "max_steps=2000", "save_steps=5", *FAST]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=cpu_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 150
+        while not list(out.glob("checkpoint-*")):  # the first save: training is under way
+            assert time.monotonic() < deadline and proc.poll() is None, "the run never saved"
+            time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGINT)  # the terminal's Ctrl-C reaches torchrun (the ranks have own sessions)
+        log, _ = proc.communicate(timeout=150)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1 and "SignalException" in log  # torchrun's, for the signal it got
+    step = int(log.split("[kit] paused at step ")[1].split()[0])
+    assert (out / f"checkpoint-{step}" / "kit_manifest.json").is_file()
+    last = log.strip().splitlines()[-1]
+    assert last.startswith(f"[kit] paused at step {step} of 2000 (signal SIGINT) — run the same command to continue")
+    assert last.endswith("[kit exit 0; the SignalException traceback and exit 1 above are torchrun's own reaction "
+                         "to the signal]")
 
 
 # ---- item 12: smoke cleans up after itself ---------------------------------------------------------------
@@ -236,11 +282,11 @@ def test_a_dataset_smaller_than_one_global_batch_is_named(capsys):
     import torch
 
     from kit.train.job import Job
-    from kit.planning.launch import RuntimePlan
+    from kit.planning.adapt import LaunchPlan
 
     cfg = config.load("configs/default.yaml", ["max_steps=null", "epochs=1"])
     ctx = SimpleNamespace(device=torch.device("cpu"), rank=0, world_size=2, is_main=True)
-    job = Job(cfg, ctx, RuntimePlan("fp32", 8, 1, 16, False, "transformers", "adamw_torch", []))
+    job = Job(cfg, ctx, LaunchPlan("fp32", 8, 1, 16, False, "transformers", "adamw_torch", []))
     assert job.max_steps(3) == 1
     out = capsys.readouterr().out
     assert ("warning: 3 training example(s), fewer than one global batch of 16 (8 per device × 1 accumulation × "
@@ -253,7 +299,7 @@ def test_a_dataset_smaller_than_one_global_batch_is_named(capsys):
 # ---- item 18: output_dir is checked before anything loads --------------------------------------------------
 def test_output_dir_check(tmp_path):
     from kit.errors import UsageError
-    from kit.planning.launch import check_output_dir
+    from kit.train.output_dir import check_output_dir
 
     (tmp_path / "file").write_text("x")
     for bad, words in ((tmp_path / "file", "is a file"), (tmp_path / "file" / "run", "which is a file"),
@@ -273,3 +319,30 @@ def test_a_torn_session_record_is_named_by_line(tmp_path, caplog):
         s = status.gather(config.load("configs/default.yaml", [f"output_dir={out}"]))
     assert len(s["sessions"]) == 1
     assert f"{out / 'kit_sessions.jsonl'} line 2 is not valid JSON" in caplog.text
+
+
+# ---- overrides anywhere among the flags (`train_ddp.py lora.r=8 --force output_dir=X`) ---------------------
+def test_the_script_takes_overrides_before_between_and_after_its_flags(tmp_path):
+    from kit.script import arguments
+
+    args = arguments.parse(["lora.r=8", "--force", f"output_dir={tmp_path}", "--smoke", "max_steps=3"], "c.yaml")
+    assert (args.force, args.smoke, args.overrides) == (True, True, ["lora.r=8", f"output_dir={tmp_path}",
+                                                                      "max_steps=3"])
+    cfg, _ = arguments.settings(config.to_dict(config.load("configs/default.yaml")), {}, args)
+    assert (cfg.lora.r, cfg.output_dir, cfg.max_steps) == (8, str(tmp_path), 3)
+    # The real script: the override after --force is read (and refused for its value, not as an argument).
+    r = subprocess.run([sys.executable, str(ROOT / "train_ddp.py"), "lora.r=8", "--force", f"output_dir={tmp_path}",
+                        "max_steps=0"], cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip() == "error: config key 'max_steps' in command line must be > 0, got 0"
+
+
+def test_kit_commands_take_overrides_among_their_flags(capsys):
+    def lora_bytes(*argv):
+        assert main(["plan", *argv]) == 0
+        return json.loads(capsys.readouterr().out)["memory"]["terms"]["lora_params_fp32"]
+
+    flags_first = lora_bytes("--gpus", "2xT4", "--config", "configs/default.yaml", "--json", "lora.r=8")
+    assert lora_bytes("lora.r=8", "--gpus", "2xT4", "--json", "--config", "configs/default.yaml") == flags_first
+    assert lora_bytes("--gpus", "2xT4", "--json", "--config", "configs/default.yaml") == 2 * flags_first  # r=16
+    assert main(["plan", "lora.r=8", "--jsn", "--gpus", "2xT4"]) == 2  # an unknown flag is still refused, in one line
+    assert capsys.readouterr().err.strip() == "error: kit: unrecognized arguments: --jsn (see `kit --help`)"

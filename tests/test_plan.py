@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from kit.planning import config
-from kit.machine import gpu_table as hardware
+from kit.machine import gpu_table
 from kit.errors import CannotTrain, UsageError
 from kit.planning.plan import batch_for_world, make_plan
 
@@ -150,7 +150,7 @@ def test_cpu_only_tiny_default_plans_and_big_models_are_refused():
 # T4 runs batch 8; four T4s split 16 as 4 each.
 @pytest.mark.parametrize("gpus,per_device,accum", [("1xT4", 8, 2), ("2xT4", 8, 1), ("4xT4", 4, 1)])
 def test_global_batch_is_kept_across_world_sizes(gpus, per_device, accum):
-    p = make_plan(hardware.synthesize(gpus), cfg(*QWEN8_QLORA, "global_batch=16"))
+    p = make_plan(gpu_table.synthesize(gpus), cfg(*QWEN8_QLORA, "global_batch=16"))
     assert (p.per_device_batch, p.grad_accum, p.global_batch) == (per_device, accum, 16)
     assert p.per_device_batch * p.grad_accum * p.nproc == 16
 
@@ -178,7 +178,7 @@ def test_explicit_bf16_on_t4_is_refused_naming_the_gpu():
 
 def test_mixed_gpus_are_refused():
     with pytest.raises(CannotTrain, match="mixed GPU models"):
-        make_plan(hardware.synthesize("T4+L4"), cfg())
+        make_plan(gpu_table.synthesize("T4+L4"), cfg())
 
 
 def test_gradient_checkpointing_auto():

@@ -27,7 +27,7 @@ def test_the_script_reads_like_the_flow_it_runs():
     assert "torchrun --standalone --nproc_per_node=2 train_ddp.py" in text
     assert "ddp_find_unused_parameters=False" in text and 'gradient_checkpointing_kwargs={"use_reentrant": False}' in text
     assert "fp16=plan.precision == \"fp16\"" in text
-    order = [text.index(s) for s in ("dist.init()", "modeling.load(", "modeling.add_lora(", "data.prepare(",
+    order = [text.index(s) for s in ("dist.init()", "BitsAndBytesConfig(", "modeling.load(", "LoraConfig(", "modeling.add_lora(", "data.prepare(",
                                      "SFTTrainer(", "trainer.train(", "job.finish(", "dist.teardown(ok, exit_code=code)")]
     assert order == sorted(order)
     assert re.search(r"finally:\n(        #.*\n)*        dist\.teardown\(ok, exit_code=code\)", text)
@@ -95,3 +95,15 @@ def test_plans_that_do_not_fit_at_all_are_refused(tmp_path):
     assert r.returncode == 3, r.stderr
     assert "does not fit on 2× Tesla T4" in r.stderr and "cheapest change that fits: a machine with 2×" in r.stderr
     assert not out.exists()
+
+
+def test_the_script_says_in_one_line_how_to_get_kit_when_it_is_not_importable(tmp_path):
+    """Copied away from the checkout with no kit installed: one line and exit 2, no traceback.
+    (kit is installed editable in this venv, so the test hides it the way a missing package looks.)"""
+    script = tmp_path / "train_ddp.py"
+    script.write_text((ROOT / "train_ddp.py").read_text())
+    hide_kit = "import sys; sys.modules['kit'] = None; sys.argv = ['train_ddp.py']; exec(open('train_ddp.py').read())"
+    r = subprocess.run([sys.executable, "-c", hide_kit], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == ["error: the kit package is not importable: run this script from the "
+                                             "folder that holds kit/ (the kit checkout), or `pip install -e PATH_TO_KIT`"]

@@ -16,6 +16,7 @@ import pytest
 
 from kit.planning import config
 from kit.checkpoints import fingerprint, leftovers, resume
+from kit.checkpoints.fingerprint import config_fields
 from kit.errors import UsageError
 from kit.checkpoints.manifest import write_manifest
 from tests.scripts import FAST, train
@@ -150,7 +151,7 @@ def test_a_manifest_from_before_data_content_compares_normalised_paths(tmp_path,
     Path("data/rows.jsonl").write_text('{"text": "a"}\n')
     cfg = cfg_for(tmp_path, "data.path=data/rows.jsonl")
     d = make_ckpt(tmp_path / "out", 4, manifest=False)
-    write_manifest(d, 4, 1, config.fingerprint(cfg))  # the old format: data.path as text
+    write_manifest(d, 4, 1, config_fields(cfg))  # the old format: data.path as text
     assert resume.choose(cfg_for(tmp_path, "data.path=./data/rows.jsonl"), None, world_size=1).step == 4
     with pytest.raises(UsageError, match="data.path"):
         resume.choose(cfg_for(tmp_path, "data.path=other.jsonl"), None, world_size=1)

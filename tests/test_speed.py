@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from kit.planning import config, memory, shapes as models, launch as runtime, speed
+from kit.planning import adapt, config, memory, shapes, speed
 from kit.errors import CannotTrain, UsageError
 from kit.planning.plan import make_plan
 from tests.test_plan import A100, COLAB_T4, CPU_ONLY, H200, KAGGLE_T4X2, MI300X, QWEN8_QLORA, cfg, machine
@@ -66,27 +66,30 @@ def test_memory_estimate_follows_the_batching():
 
 def test_packed_mask_without_checkpointing_is_kept_by_every_layer():
     assert memory.packed_mask_bytes(1000, 36, gradient_checkpointing=False) == 1000 * 1000 * (1 + 2 * 36)
-    m = models.model_facts("Qwen/Qwen3-8B")
+    m = shapes.model_facts("Qwen/Qwen3-8B")
     est = memory.estimate(m, cfg(*QWEN8_QLORA, *CHAT), "bf16", 4, True, True, device="cpu", batching="packed")
     assert "packed_attention_mask" not in est.terms  # the CPU's math kernel: no 16-bit bias to model
 
 
-def test_kernels_auto_stays_off_until_the_loss_check_and_says_the_measurement():
+def test_kernels_auto_is_liger_where_measured_checked_and_installed():
+    with_liger = {**H200, "packages": {**H200["packages"], "liger_kernel": "0.8.5"}}
+    plan = make_plan(with_liger, cfg(*QWEN8_QLORA))
+    assert plan.kernels == "liger"
+    why = _reason(plan, "kernels liger")
+    assert "1.29×" in why and "within 0.10 % of the plain one" in why
+    assert "not installed" in _reason(make_plan(H200, cfg(*QWEN8_QLORA)), "kernels none")
+    t4 = {**COLAB_T4, "packages": {**COLAB_T4["packages"], "liger_kernel": "0.8.5"}}
+    plan = make_plan(t4, cfg(*QWEN8_QLORA))
+    assert plan.kernels == "none" and "not measured on sm_75" in _reason(plan, "kernels none")
+
+
+def test_kernels_auto_stays_off_while_the_loss_curve_is_unchecked(monkeypatch):
+    monkeypatch.setitem(speed.MEASURED, "liger_loss_checked", False)
     facts = {**H200, "packages": {**H200["packages"], "liger_kernel": "0.8.5"}}
     plan = make_plan(facts, cfg(*QWEN8_QLORA))
     assert plan.kernels == "none"
     why = _reason(plan, "kernels none")
     assert "1.29×" in why and "loss curve is not yet checked" in why and "kernels=liger" in why
-
-
-def test_kernels_auto_is_liger_once_measured_and_checked(monkeypatch):
-    monkeypatch.setitem(speed.MEASURED, "liger_loss_checked", True)
-    with_liger = {**H200, "packages": {**H200["packages"], "liger_kernel": "0.8.5"}}
-    assert make_plan(with_liger, cfg(*QWEN8_QLORA)).kernels == "liger"
-    assert "not installed" in _reason(make_plan(H200, cfg(*QWEN8_QLORA)), "kernels none")
-    t4 = {**COLAB_T4, "packages": {**COLAB_T4["packages"], "liger_kernel": "0.8.5"}}
-    plan = make_plan(t4, cfg(*QWEN8_QLORA))
-    assert plan.kernels == "none" and "not measured on sm_75" in _reason(plan, "kernels none")
 
 
 def test_kernels_configured():
@@ -97,7 +100,8 @@ def test_kernels_configured():
     assert make_plan(H200, cfg(*QWEN8_QLORA, "kernels=none")).kernels == "none"
 
 
-def test_fused_adamw_is_not_chosen_unmeasured_but_can_be_asked_for(monkeypatch):
+def test_fused_adamw_is_not_chosen_at_its_measured_gain_but_can_be_asked_for(monkeypatch):
+    assert speed.MEASURED["fused_adamw_vs_adamw"] < speed.FUSED_ADAMW_PAYS
     assert make_plan(H200, cfg(*QWEN8_QLORA)).optimizer == "adamw_torch"
     assert make_plan(H200, cfg(*QWEN8_QLORA, "optimizer=adamw_torch_fused")).optimizer == "adamw_torch_fused"
     monkeypatch.setitem(speed.MEASURED, "fused_adamw_vs_adamw", 1.05)
@@ -130,26 +134,26 @@ PLANNED = {"precision": "bf16", "per_device_batch": 4, "global_batch": 4, "backe
 
 
 def test_runtime_keeps_the_batching_and_drops_what_the_cpu_cannot_run():
-    plan = runtime.plan_for(_ctx(), cfg(), PLANNED)
+    plan = adapt.plan_for(_ctx(), cfg(), PLANNED)
     assert plan.batching == "padding_free" and plan.padding_free
     assert plan.kernels == "none" and plan.optimizer == "adamw_torch"
     assert any("Liger kernels off: this rank runs on the CPU" in n for n in plan.notes)
-    old = runtime.plan_for(_ctx(), cfg(), {k: v for k, v in PLANNED.items() if k not in ("batching", "kernels")})
+    old = adapt.plan_for(_ctx(), cfg(), {k: v for k, v in PLANNED.items() if k not in ("batching", "kernels")})
     assert old.batching == "padded" and old.kernels == "none"  # a script rendered before these existed
 
 
 def test_runtime_refuses_liger_asked_for_where_it_cannot_run():
     with pytest.raises(CannotTrain, match="kernels=liger was asked for, but this rank runs on the CPU"):
-        runtime.plan_for(_ctx(), cfg("kernels=liger"), PLANNED)
+        adapt.plan_for(_ctx(), cfg("kernels=liger"), PLANNED)
 
 
 def test_launch_settles_padding_free_back_to_padded_for_long_rows():
-    plan = runtime.plan_for(_ctx(), cfg("seq_len=600"), PLANNED)
-    assert runtime.settle_batching(plan, cfg("seq_len=600"), mean_tokens=150) == [] and plan.batching == "padding_free"
-    notes = runtime.settle_batching(plan, cfg("seq_len=600"), mean_tokens=450)
+    plan = adapt.plan_for(_ctx(), cfg("seq_len=600"), PLANNED)
+    assert adapt.settle_batching(plan, cfg("seq_len=600"), mean_tokens=150) == [] and plan.batching == "padding_free"
+    notes = adapt.settle_batching(plan, cfg("seq_len=600"), mean_tokens=450)
     assert plan.batching == "padded" and "rows average 450 tokens of seq_len 600" in notes[0]
-    chosen = runtime.plan_for(_ctx(), cfg("seq_len=600", "batching=padding_free"), PLANNED)
-    assert runtime.settle_batching(chosen, cfg("seq_len=600", "batching=padding_free"), 450) == []
+    chosen = adapt.plan_for(_ctx(), cfg("seq_len=600", "batching=padding_free"), PLANNED)
+    assert adapt.settle_batching(chosen, cfg("seq_len=600", "batching=padding_free"), 450) == []
     assert chosen.batching == "padding_free"  # what the user set is kept
 
 
@@ -158,8 +162,8 @@ def test_sampler_args_name_length_grouping_as_the_installed_transformers_does():
 
     from transformers import TrainingArguments
 
-    grouped = runtime.plan_for(_ctx(), cfg("batching=grouped"), PLANNED)
-    args = runtime.sampler_args(grouped)
+    grouped = adapt.plan_for(_ctx(), cfg("batching=grouped"), PLANNED)
+    args = adapt.sampler_args(grouped)
     assert set(args) <= {f.name for f in fields(TrainingArguments)} and len(args) == 1
     assert list(args.values())[0] in (True, "group_by_length")
-    assert runtime.sampler_args(runtime.plan_for(_ctx(), cfg(), PLANNED)) == {}
+    assert adapt.sampler_args(adapt.plan_for(_ctx(), cfg(), PLANNED)) == {}

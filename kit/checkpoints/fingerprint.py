@@ -1,6 +1,6 @@
 """What must match for a checkpoint to resume this job — with the data judged by its content.
 
-`kit.planning.config.fingerprint(cfg)` holds the config fields (model, method, LoRA shape, data settings,
+`config_fields(cfg)` holds the config fields (model, method, LoRA shape, data settings,
 seq_len). The manifest stores :func:`of_job` instead: the same fields, but `data.path` replaced by
 `data.content`, the size and sha256 of the data files. So `./data/x.jsonl` and `data/x.jsonl` are
 the same dataset, and a file edited in place is not. Manifests written before `data.content`
@@ -16,10 +16,36 @@ import hashlib
 import os
 from pathlib import Path
 
-from kit.planning import config
 from kit.train.data import LOCAL_TYPES
 
 _CHUNK = 1 << 20
+_FINGERPRINT = ("model", "revision", "method", "lora.r", "lora.target_modules", "data.path",
+                "data.format", "data.columns", "seq_len")
+
+
+def _get(cfg, dotted: str):
+    obj = cfg
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def config_fields(cfg) -> dict:
+    """The fields that must match for a checkpoint to resume this run."""
+    out = {}
+    for key in _FINGERPRINT:
+        value = _get(cfg, key)
+        out[key] = list(value) if isinstance(value, list) else (dict(value) if isinstance(value, dict) else value)
+    return out
+
+
+def diff_lines(a: dict, b: dict) -> list[str]:
+    """Human lines for each fingerprint field that differs, e.g. `lora.r: 16 (checkpoint) != 8 (config)`."""
+    lines = []
+    for key in sorted(set(a) | set(b), key=lambda k: (_FINGERPRINT + (k,)).index(k)):
+        if a.get(key) != b.get(key):
+            lines.append(f"{key}: {a.get(key)!r} (checkpoint) != {b.get(key)!r} (config)")
+    return lines
 
 
 def data_content(path: str) -> dict:
@@ -45,7 +71,7 @@ def data_content(path: str) -> dict:
 
 def of_job(cfg) -> dict:
     """The fingerprint a checkpoint's manifest records for ``cfg``."""
-    out = config.fingerprint(cfg)
+    out = config_fields(cfg)
     out.pop("data.path", None)
     out["data.content"] = data_content(cfg.data.path)
     return out
@@ -69,7 +95,7 @@ def _same_path(a, b) -> bool:
 def differences(found: dict, cfg) -> tuple[list[str], list[str]]:
     """``(forceable, shape_changes)``: human lines for each field where ``found`` (a manifest's
     fingerprint) and ``cfg`` disagree."""
-    current = config.fingerprint(cfg)
+    current = config_fields(cfg)
     found = dict(found)
     lines: list[str] = []
     if "data.content" in found:
@@ -82,7 +108,7 @@ def differences(found: dict, cfg) -> tuple[list[str], list[str]]:
     elif "data.path" in found and _same_path(found["data.path"], current.get("data.path")):
         found.pop("data.path")  # an older manifest: the path as text, normalised
         current.pop("data.path", None)
-    lines += config.diff_fingerprints(found, current)
+    lines += diff_lines(found, current)
     shape = [line for line in lines if _changes_shapes(line, found, current)]
     return [line for line in lines if line not in shape], shape
 

@@ -24,12 +24,12 @@ def add_arguments(parser) -> None:
 
 def machine_facts(args) -> dict:
     """Facts of the machine to plan for: --facts FILE, --gpus SPEC, or this one."""
-    from kit.machine import gpu_table as hardware, probe
+    from kit.machine import gpu_table, probe
 
     if getattr(args, "facts", None):
         return probe.load_facts(args.facts).to_dict()
     if getattr(args, "gpus", None):
-        return hardware.synthesize(args.gpus)
+        return gpu_table.synthesize(args.gpus)
     return probe.gather().to_dict()
 
 

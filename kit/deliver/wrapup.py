@@ -17,14 +17,15 @@ import sys
 from pathlib import Path
 
 from kit.deliver.final import FINAL_DIR, write_final
+from kit.machine.command import launch_command
 from kit.errors import EXIT_STORE, StoreError
 from kit.evaluation import stage
 from kit.evaluation.results import change_line
 
 
 def rerun_command(world_size: int) -> str:
-    launcher = f"torchrun --standalone --nproc_per_node={world_size}" if world_size > 1 else "python"
-    return " ".join([launcher, *map(shlex.quote, sys.argv)])
+    script, *args = sys.argv
+    return " ".join([launch_command(world_size, script=shlex.quote(script)), *map(shlex.quote, args)])
 
 
 def _facts(job, sessions: list[dict]) -> dict:

@@ -13,6 +13,7 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from kit.machine import platforms
+from kit.machine.command import launch_command
 
 _NV_ARCH = re.compile(r"^(sm|compute)_(\d+)([af]?)$")
 # ROCm archs with native bf16: MI200 (gfx90a), MI300 (gfx94x), MI350 (gfx95x), RDNA3/3.5 (gfx11xx),
@@ -196,12 +197,10 @@ def _ok_summary(usable: list[dict], torch: dict, bf16: bool) -> str:
 
 
 def _launch(usable: list[dict], total: int) -> str:
-    n = len(usable)
-    command = f"torchrun --standalone --nproc_per_node={n} train_ddp.py" if n > 1 else "python train_ddp.py"
-    if n < total:  # hide the GPUs this torch cannot run, or the ranks would land on them
-        var = "CUDA_VISIBLE_DEVICES" if usable[0]["arch"].startswith("sm_") else "HIP_VISIBLE_DEVICES"
-        command = f"{var}={','.join(str(g['index']) for g in usable)} {command}"
-    return command
+    # Hide the GPUs this torch cannot run, or the ranks would land on them.
+    visible = [g["index"] for g in usable] if len(usable) < total else None
+    vendor = "nvidia" if usable[0]["arch"].startswith("sm_") else "amd"
+    return launch_command(len(usable), visible=visible, vendor=vendor)
 
 
 def _unique(lines) -> str:

@@ -14,8 +14,8 @@ import copy
 
 from kit.planning import memory
 from kit.errors import UsageError
+from kit.files import GIB
 
-GIB = 2**30
 AUTO_BATCHES = (8, 4, 2, 1)
 CHECKPOINTING_FROM_PARAMS = 1e9
 
@@ -51,7 +51,7 @@ def training_loop(facts) -> dict:
             "fused_lm_head": memory.fuses_lm_head((facts.packages or {}).get("trl"))}
 
 
-def strategies(cfg, n: int, nodes: int = 1, device: str = "cuda", replica_only: bool = False) -> list[tuple]:
+def strategies(cfg, n: int, nodes: int = 1, device: str = "cuda") -> list[tuple]:
     """(strategy, processes, sharding) to try, cheapest first, as cfg.strategy allows.
 
     A replica per GPU (DDP) first: no communication but the gradients'. FSDP next: all-gathers
@@ -74,14 +74,14 @@ def strategies(cfg, n: int, nodes: int = 1, device: str = "cuda", replica_only: 
         return [("model_parallel", 1, "layers")]
     if cfg.strategy == "fsdp":
         return [("fsdp", world, "fsdp")]
-    if cfg.strategy == "ddp" or device == "cpu" or replica_only:
+    if cfg.strategy == "ddp" or device == "cpu":
         return replica  # on a CPU every rank shares one RAM: sharding buys nothing
     if world == 1:
         return replica
     return replica + [("fsdp", world, "fsdp")] + ([("model_parallel", 1, "layers")] if nodes == 1 else [])
 
 
-def fit(model, cfg, precision, quantized, optimizer, n, budget, device="cuda", loop=None, replica_only=False,
+def fit(model, cfg, precision, quantized, optimizer, n, budget, device="cuda", loop=None,
         nodes=1, ram=None, why=None):
     """First (strategy, world, per_device_batch, checkpointing, estimate) that fits, or None.
 
@@ -95,7 +95,7 @@ def fit(model, cfg, precision, quantized, optimizer, n, budget, device="cuda", l
         gcs = [cfg.gradient_checkpointing == "on"]
     else:
         gcs = [False, True] if model.params < CHECKPOINTING_FROM_PARAMS else [True]
-    for strategy, world, sharding in strategies(cfg, n, nodes, device, replica_only):
+    for strategy, world, sharding in strategies(cfg, n, nodes, device):
         if device == "cuda" and ram is not None:
             load = hostram.node_load_bytes(model, strategy, quantized, world // nodes if strategy != "model_parallel"
                                            else 1, full_method=cfg.method == "full")
@@ -123,7 +123,7 @@ def fit(model, cfg, precision, quantized, optimizer, n, budget, device="cuda", l
     return None
 
 
-def cheaper_change(model, cfg, precision, optimizer, n, budget, gpu_name, loop=None, replica_only=False,
+def cheaper_change(model, cfg, precision, optimizer, n, budget, gpu_name, loop=None,
                    nodes=1, ram=None) -> str:
     """The cheapest change that would make the job fit, as a sentence.
 
@@ -148,7 +148,7 @@ def cheaper_change(model, cfg, precision, optimizer, n, budget, gpu_name, loop=N
                 setattr(trial, k, val)
         try:
             found = fit(model, trial, precision, trial.method == "qlora" or bool(model.prequantized), optimizer, n,
-                        budget, loop=loop, replica_only=replica_only, nodes=nodes, ram=ram)
+                        budget, loop=loop, nodes=nodes, ram=ram)
         except UsageError:
             return None
         if found is None:
@@ -166,7 +166,7 @@ def cheaper_change(model, cfg, precision, optimizer, n, budget, gpu_name, loop=N
         found = attempt(changes)
         if found:
             return found
-    bigger = _bigger_gpu(model, cfg, precision, optimizer, n, budget, loop, replica_only, nodes, ram)
+    bigger = _bigger_gpu(model, cfg, precision, optimizer, n, budget, loop, nodes, ram)
     if bigger:
         return bigger
     where = f"{nodes} nodes of {n}× {gpu_name}" if nodes > 1 else f"{n}× {gpu_name}"
@@ -174,7 +174,7 @@ def cheaper_change(model, cfg, precision, optimizer, n, budget, gpu_name, loop=N
             "memory, more GPUs or nodes, or a smaller model")
 
 
-def _bigger_gpu(model, cfg, precision, optimizer, n, budget, loop, replica_only, nodes, ram) -> str | None:
+def _bigger_gpu(model, cfg, precision, optimizer, n, budget, loop, nodes, ram) -> str | None:
     """The smallest GPU of kit's table with more memory on which the same config fits, as a sentence."""
     from kit.machine.gpu_table import GPUS
 
@@ -184,7 +184,7 @@ def _bigger_gpu(model, cfg, precision, optimizer, n, budget, loop, replica_only,
             continue
         try:
             found = fit(model, cfg, precision, quantized, optimizer, n, total, loop=loop,
-                        replica_only=replica_only, nodes=nodes, ram=ram)
+                        nodes=nodes, ram=ram)
         except UsageError:
             return None
         if found:

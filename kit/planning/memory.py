@@ -34,7 +34,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-GIB = 2**30
+from kit.files import GIB
+
 CUDA_CONTEXT = GIB // 2      # not counted by max_memory_allocated; ~0.3-0.6 GiB depending on GPU and CUDA
 SLACK = 0.10                 # caching-allocator fragmentation: reserved exceeds allocated by about this much
 NF4_BYTES = 0.5 + 0.127 / 8  # 4-bit weights + double-quantized absmax (blocksize 64)
@@ -185,8 +186,10 @@ def estimate(model, cfg, precision: str, per_device_batch: int, gradient_checkpo
         unit = model.layer_linear_params() * (NF4_BYTES if quantized and cfg.method != "full" else bp)
         terms["fsdp_gathered_layers"] = 2 * unit  # the layer being computed plus the prefetched one
         # accelerate puts the final norm and lm_head in one unit that stays gathered from the end of
-        # forward to the start of backward: the other ranks' part of the head is here at the peak.
-        terms["fsdp_gathered_head"] = model.vocab * model.hidden * bp * (world_size - 1) / world_size
+        # forward to the start of backward. FSDP2 gathers into a buffer of the whole head, beside the
+        # rank's own shard (counted above), so the whole head is here at the peak, at any world size:
+        # measured at world size 1 on the H200 (bench/results/fsdp_qlora_h200.json).
+        terms["fsdp_gathered_head"] = model.vocab * model.hidden * bp
         notes.append(f"weights, gradients and optimizer states are sharded {world_size} ways")
 
     # Activations and logits.

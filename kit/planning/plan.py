@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from kit.planning import hostram, memory, shapes as models, speed
-from kit.machine import verdicts
-from kit.planning import nodes as nodes_mod
 from kit.errors import CannotTrain, UsageError
-from kit.planning.fit import CHECKPOINTING_FROM_PARAMS, batch_for_world, cheaper_change, fit, training_loop
+from kit.machine import verdicts
+from kit.machine.command import launch_command
+from kit.planning import hostram, memory, plan_words, precision, shapes, speed
+from kit.planning import nodes as nodes_mod
+from kit.planning.fit import batch_for_world, cheaper_change, fit, training_loop
+from kit.files import GIB
 
-GIB = 2**30
 CPU_MAX_PARAMS = 1e9
 
 __all__ = ["Plan", "batch_for_world", "make_plan"]
@@ -56,11 +57,10 @@ class Plan:
         return asdict(self)
 
 
-def make_plan(facts, cfg, nproc: int | None = None, *, replica_only: bool = False, nodes: int = 1,
+def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
               rdzv_endpoint: str | None = None) -> Plan:
     """Plan `cfg` on the machine `facts` describes (a Facts or its dict); `nproc` limits the GPUs used.
 
-    `replica_only` leaves out sharding and model parallelism (one full replica per GPU only).
     `nodes`: that many machines like `facts` (GPUs per node), started by torchrun's c10d
     rendezvous at `rdzv_endpoint` (HOST:PORT of node 0; default $MASTER_ADDR:29500).
 
@@ -71,9 +71,9 @@ def make_plan(facts, cfg, nproc: int | None = None, *, replica_only: bool = Fals
     nodes_mod.check_nodes(nodes)
     endpoint = nodes_mod.check_endpoint(rdzv_endpoint or f"$MASTER_ADDR:{nodes_mod.DEFAULT_PORT}")
     facts = _as_facts(facts)
-    model = models.model_facts(cfg.model, cfg.revision)
+    model = shapes.model_facts(cfg.model, cfg.revision)
     plan = Plan(model=cfg.model)
-    plan.reasons.append(f"{cfg.model}: {_count(model.params)} parameters, {model.layers} layers, vocab "
+    plan.reasons.append(f"{cfg.model}: {plan_words.count(model.params)} parameters, {model.layers} layers, vocab "
                         f"{model.vocab} (from {model.source}).")
     quantized = cfg.method == "qlora" or model.prequantized is not None
     if model.prequantized and cfg.method == "full":
@@ -113,7 +113,7 @@ def make_plan(facts, cfg, nproc: int | None = None, *, replica_only: bool = Fals
     plan.batching = speed.batching(cfg, gpu, plan.reasons)
     loop = {**training_loop(facts), "batching": plan.batching}
     ram, why = hostram.budget(facts.ram_bytes), []
-    found = fit(model, cfg, plan.precision, quantized, plan.optimizer, n, budget, loop=loop, replica_only=replica_only,
+    found = fit(model, cfg, plan.precision, quantized, plan.optimizer, n, budget, loop=loop,
                 nodes=nodes, ram=ram, why=why)
     plan.memory["budget_bytes"] = budget
     plan.nodes = nodes
@@ -123,12 +123,12 @@ def make_plan(facts, cfg, nproc: int | None = None, *, replica_only: bool = Fals
                               world_size=n, optimizer=plan.optimizer, **loop)
         plan.memory.update(per_gpu_bytes=est.total_bytes, allocated_bytes=est.allocated_bytes, terms=est.terms,
                            notes=[f"one replica at micro-batch {cfg.per_device_batch or 1}"] + est.notes)
-        how = " with one full replica per GPU" if replica_only and n > 1 else ""
+        how = " with one full replica per GPU" if cfg.strategy == "ddp" and n > 1 else ""
         where = f"{nodes} nodes of {n}× {gpu['name']}" if nodes > 1 else f"{n}× {gpu['name']}"
         passed = f" (passed over {'; '.join(why)})" if why else ""
         _refuse(plan, f"{cfg.model} ({cfg.method}, seq_len {cfg.seq_len}) does not fit on {where}{how}{passed}: "
                       + cheaper_change(model, cfg, plan.precision, plan.optimizer, n, budget, gpu["name"], loop,
-                                        replica_only, nodes=nodes, ram=ram))
+                                        nodes=nodes, ram=ram))
     strategy, world, pdb, gc, est = found
     plan.strategy, plan.device, plan.gradient_checkpointing = strategy, "cuda", gc
     plan.per_device_batch, plan.grad_accum, plan.global_batch = batch_for_world(cfg, pdb, world)
@@ -137,8 +137,8 @@ def make_plan(facts, cfg, nproc: int | None = None, *, replica_only: bool = Fals
     plan.nproc = world // nodes if strategy in ("ddp", "fsdp") else world  # per node
     plan.gpus = len(usable) if strategy == "model_parallel" else plan.nproc
     plan.reasons += [f"passed over {w}." for w in why]  # cheaper strategies that fit the GPUs but not the load
-    plan.reasons += _strategy_reasons(strategy, n if strategy == "model_parallel" else world, gpu["name"], est, budget, model, cfg, gc, quantized, plan)
-    plan.reasons.append(_host_words(model, strategy, quantized, plan.nproc, cfg, ram))
+    plan.reasons += plan_words.strategy_reasons(strategy, n if strategy == "model_parallel" else world, gpu["name"], est, budget, model, cfg, gc, quantized, plan)
+    plan.reasons.append(plan_words.host_words(model, strategy, quantized, plan.nproc, cfg, ram))
     plan.backend = _backend(cfg, facts, gpu, strategy, plan.reasons)
     if plan.backend == "unsloth" and speed.unsloth_batching(cfg, plan.batching, plan.reasons) != plan.batching:
         plan.batching = "padded"  # and the estimate without the padding-free mask (Unsloth is single-GPU here)
@@ -161,13 +161,6 @@ def make_plan(facts, cfg, nproc: int | None = None, *, replica_only: bool = Fals
     return plan
 
 
-def _host_words(model, strategy, quantized, ranks, cfg, ram) -> str:
-    load = hostram.node_load_bytes(model, strategy, quantized, ranks if strategy != "model_parallel" else 1,
-                                   full_method=cfg.method == "full")
-    have = f"{ram / GIB:.1f} GiB usable" if ram else "unknown RAM: not checked"
-    return f"host RAM while loading: ~{load.total_bytes / GIB:.1f} GiB per node ({load.words}; {have})."
-
-
 def _budget(usable: list[dict], reasons: list[str]) -> int:
     """The memory each rank may use: the smallest GPU's total, or its free memory when something holds a lot."""
     budget = min(g["memory_total_bytes"] for g in usable)
@@ -180,10 +173,6 @@ def _budget(usable: list[dict], reasons: list[str]) -> int:
                        f"notebook kernel holding a model?): planning with the free {budget / GIB:.1f} GiB; restart "
                        "that kernel to get it back.")
     return budget
-
-
-def _count(params: int) -> str:
-    return f"{params / 1e9:.2f}B" if params >= 1e9 else f"{params / 1e6:.1f}M" if params >= 1e6 else f"{params:,}"
 
 
 def _as_facts(facts):
@@ -213,15 +202,16 @@ def _cpu_plan(facts, cfg, model, plan: Plan, nproc) -> Plan:
                       "use a GPU machine (Kaggle T4×2, Colab T4) or a model under 1B")
     if cfg.method == "qlora" or model.prequantized:
         _refuse(plan, "4-bit QLoRA needs a GPU (bitsandbytes): use method=lora on the CPU")
-    if cfg.precision == "fp16":
-        _refuse(plan, "precision fp16 needs a GPU: use precision=fp32 (or auto) on the CPU")
+    try:
+        plan.precision, _ = precision.choose(cfg.precision, "cpu")
+    except CannotTrain as e:
+        _refuse(plan, str(e))
     if cfg.strategy == "model_parallel":
         _refuse(plan, "strategy model_parallel splits the layers over GPUs, and this machine has none: use "
                       "strategy=auto")
     if cfg.strategy == "fsdp" and plan.nproc < 2:
         _refuse(plan, "strategy fsdp on one CPU process has nothing to shard over (FSDP on the CPU is for checking "
                       "the script, over gloo): use --nproc 2 or more, or strategy=auto")
-    plan.precision = "bf16" if cfg.precision == "bf16" else "fp32"
     plan.optimizer = "adamw_torch" if cfg.optimizer in ("auto", "adamw_8bit", "paged_adamw_8bit") else cfg.optimizer
     ram = facts.ram_bytes or 8 * GIB  # ranks on a CPU share the machine's memory
     plan.batching = speed.batching(cfg, None, plan.reasons)
@@ -240,35 +230,17 @@ def _cpu_plan(facts, cfg, model, plan: Plan, nproc) -> Plan:
                         (f"{plan.nproc} processes over gloo" if plan.nproc > 1 else "one process") +
                         (", FSDP-sharded (checks the script's FSDP path; no memory saved: the ranks share one RAM)."
                          if plan.strategy == "fsdp" else "."))
-    plan.launch = (f"torchrun --standalone --nproc_per_node={plan.nproc} train_ddp.py" if plan.nproc > 1
-                   else "python train_ddp.py")
+    plan.launch = launch_command(plan.nproc)
     return plan
 
 
 def _precision(cfg, gpu, reasons, plan) -> str:
-    vendor, cap, name = gpu["vendor"], gpu["capability"], gpu["name"]
-    native = verdicts.bf16_native(vendor, cap)
-    arch = verdicts.arch_name(vendor, cap)
-    if cfg.precision == "bf16" and not native:
-        _refuse(plan, f"precision bf16 asked for, but {name} ({arch}) has no native bf16: use precision=fp16 "
-                      "or precision=auto")
-    if cfg.precision != "auto":
-        if cfg.precision == "fp16" and vendor == "amd":
-            reasons.append("precision fp16 as configured; on ROCm fp16 has given NaNs (MI300X): bf16 is safer.")
-        else:
-            reasons.append(f"precision {cfg.precision} as configured.")
-        return cfg.precision
-    if not native:
-        reasons.append(f"{name} ({arch}) has no native bf16: fp16 with loss scaling "
-                       "(torch.cuda.is_bf16_supported() says True here only through emulation); on an H200, fp16 "
-                       f"measured {speed.MEASURED['fp16_vs_bf16']:.2f}× bf16's tokens/s for Qwen3-8B QLoRA (loss "
-                       "scaling and fp32 LoRA weights are its cost; a T4's own speed was not measured).")
-        return "fp16"
-    if vendor == "amd":
-        reasons.append(f"{name} ({arch}) has native bf16; on ROCm bf16 is preferred: fp16 gave NaNs on MI300X.")
-    else:
-        reasons.append(f"{name} ({arch}) has native bf16: bf16, no loss scaling needed.")
-    return "bf16"
+    try:
+        chosen, why = precision.choose(cfg.precision, "cuda", gpu["vendor"], gpu["capability"], gpu["name"])
+    except CannotTrain as e:
+        _refuse(plan, str(e))
+    reasons.append(why + ".")
+    return chosen
 
 
 def _optimizer(cfg, facts, gpu=None) -> str:
@@ -279,37 +251,6 @@ def _optimizer(cfg, facts, gpu=None) -> str:
     if cfg.method == "full" and has_bnb:
         return "adamw_8bit"
     return "adamw_torch_fused" if speed.fused_adamw(cfg, gpu) else "adamw_torch"
-
-
-def _strategy_reasons(strategy, n, gpu_name, est, budget, model, cfg, gc, quantized, plan) -> list[str]:
-    need = f"estimated {est.total_bytes / GIB:.1f} GiB per GPU of {budget / GIB:.1f} GiB"
-    out = {"single": f"single device: one {gpu_name}; {need}.",
-           "ddp": f"DDP over {n}× {gpu_name}: one replica fits each GPU ({need}); each rank trains on its "
-                  f"own share of the batches, so {n} GPUs give about {n}× the throughput.",
-           "fsdp": (f"FSDP over {n}× {gpu_name} as configured ({need})." if cfg.strategy == "fsdp" else
-                    f"FSDP over {n}× {gpu_name}: a full replica does not fit one GPU, sharded {n} ways it does "
-                    f"({need})."),
-           "model_parallel": f"model parallel (device_map) over {n}× {gpu_name}: neither a replica nor FSDP fits, "
-                             f"only the layers spread over the GPUs ({need}): about {model.layers // max(n, 1)} of "
-                             f"the {model.layers} layers on each GPU (device_map=\"auto\" balances them by size); "
-                             "one process, the GPUs run one after another, so it is no speed-up; launched with "
-                             "python, never torchrun."}[strategy]
-    reasons = [out]
-    if strategy == "fsdp" and quantized:
-        reasons.append(f"QLoRA under FSDP: the 4-bit weights are stored as {plan.precision} "
-                       "(bnb_4bit_quant_storage) so FSDP2 can shard them; each rank quantizes the whole base on its GPU "
-                       f"while loading (~{memory.fsdp_qlora_load_bytes(model, plan.precision) / GIB:.1f} GiB) "
-                       "before sharding it.")
-    elif strategy == "fsdp":
-        reasons.append("FSDP with a 16-bit base: the weights load on the CPU, one rank per node reads them and "
-                       "the others receive their shards; no GPU holds a full replica.")
-    why_gc = ("set in the config" if cfg.gradient_checkpointing != "auto" else
-              f"the model has {model.params / 1e9:.1f}B ≥ 1B parameters" if model.params >= CHECKPOINTING_FROM_PARAMS
-              else "needed to fit" if gc else f"the model is small ({_count(model.params)} parameters)")
-    reasons.append(f"gradient checkpointing {'on' if gc else 'off'}: {why_gc}.")
-    b = "as configured" if cfg.per_device_batch else "the largest power of two ≤ 8 that fits"
-    reasons.append(f"micro-batch {plan.per_device_batch} per device ({b}), {plan.grad_accum} accumulation step(s), global batch {plan.global_batch}.")
-    return reasons
 
 
 def _backend(cfg, facts, gpu, strategy, reasons) -> str:
@@ -332,11 +273,9 @@ def _backend(cfg, facts, gpu, strategy, reasons) -> str:
 
 
 def _launch(strategy, world, usable, facts, gpu) -> str:
-    # Trainer runs FSDP only in a process group, so even one FSDP process starts under torchrun.
-    command = (f"torchrun --standalone --nproc_per_node={world} train_ddp.py"
-               if strategy == "fsdp" or (strategy == "ddp" and world > 1) else "python train_ddp.py")
     used = usable if strategy != "single" else [gpu]
-    if len(used) < len(facts.gpus):  # hide the rest, or Trainer would wrap the model in DataParallel
-        var = "HIP_VISIBLE_DEVICES" if gpu["vendor"] == "amd" else "CUDA_VISIBLE_DEVICES"
-        command = f"{var}={','.join(str(g['index']) for g in used)} {command}"
-    return command
+    # Hide the GPUs the plan does not use, or Trainer would wrap the model in DataParallel.
+    visible = [g["index"] for g in used] if len(used) < len(facts.gpus) else None
+    # Trainer runs FSDP only in a process group, so even one FSDP process starts under torchrun.
+    return launch_command(world, torchrun=strategy == "fsdp" or (strategy == "ddp" and world > 1),
+                          visible=visible, vendor=gpu["vendor"])

@@ -9,14 +9,16 @@ import html
 import json
 import sys
 
-_GIB = 2**30
+from kit.files import GIB
 
 
-def to_json(facts, verdicts=None, next_steps: list[str] | None = None, plan=None) -> str:
-    """One JSON object: the facts, plus `verdicts`, `plan` and `next` when given."""
+def to_json(facts, verdicts=None, next_steps: list[str] | None = None, plan=None, wrote: str | None = None) -> str:
+    """One JSON object: the facts, plus `verdicts`, `plan`, `wrote` and `next` when given."""
     d = facts.to_dict()
     if plan is not None:
         d["plan"] = plan.to_dict()
+    if wrote is not None:
+        d["wrote"] = wrote
     if verdicts is not None:
         d["verdicts"] = verdicts.to_dict()
     if next_steps is not None:
@@ -24,21 +26,24 @@ def to_json(facts, verdicts=None, next_steps: list[str] | None = None, plan=None
     return json.dumps(d, indent=2)
 
 
-def to_text(facts, verdicts=None, next_steps: list[str] | None = None) -> str:
-    """Aligned plain text: the machine, a GPU table, unknowns, then the verdict and next steps."""
+def to_text(facts, verdicts=None, next_steps: list[str] | None = None, do_this: bool = True) -> str:
+    """Aligned plain text: the machine, a GPU table, unknowns, then the verdict and next steps.
+
+    `do_this=False` leaves out the verdict's advice: a written plan's next step replaces it.
+    """
     lines = [f"{k:<10} {v}" for k, v in _machine_rows(facts)]
     lines += ["", *_align(_gpu_table(facts, verdicts))]
     lines += [f"unknown    {k}: {v}" for k, v in facts.unknown.items()]
     if verdicts is not None:
         lines += ["", f"{'verdict':<10} {verdicts.summary}"]
         lines += [f"{'warning':<10} {w}" for w in verdicts.warnings]
-        if not verdicts.ok and verdicts.action not in verdicts.summary:
+        if do_this and not verdicts.ok and verdicts.action not in verdicts.summary:
             lines.append(f"{'do this':<10} {verdicts.action}")
     lines += [f"{'next':<10} {s}" for s in next_steps or []]
     return "\n".join(lines).rstrip() + "\n"
 
 
-def to_html(facts, verdicts=None, next_steps: list[str] | None = None) -> str:
+def to_html(facts, verdicts=None, next_steps: list[str] | None = None, do_this: bool = True) -> str:
     """A self-contained HTML fragment (two tables and the verdict) for a notebook cell's output."""
     e = html.escape
     cell = "style='text-align:left;padding:2px 10px'"
@@ -52,7 +57,7 @@ def to_html(facts, verdicts=None, next_steps: list[str] | None = None) -> str:
         color = "green" if verdicts.ok else "#b00"
         parts.append(f"<p style='color:{color}'><b>{e(verdicts.summary)}</b></p>")
         parts += [f"<p>⚠ {e(w)}</p>" for w in verdicts.warnings]
-        if not verdicts.ok and verdicts.action not in verdicts.summary:
+        if do_this and not verdicts.ok and verdicts.action not in verdicts.summary:
             parts.append(f"<p><b>Do this:</b> {e(verdicts.action)}</p>")
     parts += [f"<p><b>Next:</b> <code>{e(s)}</code></p>" for s in next_steps or []]
     return "<div class='kit-report'>" + "".join(parts) + "</div>"
@@ -65,35 +70,44 @@ def in_notebook_kernel() -> bool:
     return getattr(shell, "kernel", None) is not None
 
 
-def show(facts, verdicts=None, next_steps: list[str] | None = None, as_json: bool = False, plan=None) -> None:
+def show(facts, verdicts=None, next_steps: list[str] | None = None, as_json: bool = False, plan=None,
+         wrote: str | None = None) -> None:
     """Print the report in the form that suits where it runs: JSON, HTML in a notebook, else text.
 
-    With a plan (bootstrap --config), the plan comes between the machine and the next steps.
+    With a plan (bootstrap --config), the plan comes between the machine and the next steps;
+    `wrote` (what bootstrap wrote) gets its own line just before the one `Next:` line, and the
+    verdict's own advice is left out then: the next step of a written plan replaces it.
     """
+    do_this = not (plan is not None and wrote)
     if as_json:
-        print(to_json(facts, verdicts, next_steps, plan))
+        print(to_json(facts, verdicts, next_steps, plan, wrote))
     elif in_notebook_kernel():
         from IPython.display import HTML, display
 
         from kit.auth import redact
 
         # HTML goes to the notebook through display(), not stdout: scrub it here too.
-        display(HTML(redact(to_html(facts, verdicts, None if plan is not None else next_steps))))
+        display(HTML(redact(to_html(facts, verdicts, None if plan is not None else next_steps, do_this))))
         # Also as text, so papermill's output notebooks and logs read without rendering HTML.
         if verdicts is not None:
-            repeat = verdicts.ok or verdicts.action in verdicts.summary
+            repeat = not do_this or verdicts.ok or verdicts.action in verdicts.summary
             print(verdicts.summary if repeat else f"{verdicts.summary}\nDo this: {verdicts.action}")
         if plan is not None:
             print(plan_to_text(plan, launch=False))  # the one next step follows
-        for step in next_steps or []:
-            print(f"Next: {step}")
+        _print_next(wrote, next_steps)
     elif plan is not None:
-        print(to_text(facts, verdicts, None), end="")
+        print(to_text(facts, verdicts, None, do_this), end="")
         print(plan_to_text(plan, launch=not next_steps))
-        for step in next_steps or []:
-            print(f"Next: {step}")
+        _print_next(wrote, next_steps)
     else:
         print(to_text(facts, verdicts, next_steps), end="")
+
+
+def _print_next(wrote: str | None, next_steps: list[str] | None) -> None:
+    if wrote:
+        print(wrote[:1].upper() + wrote[1:])
+    for step in next_steps or []:
+        print(f"Next: {step}")
 
 
 def _machine_rows(facts) -> list[tuple[str, str]]:
@@ -144,10 +158,7 @@ def _align(rows: list[list[str]]) -> list[str]:
 
 
 def _gib(n: int | None) -> str:
-    return "?" if n is None else f"{n / _GIB:.2f} GiB"
-
-
-GIB = 2**30
+    return "?" if n is None else f"{n / GIB:.2f} GiB"
 
 
 def plan_to_text(plan, launch: bool = True) -> str:

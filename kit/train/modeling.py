@@ -24,34 +24,40 @@ DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def _torch_dtype(precision: str):
+def torch_dtype(precision: str):
+    """The torch dtype of a plan's precision: bf16 → torch.bfloat16, fp16 → torch.float16, fp32 → torch.float32."""
     import torch
 
     return getattr(torch, DTYPES[precision])
 
 
-def _load_kwargs(cfg, plan, ctx) -> dict:
+def compute_dtype(plan):
+    """The dtype 4-bit matmuls compute in: the plan's 16-bit precision (fp16 where it planned fp32)."""
+    return torch_dtype(plan.precision if plan.precision != "fp32" else "fp16")
+
+
+def quant_storage(plan) -> dict:
+    """`bnb_4bit_quant_storage` under FSDP, which shards float tensors only: the packed nf4 bytes are
+    viewed as the dtype of the other frozen weights (kit.train.sharding.quant_storage); {} otherwise."""
+    if plan.strategy != "fsdp":
+        return {}
+    return {"bnb_4bit_quant_storage": _torch_dtype_name(sharding.quant_storage(plan.precision))}
+
+
+def _load_kwargs(cfg, plan, ctx, quantization) -> dict:
     import torch
 
     kwargs = {"revision": cfg.revision}
-    if cfg.method == "full":
-        # Full fine-tuning keeps fp32 master weights; AMP does the 16-bit math.
-        kwargs["dtype"] = torch.float32
-    else:
-        kwargs["dtype"] = _torch_dtype(plan.precision)
+    # Full fine-tuning keeps fp32 master weights (AMP does the 16-bit math); LoRA loads the base in the plan's precision.
+    kwargs["dtype"] = torch.float32 if cfg.method == "full" else torch_dtype(plan.precision)
     if ctx.device.type == "cuda" and _device_map(plan, ctx) is not None:
         kwargs["device_map"] = _device_map(plan, ctx)
     if cfg.method == "qlora":
         if ctx.device.type != "cuda":
             raise CannotTrain("method qlora needs a CUDA GPU (bitsandbytes 4-bit); use method=lora on CPU")
-        from transformers import BitsAndBytesConfig
-
-        kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-            bnb_4bit_compute_dtype=_torch_dtype(plan.precision if plan.precision != "fp32" else "fp16"),
-            # FSDP shards float tensors only: the packed nf4 bytes are viewed as the other weights' dtype.
-            **({"bnb_4bit_quant_storage": _torch_dtype_name(sharding.quant_storage(plan.precision))}
-               if plan.strategy == "fsdp" else {}))
+        if quantization is None:
+            raise UsageError("method qlora needs the script's BitsAndBytesConfig: re-render train_ddp.py")
+        kwargs["quantization_config"] = quantization
     return kwargs
 
 
@@ -76,8 +82,9 @@ def check_seq_len(cfg, model_config) -> None:
         raise UsageError(f"seq_len={cfg.seq_len} is longer than {cfg.model}'s max_position_embeddings={limit}")
 
 
-def load(cfg, plan, ctx):
-    """(model, tokenizer) for `cfg` on this rank's device, as `plan` says."""
+def load(cfg, plan, ctx, quantization=None):
+    """(model, tokenizer) for `cfg` on this rank's device, as `plan` says; `quantization` is the
+    script's BitsAndBytesConfig for QLoRA (Unsloth builds its own from load_in_4bit)."""
     if plan.backend == "unsloth":
         return _load_unsloth(cfg, plan, ctx)
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -90,7 +97,7 @@ def load(cfg, plan, ctx):
                          "(offline? give a local path or set HF_HUB_OFFLINE=0)") from e
     check_seq_len(cfg, model_config)
     sharding.prepare_loading(plan)
-    model = AutoModelForCausalLM.from_pretrained(cfg.model, **_load_kwargs(cfg, plan, ctx))
+    model = AutoModelForCausalLM.from_pretrained(cfg.model, **_load_kwargs(cfg, plan, ctx, quantization))
     _prepare(model, tokenizer, plan)
     return model, tokenizer
 
@@ -114,21 +121,20 @@ def target_modules(cfg, model) -> list[str] | str:
     return found or "all-linear"  # unknown architecture: let PEFT find the linear layers
 
 
-def add_lora(model, cfg, plan):
-    """Wrap `model` with LoRA adapters (fp32 adapters, frozen base); full fine-tuning returns it as is."""
-    if cfg.method == "full":
+def add_lora(model, cfg, plan, lora):
+    """Wrap `model` with the adapters `lora` (a peft LoraConfig) describes; None (full fine-tuning) returns it as is."""
+    if lora is None:
         return model
     if plan.backend == "unsloth":
         from unsloth import FastLanguageModel
 
         return FastLanguageModel.get_peft_model(
-            model, r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-            target_modules=target_modules(cfg, model), bias="none", random_state=cfg.seed,
+            model, r=lora.r, lora_alpha=lora.lora_alpha, lora_dropout=lora.lora_dropout,
+            target_modules=sorted(lora.target_modules) if not isinstance(lora.target_modules, str) else lora.target_modules,
+            bias=lora.bias, random_state=cfg.seed,
             use_gradient_checkpointing="unsloth" if plan.gradient_checkpointing else False)
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
 
-    lora = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-                      target_modules=target_modules(cfg, model), bias="none", task_type="CAUSAL_LM")
     return get_peft_model(model, lora)
 
 
@@ -136,7 +142,7 @@ def _load_unsloth(cfg, plan, ctx):
     from unsloth import FastLanguageModel
 
     model, tokenizer = FastLanguageModel.from_pretrained(
-        model_name=cfg.model, revision=cfg.revision, max_seq_length=cfg.seq_len, dtype=_torch_dtype(plan.precision),
+        model_name=cfg.model, revision=cfg.revision, max_seq_length=cfg.seq_len, dtype=torch_dtype(plan.precision),
         load_in_4bit=cfg.method == "qlora", full_finetuning=cfg.method == "full",
         device_map={"": ctx.local_rank})
     if tokenizer.pad_token is None:

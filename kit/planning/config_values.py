@@ -1,0 +1,143 @@
+"""One config value, checked: its type, its range or choices, and the words when a key is unknown.
+
+Every error is a one-line `UsageError` (exit 2) naming the key, the value and where it came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+
+from kit.errors import UsageError
+
+METHODS = ("lora", "qlora", "full")
+BACKENDS = ("auto", "transformers", "unsloth")
+FORMATS = ("auto", "messages", "alpaca", "prompt_completion", "text")
+OPTIMIZERS = ("auto", "adamw_torch", "adamw_torch_fused", "adamw_8bit", "paged_adamw_8bit")
+BATCHINGS = ("auto", "padded", "grouped", "padding_free", "packed")
+KERNELS = ("auto", "liger", "none")
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
+CHECKPOINTING = ("auto", "on", "off")
+STRATEGIES = ("auto", "ddp", "fsdp", "model_parallel")
+EVAL_METRICS = ("auto", "exact_match", "none")
+
+
+# (type accepted, allows None). bool is an int subclass, so it is refused for int/float fields.
+# learning_rate may be 0: a smoke run with it must be able to show "LoRA weights unchanged".
+_POSITIVE = {"seq_len", "per_device_batch", "global_batch", "epochs", "max_steps",
+             "save_steps", "save_every_minutes", "keep_checkpoints", "lease_heartbeat_seconds", "time_budget_minutes",
+             "logging_steps", "eval_steps", "lora.r", "lora.alpha", "eval.subset", "eval.min_rows",
+             "eval.max_new_tokens"}
+_NON_NEGATIVE = {"warmup_steps", "weight_decay", "max_grad_norm", "learning_rate", "eval.samples", "squash_history_every"}
+_CHOICES = {"method": METHODS, "backend": BACKENDS, "data.format": FORMATS, "optimizer": OPTIMIZERS,
+            "precision": PRECISIONS, "lr_scheduler": SCHEDULERS, "gradient_checkpointing": CHECKPOINTING,
+            "batching": BATCHINGS, "kernels": KERNELS, "strategy": STRATEGIES, "eval.metric": EVAL_METRICS}
+# Names people bring from other tools (HF TrainingArguments, TRL, axolotl).
+_ALIASES = {"lr": "learning_rate", "batch_size": "per_device_batch", "max_seq_length": "seq_len",
+            "max_length": "seq_len", "model_name": "model", "num_train_epochs": "epochs",
+            "gradient_accumulation_steps": "global_batch", "bf16": "precision", "fp16": "precision",
+            "rank": "r", "lora_r": "r", "lora_alpha": "alpha", "lora_dropout": "dropout", "targets": "target_modules",
+            "dataset": "path", "data_path": "path"}
+
+
+# Keys that name something kit decides itself, with where that decision is made.
+_PLANNED = {"strategy": "kit plans the strategy itself (single, ddp, fsdp, model_parallel) from the model and the "
+                        "GPUs: see `kit plan`", "deepspeed": "kit does not use DeepSpeed; it plans DDP or FSDP: "
+                        "see `kit plan`", "zero_stage": "kit does not use DeepSpeed ZeRO; it plans DDP or FSDP: "
+                        "see `kit plan`"}
+
+
+def unknown_key(key: str, known, prefix: str, source: str, value=None) -> UsageError:
+    leaf = key.split(".")[-1]
+    where = f" in {source}" if source else ""
+    if leaf in _PLANNED and not prefix:
+        return UsageError(f"unknown config key {key!r}{where}: {_PLANNED[leaf]}")
+    alias = _ALIASES.get(leaf)
+    # A value that is one of a key's choices (`dtype=bf16`) points at that key better than the spelling.
+    by_value = [k for k, choices in _CHOICES.items() if isinstance(value, str) and value in choices
+                and k.startswith(prefix) and k[len(prefix):] in known]
+    if alias in known:
+        close = [prefix + alias]
+    elif by_value:
+        close = [f"{by_value[0]}={value}"]
+    else:
+        close = [prefix + c for c in difflib.get_close_matches(leaf, list(known), n=1)]
+    hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(known)}"
+    return UsageError(f"unknown config key {key!r}{where}{hint}")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def check_value(key: str, f: dataclasses.Field, value, source: str):
+    """Return `value` converted to the field's type, or raise UsageError naming key and value."""
+    where = f" in {source}" if source else ""
+    ann = str(f.type)
+    optional = "None" in ann
+    if value is None:
+        if optional:
+            return None
+        raise UsageError(f"config key {key!r}{where} must not be null")
+    if key == "gradient_checkpointing":
+        # PyYAML reads on/off/yes/no/true/false as booleans: accept them all.
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        value = str(value).lower()
+        value = {"true": "on", "false": "off", "yes": "on", "no": "off"}.get(value, value)
+    elif key == "save_every_minutes" and isinstance(value, str) and not _is_number(value):
+        if value.strip().lower() != "auto":
+            raise UsageError(f"config key {key!r}{where} must be a number of minutes or auto, got {value!r}")
+        return "auto"
+    elif key == "lora.target_modules":
+        if isinstance(value, str):
+            return value
+        if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+            return list(value)
+        raise UsageError(f"config key {key!r}{where} must be 'all-linear' or a list of module names, got {value!r}")
+    elif ann.startswith("int"):
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            else:
+                raise UsageError(f"config key {key!r}{where} must be an integer, got {value!r}")
+    elif ann.startswith("float"):
+        if isinstance(value, str):  # PyYAML reads 2e-4 (no dot) as a string: YAML 1.1 wants 2.0e-4
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UsageError(f"config key {key!r}{where} must be a number, got {value!r}")
+        value = float(value)
+    elif ann.startswith("bool"):
+        if not isinstance(value, bool):
+            raise UsageError(f"config key {key!r}{where} must be true or false, got {value!r}")
+    elif ann.startswith("dict"):
+        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                  for k, v in value.items()):
+            raise UsageError(f"config key {key!r}{where} must be a mapping of column names, got {value!r}")
+    elif ann.startswith("str"):
+        if isinstance(value, (dict, list, bool)):
+            raise UsageError(f"config key {key!r}{where} must be a string, got {value!r}")
+        value = str(value)
+    if key in _CHOICES and value not in _CHOICES[key]:
+        close = difflib.get_close_matches(str(value).lower(), _CHOICES[key], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise UsageError(f"config key {key!r}{where} is {value!r}; expected one of {'|'.join(_CHOICES[key])}{hint}")
+    if key in _POSITIVE and value <= 0:
+        raise UsageError(f"config key {key!r}{where} must be > 0, got {value!r}")
+    if key in _NON_NEGATIVE and value < 0:
+        raise UsageError(f"config key {key!r}{where} must be >= 0, got {value!r}")
+    if key == "lora.dropout" and not 0 <= value < 1:
+        raise UsageError(f"config key {key!r}{where} must be in [0, 1), got {value!r}")
+    if key in ("data.eval_fraction", "data.max_duplicate_fraction") and not 0 <= value < 1:
+        raise UsageError(f"config key {key!r}{where} must be in [0, 1), got {value!r}")
+    return value
+
+

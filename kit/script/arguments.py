@@ -1,0 +1,59 @@
+"""The generated script's command line: its flags, its settings, and the plan they are trained with.
+
+    args = arguments.parse(argv, CONFIG_PATH)
+    cfg, planned = arguments.settings(SETTINGS, PLAN, args)
+
+Without `--config` the script trains the SETTINGS and PLAN written into it, with `key=value`
+overrides on top. `--config FILE` replaces both: that config's settings, planned again by the
+planner for this machine and the number of processes started, so an 8B config never inherits the
+tiny model's micro-batch or checkpointing choice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from kit.planning import config
+
+
+def parse(argv: list[str], config_path: str) -> argparse.Namespace:
+    from kit.cli import _Parser
+
+    parser = _Parser(prog="train_ddp.py", description=f"Train as configured in {config_path}.")
+    config.add_config_arguments(parser)
+    parser.set_defaults(config=None)
+    parser.add_argument("--smoke", action="store_true", help="one optimizer step, then check that training works")
+    parser.add_argument("--force", action="store_true",
+                        help="resume even if the checkpoint's config fingerprint differs from this config")
+    return parser.parse_args(argv)
+
+
+def settings(embedded: dict, embedded_plan: dict, args: argparse.Namespace) -> tuple[config.RunConfig, dict]:
+    """(config, plan): the embedded ones with overrides, or `--config FILE` planned for this machine."""
+    if not args.config:
+        cfg = config.from_dict(embedded, source="train_ddp.py SETTINGS")
+        for key, value in config.parse_overrides(args.overrides or ()):
+            config.set_value(cfg, key, value, source="command line")
+        return cfg, embedded_plan
+    cfg = config.load(args.config, args.overrides or ())
+    return cfg, replan(cfg, args.config)
+
+
+def replan(cfg: config.RunConfig, source: str) -> dict:
+    """The planner's plan for `cfg` on this machine (probed without CUDA), as the script's PLAN dict.
+
+    Raises the planner's errors: CannotTrain (exit 3) when this machine cannot train `cfg`.
+    """
+    from kit.machine import probe
+    from kit.planning.plan import make_plan
+
+    world = int(os.environ.get("WORLD_SIZE") or 1)
+    facts = probe.gather()
+    # Under torchrun the plan is for the processes started; one process may plan every GPU (model parallel).
+    plan = make_plan(facts, cfg, nproc=world if world > 1 else None)
+    where = f"{plan.nproc}× {plan.gpu}" if plan.device == "cuda" else "the CPU"
+    note = (f"--config {source}: planned for this machine ({where}): {plan.strategy}, {plan.precision}, micro-batch "
+            f"{plan.per_device_batch} × {plan.grad_accum} accumulation, gradient checkpointing "
+            f"{'on' if plan.gradient_checkpointing else 'off'}")
+    return {**plan.to_dict(), "replanned": note}

@@ -1,0 +1,83 @@
+"""Kit's outcome as the last line of a torchrun job, after torchrun's own last words.
+
+On Ctrl-C (SIGINT) or SIGTERM, torchrun's agent (torch.distributed.elastic) raises
+`SignalException` in itself, forwards the signal to each rank's process group, waits for the
+ranks, then lets the exception end it: a traceback and exit 1, printed *after* everything the
+ranks said. The ranks meanwhile paused cleanly (checkpoint saved, exit 0). Nothing inside a rank
+can change what the agent prints or returns, so rank 0 leaves a tiny watcher behind that waits
+for the agent to exit and then prints kit's outcome line once more: the last line the user sees
+is kit's, naming kit's exit code. Under `python train_ddp.py` there is no agent and nothing to do.
+
+Example (rank 0, under torchrun):
+    >>> repeat_after_torchrun("[kit] paused at step 40 of 60 … [kit exit 0]")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+WAIT_S = 60.0  # torchrun's agent gives its ranks 30 s to stop by default, then kills them
+
+# Polls the agent's pid (the rank's parent) and prints once it has exited, or gives up silently.
+# An exited agent stays a zombie until its parent reaps it, and a parent that reads the pipe to
+# its end first (subprocess.communicate, a notebook's `!torchrun`) reaps it only after this
+# watcher lets go of the pipe: so a zombie counts as exited (state Z in /proc/PID/stat).
+_WATCHER = """
+import os, sys, time
+pid, line, deadline = int(sys.argv[1]), sys.argv[2], time.monotonic() + float(sys.argv[3])
+out = sys.stderr if sys.argv[4] == "stderr" else sys.stdout
+def gone():
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+    except OSError:  # no /proc (not Linux): ask the kernel whether the pid exists
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+while time.monotonic() < deadline:
+    if gone():
+        print(line, file=out, flush=True)
+        break
+    time.sleep(0.02)
+"""
+
+
+def say_error(err) -> None:
+    """Rank 0's one `error:` line for a KitError; under torchrun, said again after its report.
+
+    torchrun answers a rank's exit 2, 3 or 4 with its own exit 1 and a ChildFailedError report
+    printed after the rank's line: the repeat makes the last line name kit's code.
+    """
+    from kit.errors import exit_words
+
+    if os.environ.get("RANK", "0") != "0":
+        return
+    print(f"error: {err}{exit_words(err.exit_code)}", file=sys.stderr, flush=True)
+    repeat_after_torchrun(f"error: {err} [kit exit {err.exit_code}; torchrun's exit 1 and its ChildFailedError "
+                          f"report above pass it on]", stream="stderr")
+
+
+def repeat_after_torchrun(line: str, stream: str = "stdout") -> bool:
+    """Print `line` again on this process's stdout (or stderr) once torchrun's agent has exited.
+
+    Returns False (and does nothing) when this rank was not started by torchrun. The watcher runs
+    in its own session, so the agent's kill of the rank's process group does not take it along;
+    it holds the rank's stdout open, so a reader of the pipe (a notebook's `!torchrun`, papermill,
+    subprocess) sees the line before end of file.
+    """
+    from kit.errors import under_torchrun
+
+    agent = os.getppid()
+    if not under_torchrun() or agent <= 1:
+        return False
+    sys.stdout.flush()
+    sys.stderr.flush()
+    subprocess.Popen([sys.executable, "-c", _WATCHER, str(agent), line, str(WAIT_S), stream],
+                     stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+    return True
