@@ -51,6 +51,7 @@ def test_baseline_measures_loss_metric_and_five_samples_on_fixed_rows(tiny, tmp_
     assert [s["output"] for s in again["result"]["samples"]] == [s["output"] for s in r["samples"]]
 
 
+@pytest.mark.slow
 def test_a_kept_baseline_is_not_measured_again(tiny, tmp_path):
     model, tok = tiny
     cfg = _cfg(tmp_path)

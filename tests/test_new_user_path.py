@@ -209,6 +209,7 @@ def test_under_torchrun_the_error_line_names_kits_exit_code(tmp_path):
     assert "torchrun's" in README and "ChildFailedError" in README and "SignalException" in README
 
 
+@pytest.mark.slow
 def test_ctrl_c_under_torchrun_ends_with_kits_outcome_line(tmp_path):
     """Ctrl-C in a terminal signals torchrun's process group; torchrun starts each rank in a session
     of its own and forwards SIGINT to it. The ranks pause cleanly, then torchrun prints its
@@ -322,6 +323,7 @@ def test_a_torn_session_record_is_named_by_line(tmp_path, caplog):
 
 
 # ---- overrides anywhere among the flags (`train_ddp.py lora.r=8 --force output_dir=X`) ---------------------
+@pytest.mark.slow
 def test_the_script_takes_overrides_before_between_and_after_its_flags(tmp_path):
     from kit.script import arguments
 

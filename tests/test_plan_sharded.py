@@ -158,6 +158,7 @@ def test_fsdp_on_two_cpu_processes_plans_for_checking_the_script():
     assert p.launch == "torchrun --standalone --nproc_per_node=2 train_ddp.py"
 
 
+@pytest.mark.slow
 def test_model_parallel_script_under_torchrun_exits_2_with_one_line(tmp_path):
     script = tmp_path / "train_mp.py"
     r = kit("render", "--config", "configs/default.yaml", "--gpus", "2xT4", "strategy=model_parallel", "-o", str(script))

@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.scripts import ROOT
 
 
@@ -97,6 +99,7 @@ def test_plans_that_do_not_fit_at_all_are_refused(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_the_script_says_in_one_line_how_to_get_kit_when_it_is_not_importable(tmp_path):
     """Copied away from the checkout with no kit installed: one line and exit 2, no traceback.
     (kit is installed editable in this venv, so the test hides it the way a missing package looks.)"""
