@@ -15,7 +15,7 @@ if _here not in sys.path:
 if getattr(sys.modules.get("kit"), "__file__", None) == os.path.abspath(__file__):
     del sys.modules["kit"]
 
-from kit.cli import finish_in_script, main  # noqa: E402
+from kit.cli import finish_in_script, run  # noqa: E402
 
 if __name__ == "__main__":
-    finish_in_script(main(sys.argv[1:]), globals())
+    finish_in_script(run(sys.argv[1:]), globals())

@@ -2,7 +2,7 @@
 
 import sys
 
-from kit.cli import finish_in_script, main
+from kit.cli import finish_in_script, run
 
 if __name__ == "__main__":
-    finish_in_script(main(sys.argv[1:]), globals())
+    finish_in_script(run(sys.argv[1:]), globals())

@@ -1,7 +1,10 @@
 """Find the Hugging Face token without ever showing it.
 
-Order: ``HF_TOKEN``, ``HUGGING_FACE_HUB_TOKEN``, a Kaggle secret named ``HF_TOKEN`` (only on
-Kaggle), a Colab secret named ``HF_TOKEN`` (only in Colab). The token is never printed, logged
+Order: whatever ``huggingface_hub.get_token()`` finds (``HF_OIDC_RESOURCE``, ``HF_TOKEN``,
+``HUGGING_FACE_HUB_TOKEN``, the token file ``hf auth login`` writes, Colab's secret), then a Kaggle
+secret named ``HF_TOKEN`` (only on Kaggle; huggingface_hub does not know Kaggle's secret store),
+then Colab's ``userdata`` again (huggingface_hub skips it on Colab Enterprise and when
+``google.colab.errors`` is missing). The token is never printed, logged
 or put in an exception; :func:`redact` scrubs it from any text that might carry it.
 """
 
@@ -66,16 +69,24 @@ def _colab_secret() -> str | None:
         return None
 
 
+def _hub_token() -> str | None:
+    try:
+        from huggingface_hub import get_token
+    except ImportError:  # kit plan/render work without huggingface_hub: then only env and secrets
+        value = next((os.environ[v].strip() for v in ENV_VARS if os.environ.get(v, "").strip()), None)
+        return value or None
+    return (get_token() or "").strip() or None
+
+
 def find_token() -> str | None:
     """Return the Hugging Face token, or None when none is configured.
 
     Example:
         >>> token = find_token()   # never print it; pass it on to HubStore
     """
-    for var in ENV_VARS:
-        value = os.environ.get(var, "").strip()
-        if value:
-            return value
+    token = _hub_token()
+    if token:
+        return token
     if on_kaggle():
         token = _kaggle_secret()
         if token:
@@ -92,6 +103,10 @@ def token_source() -> str | None:
     for var in ENV_VARS:
         if os.environ.get(var, "").strip():
             return f"{var} env"
+    hub = _hub_token()
+    if hub:
+        return "HF_OIDC_RESOURCE (OIDC)" if os.environ.get("HF_OIDC_RESOURCE") else \
+            "Colab secret" if on_colab() and hub == _colab_secret() else "hf auth login (token file)"
     if on_kaggle() and _kaggle_secret():
         return "Kaggle secret"
     if on_colab() and _colab_secret():

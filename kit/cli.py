@@ -12,6 +12,7 @@ import importlib
 import os
 import re
 import sys
+from dataclasses import dataclass
 
 from kit.errors import EXIT_USAGE, KitError
 
@@ -75,14 +76,27 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+@dataclass
+class Outcome:
+    """How a command ended: its exit code, and the result object it returned (bootstrap's facts,
+    verdicts and plan), also when it failed after making one; None for commands that return a code."""
+
+    code: int
+    result: object | None = None
+
+
 def main(argv: list[str] | None = None) -> int:
+    return run(argv).code
+
+
+def run(argv: list[str] | None = None) -> Outcome:
     from kit.auth import redacted_output
 
     with redacted_output():  # whatever a command prints, a token in it is shown as ***
         return _main(argv)
 
 
-def _main(argv: list[str] | None = None) -> int:
+def _main(argv: list[str] | None = None) -> Outcome:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[0] if argv and argv[0] in COMMANDS else None
     try:
@@ -92,35 +106,38 @@ def _main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         if command is None:
             parser.print_help()
-            return EXIT_USAGE if not argv else 0
-        return int(args._run(args) or 0)
+            return Outcome(EXIT_USAGE if not argv else 0)
+        value = args._run(args)
+        if value is None or isinstance(value, int):
+            return Outcome(int(value or 0))
+        return Outcome(value.exit_code, value)
     except KitError as e:
         print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
+        return Outcome(e.exit_code, getattr(e, "result", None))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return Outcome(130)
     except BrokenPipeError:
         # `kit probe --json | head`: the reader left. Point stdout at devnull so the interpreter's
         # own flush at exit does not raise again (the recipe in Python's signal docs).
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+        return Outcome(1)
 
 
-def finish_in_script(code: int, namespace: dict) -> None:
+def finish_in_script(outcome: Outcome, namespace: dict) -> None:
     """End `%run kit …` / `%run -m kit …`: leave bootstrap's results in the notebook, then exit.
 
     `%run` copies the script's globals into the notebook, so `facts`, `verdicts` and `plan` go
     into `namespace`. A CPU-only machine still runs the tiny default, so in a notebook kernel its
     exit 3 is only reported, not raised: SystemExit would stop a papermill run right there.
     """
-    last = getattr(sys.modules.get("kit.commands.bootstrap"), "LAST", None) or {}
+    code, result = outcome.code, outcome.result
     for name in ("facts", "verdicts", "plan"):
-        if last.get(name) is not None:
-            namespace[name] = last[name]
+        if getattr(result, name, None) is not None:
+            namespace[name] = getattr(result, name)
     from kit.report.text import in_notebook_kernel
 
-    if code == 3 and last.get("cpu_only") and in_notebook_kernel():
+    if code == 3 and getattr(result, "cpu_only", False) and in_notebook_kernel():
         print("(no GPU here: continuing on the CPU, which is only fit for the tiny default)")
         return
     if code:

@@ -61,13 +61,3 @@ def exit_words(code: int) -> str:
         return ""
     return f" [kit exit {code}; torchrun exits 1 and reports it below as a ChildFailedError]"
 
-
-def read_text(path, what: str) -> str:
-    """The UTF-8 text of `path`, or a one-line UsageError naming `what` ("config", "data file") and the cause."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except UnicodeDecodeError as e:
-        raise UsageError(f"{what} {path} is not UTF-8 text (byte {e.start}): save it as UTF-8") from None
-    except OSError as e:
-        raise UsageError(f"cannot read {what} {path}: {e.strerror or e}") from None

@@ -7,6 +7,7 @@ import sys
 import types
 
 import pytest
+from huggingface_hub import constants as hf_constants
 
 from kit import auth
 from kit.errors import StoreError
@@ -18,9 +19,11 @@ FAKE = "hf_fakeSECRETvalue0123456789"
 
 
 @pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
-    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "KAGGLE_KERNEL_RUN_TYPE", "COLAB_RELEASE_TAG"):
+def clean_env(monkeypatch, tmp_path):
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "KAGGLE_KERNEL_RUN_TYPE", "COLAB_RELEASE_TAG", "HF_OIDC_RESOURCE"):
         monkeypatch.delenv(var, raising=False)
+    # huggingface_hub.get_token() also reads the token file `hf auth login` writes: none here.
+    monkeypatch.setattr(hf_constants, "HF_TOKEN_PATH", str(tmp_path / "hf-token"))
     monkeypatch.setattr(auth.os.path, "isdir", lambda p: False if p == "/kaggle/working" else _isdir(p))
 
 
@@ -76,6 +79,15 @@ def test_env_order(monkeypatch):
     assert auth.find_token() == "hf_second"
     monkeypatch.setenv("HF_TOKEN", " hf_first \n")
     assert auth.find_token() == "hf_first" and auth.token_source() == "HF_TOKEN env"
+
+
+def test_hf_auth_login_token_file(monkeypatch, tmp_path):
+    (tmp_path / "hf-token").write_text("hf_fromTheLoginFile\n")
+    assert auth.find_token() == "hf_fromTheLoginFile" and auth.token_source() == "hf auth login (token file)"
+    fake_kaggle(monkeypatch, value="hf_kaggle")
+    assert auth.find_token() == "hf_fromTheLoginFile", "huggingface_hub's own sources come before Kaggle's"
+    monkeypatch.setenv("HF_TOKEN", "hf_env")
+    assert auth.find_token() == "hf_env" and auth.token_source() == "HF_TOKEN env"
 
 
 def test_kaggle_secret_only_on_kaggle(monkeypatch):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from kit import cli
 from kit.cli import main
 from kit.commands import bootstrap
 
@@ -74,12 +75,14 @@ def test_config_plans_writes_the_script_and_keeps_the_result(tmp_path, capsys):
     out.write_text("# my own edits\n")
     args = ["bootstrap", "--facts", machine("kaggle_t4x2"), "--config", "configs/qwen3-8b-qlora-kaggle-t4x2.yaml",
             "lora.r=8", "-o", str(out)]
-    assert main(args) == 0
-    assert bootstrap.LAST["facts"].gpu_count == 2 and bootstrap.LAST["verdicts"].ok
-    plan = bootstrap.LAST["plan"]
+    outcome = cli.run(args)
+    result = outcome.result
+    assert outcome.code == 0 and isinstance(result, bootstrap.Result)
+    assert result.facts.gpu_count == 2 and result.verdicts.ok
+    plan = result.plan
     assert (plan.strategy, plan.nproc, plan.precision) == ("ddp", 2, "fp16")
-    assert bootstrap.LAST["wrote"] == f"wrote {out} (the previous one is now train_ddp.py.prev)"
-    assert bootstrap.LAST["next"] == [f"torchrun --standalone --nproc_per_node=2 {out}"]
+    assert result.wrote == f"wrote {out} (the previous one is now train_ddp.py.prev)"
+    assert result.next == [f"torchrun --standalone --nproc_per_node=2 {out}"]
     script = out.read_text()
     assert "'r': 8" in script and "ddp_find_unused_parameters=False" in script
     assert (tmp_path / "train_ddp.py.prev").read_text() == "# my own edits\n"  # nothing lost
@@ -87,8 +90,8 @@ def test_config_plans_writes_the_script_and_keeps_the_result(tmp_path, capsys):
     assert "plan for Qwen/Qwen3-8B" in printed
     assert printed.splitlines()[-2:] == [f"Wrote {out} (the previous one is now train_ddp.py.prev)",
                                          f"Next: torchrun --standalone --nproc_per_node=2 {out}"]
-    assert main(["bootstrap", "--facts", "/nonexistent.json"]) == 2
-    assert bootstrap.LAST == {}  # a failed run leaves no stale facts for the notebook
+    failed = cli.run(["bootstrap", "--facts", "/nonexistent.json"])
+    assert failed.code == 2 and failed.result is None  # a failed run leaves no stale facts for the notebook
 
 
 def test_config_on_a_machine_that_cannot_train_writes_nothing(tmp_path):

@@ -303,3 +303,28 @@ def test_a_refused_access_token_is_one_line_without_the_packages_help_page(tmp_p
                                 "KAGGLE_API_TOKEN or kaggle.json")
     assert "Authentication required" not in r.stdout and "KGAT_expired" not in r.stdout + r.stderr
     assert k.pushes == []
+
+
+@pytest.mark.parametrize("status,transient", [(503, True), (429, True), (400, False), (None, True)])
+def test_which_kaggle_failures_are_asked_again(tmp_path, monkeypatch, status, transient):
+    """The real kaggle client and requests' own errors, in-process: no answer, no connection, 429
+    and 5xx are KaggleUnavailable (status polls and the output download retry them); a refusal is not."""
+    import requests
+
+    from kit.notebooks.schedule import kaggle_api
+
+    for key, value in kaggle_env(tmp_path, "http://127.0.0.1:9", None).items():
+        if key.startswith("KAGGLE_"):
+            monkeypatch.setenv(key, value)
+    monkeypatch.delenv("KAGGLE_API_TOKEN", raising=False)
+
+    def fails(api):
+        if status is None:
+            raise requests.ConnectionError("connection refused")
+        response = requests.Response()
+        response.status_code, response._content = status, b'{"message": "busy"}'
+        raise requests.HTTPError(response=response)
+
+    with pytest.raises(kaggle_api.KaggleError) as err:
+        kaggle_api._call("status", fails, timeout_s=30)
+    assert isinstance(err.value, kaggle_api.KaggleUnavailable) == transient, err.value

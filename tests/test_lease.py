@@ -267,3 +267,18 @@ def test_a_job_whose_lease_was_taken_over_stops_and_writes_nothing_more(tmp_path
         assert "this session writes nothing more to the store" in text and "Traceback" not in text
         assert max(store.list_steps()) <= taken + 10  # at most the one upload already under way
         assert json.loads(store.read_text("lease.json"))["id"] == "theirs"  # never overwritten by the loser
+
+
+def test_each_store_appends_session_records_and_reports_its_lease(store_factory):
+    # The store owns its concurrency: the lease and the session records go through its own primitives.
+    store = store_factory()
+    store.append_text("sessions.jsonl", '{"n": 1}\n')
+    store.append_text("kit/sessions.jsonl", '{"n": 2}\n')
+    assert store.read_text("sessions.jsonl") == '{"n": 1}\n{"n": 2}\n'
+    text, absent_is_free = store.read_lease()
+    assert text is None
+    lease = Lease(store, "me").acquire()
+    assert json.loads(store.read_lease()[0])["holder"] == "me"
+    lease.release()
+    text, absent_is_free = store.read_lease()
+    assert (text is None and absent_is_free) or json.loads(text)["released"] is True

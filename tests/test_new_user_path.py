@@ -20,8 +20,8 @@ import pytest
 from kit.planning import config
 from kit.train import data
 from kit.checkpoints import resume, status
+from kit import cli
 from kit.cli import main
-from kit.commands import bootstrap
 from tests.scripts import FAST, ROOT, cpu_env, train
 
 README = (ROOT / "README.md").read_text()
@@ -119,9 +119,11 @@ def test_bootstrap_with_config_on_cpu_exits_0_with_one_next_line(tmp_path, capsy
 
 
 def test_bootstrap_without_config_on_cpu_says_config_gives_a_script(capsys):
-    assert main(["bootstrap", "--facts", str(MACHINES / "cpu_only.json")]) == 3
+    outcome = cli.run(["bootstrap", "--facts", str(MACHINES / "cpu_only.json")])
     printed = capsys.readouterr()
-    assert bootstrap.LAST["next"] == ["kit bootstrap --config configs/default.yaml  # writes train_ddp.py for "
+    # exit 3, and the result still comes back: the notebook launcher continues on the CPU with it
+    assert outcome.code == 3 and outcome.result.cpu_only
+    assert outcome.result.next == ["kit bootstrap --config configs/default.yaml  # writes train_ddp.py for "
                                       "this machine (CPU: slow, fine for the tiny default)"]
     assert "--config configs/default.yaml` writes a script" in printed.err
 

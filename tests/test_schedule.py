@@ -200,15 +200,14 @@ def test_token_as_a_parameter_is_refused_without_echoing_it(tmp_path, override):
 def test_a_second_scheduler_on_the_same_runs_dir_refuses(tmp_path):
     import os
 
-    runs = tmp_path / "runs"
-    runs.mkdir()
-    # A live process of this host holds the lock: this test's own pid.
-    (runs / ".kit-schedule.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
-    r = kit(schedule_args(runs, tmp_path / "out", str(tmp_path / "store")), cpu_env(), timeout=60)
-    _refused(r, 2, "another `kit schedule`", f"pid {os.getpid()}")
-    # A lock left by a dead process is taken over (print-cron exits before any run, so use the lock directly).
     from kit.notebooks.schedule.loop import RunsLock
 
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    with RunsLock(runs):  # a live scheduler: this test's own process
+        r = kit(schedule_args(runs, tmp_path / "out", str(tmp_path / "store")), cpu_env(), timeout=60)
+    _refused(r, 2, "another `kit schedule`", f"pid {os.getpid()}")
+    # What a process killed with -9 leaves (the OS dropped its lock) does not block the next one.
     (runs / ".kit-schedule.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": 2**22 + 12345}))
     with RunsLock(runs) as lock:
         assert json.loads(lock.path.read_text())["pid"] == os.getpid()
@@ -256,3 +255,34 @@ def test_the_local_loop_stops_when_a_run_made_no_progress(tmp_path, monkeypatch)
     assert code == 1
     assert said[-1] == ("stopped: the session made no progress (the store stayed at step 40): "
                         "paused at step 40 of 200")
+
+
+def _notebook(path, source: str):
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(source)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, str(path))
+    return path
+
+
+def test_a_runs_outcome_is_its_session_record_not_printed_text(tmp_path):
+    """Real papermill and kernel: the outcome comes from the record the session appended."""
+    from kit.notebooks.schedule.papermill_run import Plan, execute
+
+    sessions = tmp_path / "out" / "kit_sessions.jsonl"
+    sessions.parent.mkdir()
+    # An older session's record (and a torn line) must not count for this run.
+    sessions.write_text(json.dumps({"started": 1.0, "outcome": "complete", "end_step": 9, "max_steps": 9}) + "\n{\"to")
+    nb = _notebook(tmp_path / "writes.ipynb", (
+        "import json, time\n"
+        f"with open({str(sessions)!r}, 'a') as f:\n"
+        "    f.write('\\n' + json.dumps({'started': time.time(), 'outcome': 'paused', 'end_step': 40, 'max_steps': 200}) + '\\n')\n"
+        "print('outcome: complete: step 200 of 200')  # printed words are not what counts\n"))
+    plan = Plan(notebook=nb, runs_dir=tmp_path / "runs", parameters={}, cwd=tmp_path, sessions=sessions)
+    assert execute(plan, 1)[0] == "paused at step 40 of 200"
+    # A session that died in its first cell left no record: a failure, saying so, with the notebook's words.
+    plan.notebook = _notebook(tmp_path / "dies.ipynb", "print('outcome: failed (exit code 1): missing HF_TOKEN')")
+    outcome = execute(plan, 2)[0]
+    assert outcome.startswith(f"failed: the session left no record in {sessions}") and "missing HF_TOKEN" in outcome

@@ -2,7 +2,9 @@
 
 Hub: ``kit/lease.json`` is committed with ``parent_commit`` = the head we read it at; of two
 racers only one commit lands, the other gets 412, re-reads and sees the winner. Directory: an
-``O_CREAT|O_EXCL`` lock file ``kit/lease.lock`` holding the same record.
+``O_CREAT|O_EXCL`` lock file ``kit/lease.lock`` holding the same record. Each store implements
+that compare-and-swap itself (``store.swap_lease``, kit/checkpoints/store/leasing.py); this module
+only decides what to write.
 
 The holder heartbeats every ``heartbeat_s`` (60 s); a lease that missed ``missed`` heartbeats in a
 row (3: no heartbeat for 180 s) is stale and taken over with a warning — the holder's session was
@@ -26,16 +28,13 @@ import socket
 import threading
 import time
 import uuid
-from pathlib import Path
 
 from kit.errors import StoreError
-from kit.checkpoints.store.base import StaleHead, Store, TransientStoreError
-from kit.checkpoints.store.directory import DirStore
+from kit.retry import retry
+from kit.checkpoints.store.base import Store, TransientStoreError
+from kit.checkpoints.store.leasing import LEASE_NAME, LOCK_NAME  # noqa: F401  (the records' names)
 
 log = logging.getLogger("kit.checkpoints.lease")
-LEASE_NAME = "lease.json"
-LOCK_NAME = "lease.lock"
-_CAS_ATTEMPTS = 5
 HEARTBEAT_S = 60.0  # 60 commits/h of the Hub's ~128 per repo
 MISSED_HEARTBEATS = 3  # a cut session is taken over 3 × 60 = 180 s after its last heartbeat
 ACQUIRE_BACKOFF_S = (1, 2, 4, 8, None)  # None: the last attempt
@@ -120,20 +119,10 @@ class Lease:
     def acquire(self) -> "Lease":
         """Take the lease, or raise StoreError naming who holds it."""
         self.since = time.time()
-        if isinstance(self.store, DirStore):
-            self._dir_acquire()
-        else:
-            # A Hub hiccup (5xx, 429, a timeout) as a session starts must not cost the session.
-            for wait in ACQUIRE_BACKOFF_S:
-                try:
-                    self._hub_write(check=self._judge)
-                    break
-                except TransientStoreError as err:
-                    if wait is None:
-                        raise
-                    log.warning("%s: taking the lease failed (%s); retrying in %.0f s",
-                                self.store.describe(), err, wait)
-                    time.sleep(wait)
+        # A Hub hiccup (5xx, 429, a timeout) as a session starts must not cost the session.
+        retry(lambda: self._swap(lambda current: self._record() if self._judge(current) else None),
+              pauses=[w for w in ACQUIRE_BACKOFF_S if w is not None], transient=(TransientStoreError,),
+              what=f"{self.store.describe()}: taking the lease", log=log)
         self.held = True
         log.info("%s: lease acquired by %s", self.store.describe(), self.holder)
         return self
@@ -142,12 +131,7 @@ class Lease:
         """Refresh the lease; raises StoreError if someone else took it over meanwhile."""
         if not self.held:
             raise StoreError("heartbeat() before acquire()")
-        if isinstance(self.store, DirStore):
-            current = self._dir_read()
-            self._check_ours(current)
-            self._dir_replace(self._record())
-        else:
-            self._hub_write(check=self._check_ours)
+        self._swap(lambda current: self._check_ours(current) and self._record())
         self._last_beat = time.time()
 
     def keep_alive(self, interval_s: float | None = None) -> None:
@@ -195,11 +179,8 @@ class Lease:
         if not self.held:
             return
         self.held = False
-        if isinstance(self.store, DirStore):
-            if (self._dir_read() or {}).get("id") == self.id:
-                self._lock_path().unlink(missing_ok=True)
-        else:
-            self._hub_write(check=lambda cur: (cur or {}).get("id") == self.id, released=True)
+        self._swap(lambda current: self._record() | {"released": True}
+                   if (current or {}).get("id") == self.id else None)
         log.info("%s: lease released by %s", self.store.describe(), self.holder)
 
     def __enter__(self) -> "Lease":
@@ -216,67 +197,9 @@ class Lease:
                              "took over; stop writing to this store")
         return True
 
-    # ---- Hub: compare-and-swap on parent_commit ---------------------------------------------
-    def _hub_write(self, check, released: bool = False) -> None:
-        self.store.ensure_repo()  # so there is a head to compare against
-        for attempt in range(_CAS_ATTEMPTS):
-            text, head = self.store.read_text_at_head(LEASE_NAME)
-            current = _parse(text)
-            if not check(current):
-                return
-            record = self._record() | ({"released": True} if released else {})
-            try:
-                self.store.write_text(LEASE_NAME, json.dumps(record), parent=head)
-                return
-            except StaleHead:
-                log.info("%s changed while writing the lease; re-reading (attempt %d)",
-                         self.store.describe(), attempt + 1)
-        raise TransientStoreError(f"{self.store.describe()} kept changing; could not write the lease")
-
-    # ---- directory: O_EXCL lock file ----------------------------------------------------------
-    def _lock_path(self) -> Path:
-        return self.store.root / "kit" / LOCK_NAME
-
-    def _dir_read(self) -> dict | None:
-        try:
-            return _parse(self._lock_path().read_text())
-        except FileNotFoundError:
-            return None
-
-    def _dir_acquire(self) -> None:
-        path = self._lock_path()
-        self.store._writable_dir(path.parent)
-        for _ in range(_CAS_ATTEMPTS):
-            try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                raw = path.read_bytes() if path.exists() else b""
-                self._judge(_parse(raw))  # raises when a live holder has it
-                # Stale (or ours): move it aside atomically, and only if it is still what we judged.
-                aside = path.with_name(f"{LOCK_NAME}.stale-{self.id}")
-                try:
-                    os.rename(path, aside)
-                except FileNotFoundError:
-                    continue
-                if aside.read_bytes() != raw:  # someone replaced it in between: put theirs back
-                    try:
-                        os.link(aside, path)
-                    except FileExistsError:
-                        pass
-                aside.unlink(missing_ok=True)
-                continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(self._record(), f)
-                f.flush()
-                os.fsync(f.fileno())
-            return
-        raise StoreError(f"could not take the lease in {self.store.describe()}: the lock file keeps changing")
-
-    def _dir_replace(self, record: dict) -> None:
-        path = self._lock_path()
-        tmp = path.with_name(f".{LOCK_NAME}.{self.id}.tmp")
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, path)
+    def _swap(self, decide) -> None:
+        """The store's compare-and-swap of the lease record (each backend's own: store/leasing.py)."""
+        self.store.swap_lease(lambda text: decide(_parse(text)))
 
 
 def _number(value) -> float | None:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from importlib import metadata
 from pathlib import Path
+
+from kit.files import write_atomic
 
 MANIFEST_NAME = "kit_manifest.json"
 SCHEMA = 1
@@ -77,12 +78,7 @@ def write_manifest(ckpt_dir: Path, step: int, world_size: int, fingerprint: dict
     """Build the manifest and write it atomically (temp file + ``os.replace``) into ``ckpt_dir``."""
     ckpt_dir = Path(ckpt_dir)
     manifest = build_manifest(ckpt_dir, step, world_size, fingerprint, extra)
-    tmp = ckpt_dir / f".{MANIFEST_NAME}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, ckpt_dir / MANIFEST_NAME)
+    write_atomic(ckpt_dir / MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True), fsync=True)
     return manifest
 
 

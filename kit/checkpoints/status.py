@@ -19,6 +19,7 @@ from pathlib import Path
 
 from kit.checkpoints import goodput, resume
 from kit.errors import StoreError
+from kit.files import GIB
 
 log = logging.getLogger("kit.checkpoints.status")
 
@@ -63,7 +64,7 @@ def gather(cfg, now: float | None = None) -> dict:
 
 
 def _from_store(cfg, now: float) -> dict:
-    from kit.checkpoints.store import DirStore, connect
+    from kit.checkpoints.store import connect
 
     store = connect(cfg.store)
     verdicts = store.inspect()
@@ -72,11 +73,7 @@ def _from_store(cfg, now: float) -> dict:
     if latest is not None:
         raw = store.read_checkpoint_file(latest, "trainer_state.json")
         state = _json(raw, f"checkpoint-{latest}/trainer_state.json")
-    if isinstance(store, DirStore):
-        # A directory lease is a lock file that release() deletes: absent means free.
-        lease_raw, released_if_absent = store.read_text("lease.lock"), True
-    else:
-        lease_raw, released_if_absent = store.read_text("lease.json"), False
+    lease_raw, released_if_absent = store.read_lease()
     run = _json(store.read_text("run.json"), "kit/run.json") or {}
     return {
         "store": store.describe(),
@@ -187,9 +184,9 @@ def session_line(i: int, rec: dict, ledger_row: dict | None = None) -> str:
     if isinstance(rec.get("tokens_per_s"), (int, float)):
         extra.append(f"~{rec['tokens_per_s']:,.0f} tokens/s")
     if isinstance(rec.get("peak_allocated_bytes"), (int, float)):
-        extra.append(f"peak {rec['peak_allocated_bytes'] / 2**30:.1f} GiB")
+        extra.append(f"peak {rec['peak_allocated_bytes'] / GIB:.1f} GiB")
     elif isinstance(rec.get("peak_rss_bytes"), (int, float)):
-        extra.append(f"peak RAM {rec['peak_rss_bytes'] / 2**30:.1f} GiB")
+        extra.append(f"peak RAM {rec['peak_rss_bytes'] / GIB:.1f} GiB")
     if isinstance(rec.get("setup_s"), (int, float)):
         extra.append(f"setup {_duration(rec['setup_s'])}")
     if ledger_row and ledger_row.get("steps_lost"):

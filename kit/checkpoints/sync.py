@@ -35,6 +35,7 @@ from kit.errors import StoreError
 from kit.checkpoints.leftovers import STAGING, owned_name
 from kit.checkpoints.manifest import MANIFEST_NAME, write_manifest
 from kit.checkpoints.store.base import Store, TransientStoreError
+from kit.retry import retry
 
 log = logging.getLogger("kit.checkpoints.sync")
 
@@ -200,35 +201,36 @@ class BackgroundSync:
             except OSError as err:
                 self._fail(job.step, StoreError(f"could not write the manifest of step {job.step}: {err}"))
                 return
-        for attempt in range(self.retries + 1):
-            self._emit("started" if attempt == 0 else "retrying", job.step, f"attempt {attempt + 1}")
+        n, t0 = 0, time.monotonic()
+
+        def attempt() -> None:
+            nonlocal n, t0
+            n += 1
+            self._emit("started" if n == 1 else "retrying", job.step, f"attempt {n}")
             t0 = time.monotonic()
-            try:
-                self.store.publish(job.staged, job.step, self.keep)
-            except TransientStoreError as err:
-                if attempt == self.retries:
-                    self._fail(job.step, StoreError(f"step {job.step} not published after "
-                                                    f"{self.retries + 1} attempts: {err}"))
-                    return
-                delay = self.backoff[min(attempt, len(self.backoff) - 1)]
-                log.warning("uploading step %d failed (%s); retrying in %.1f s", job.step, err, delay)
-                time.sleep(delay)
-                continue
-            except StoreError as err:
-                self._fail(job.step, err)
-                return
-            except Exception as err:  # a bug must not kill the uploader thread silently: record it
-                log.exception("unexpected error publishing step %d", job.step)
-                self._fail(job.step, StoreError(f"step {job.step}: unexpected {type(err).__name__}: {err}"))
-                return
-            self.last_upload_s = time.monotonic() - t0
-            self.last_upload_bytes = job.nbytes
-            self.published.append(job.step)
-            log.info("published step %d to %s in %.1f s (%d bytes)", job.step, self.store.describe(),
-                     self.last_upload_s, job.nbytes)
-            self._emit("published", job.step, f"{self.last_upload_s:.1f} s, {job.nbytes} bytes")
-            self._maybe_squash(job.step)
+            self.store.publish(job.staged, job.step, self.keep)
+
+        pauses = [self.backoff[min(i, len(self.backoff) - 1)] for i in range(self.retries)]
+        try:
+            retry(attempt, pauses=pauses, transient=(TransientStoreError,), what=f"uploading step {job.step}",
+                  log=log)
+        except TransientStoreError as err:
+            self._fail(job.step, StoreError(f"step {job.step} not published after {self.retries + 1} attempts: {err}"))
             return
+        except StoreError as err:
+            self._fail(job.step, err)
+            return
+        except Exception as err:  # a bug must not kill the uploader thread silently: record it
+            log.exception("unexpected error publishing step %d", job.step)
+            self._fail(job.step, StoreError(f"step {job.step}: unexpected {type(err).__name__}: {err}"))
+            return
+        self.last_upload_s = time.monotonic() - t0  # of the attempt that landed
+        self.last_upload_bytes = job.nbytes
+        self.published.append(job.step)
+        log.info("published step %d to %s in %.1f s (%d bytes)", job.step, self.store.describe(),
+                 self.last_upload_s, job.nbytes)
+        self._emit("published", job.step, f"{self.last_upload_s:.1f} s, {job.nbytes} bytes")
+        self._maybe_squash(job.step)
 
     def _maybe_squash(self, step: int) -> None:
         """Squash the history here, in the worker, between two publishes: it never races one.

@@ -1,12 +1,14 @@
 """`kit bootstrap`: probe the machine (or read `--facts FILE`), judge it, show the next step.
 
 In a notebook, `%run kit bootstrap` leaves `facts` and `verdicts` in the notebook's namespace:
-this module keeps the last result in `LAST`, and the `kit.py` launcher copies it into its own
+`run` returns a `Result` (also carried by the CannotTrain it raises after the report), the CLI
+hands it back as `kit.cli.run(argv).result`, and the `kit.py` launcher copies it into its own
 globals, which `%run` hands to the notebook.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.machine import probe
@@ -14,7 +16,19 @@ from kit.report import text as report
 from kit.errors import CannotTrain, KitError
 from kit.machine.verdicts import judge
 
-LAST: dict = {}  # {"facts": Facts, "verdicts": Verdicts, "next": [str], "wrote": str | None, …} of the latest run
+
+
+@dataclass
+class Result:
+    """What one `kit bootstrap` found and decided."""
+
+    facts: object
+    verdicts: object
+    next: list[str] = field(default_factory=list)
+    plan: object | None = None
+    cpu_only: bool = False
+    exit_code: int = 0
+    wrote: str | None = None  # "wrote train_ddp.py (…)", said on its own line before the one Next: line
 
 
 def add_arguments(parser) -> None:
@@ -29,14 +43,14 @@ def add_arguments(parser) -> None:
 CPU_NOTE = "CPU: slow, fine for the tiny default"
 
 
-def run(args) -> int:
+def run(args) -> Result:
     """Judge the machine, and with `--config` plan and write train_ddp.py; show the next step.
 
     Returns:
-        0 when training can run: on a GPU, or with `--config` on the CPU when the plan trains there
-        (the tiny default does). Raises CannotTrain (exit 3) otherwise, after the full report.
+        the Result, exit code 0, when training can run: on a GPU, or with `--config` on the CPU
+        when the plan trains there (the tiny default does). Raises CannotTrain (exit 3) otherwise,
+        after the full report, with the Result as its `result`.
     """
-    LAST.clear()  # a run that fails on bad input must not leave the previous run's facts behind
     if args.config:  # before probing or planning: a refused -o must cost nothing and touch nothing
         from kit.commands.render import check_output
 
@@ -48,19 +62,21 @@ def run(args) -> int:
     if args.config and (verdicts.ok or cpu_only):
         plan, written, refusal = _plan_and_write(args, facts)
     steps = _next_steps(facts, verdicts, plan, written, args.output)
-    LAST.update(facts=facts, verdicts=verdicts, next=steps, plan=plan, cpu_only=cpu_only, wrote=written)
+    result = Result(facts=facts, verdicts=verdicts, next=steps, plan=plan, cpu_only=cpu_only, wrote=written)
     report.show(facts, verdicts, steps, as_json=args.json, plan=plan, wrote=written)
     if refusal is not None:
+        refusal.result = result
         raise refusal
-    if written:  # a plan that trains here, GPU or CPU, and its script is written
-        return 0
-    if not verdicts.ok:
-        if args.json:
-            raise CannotTrain(f"{verdicts.summary} Do this: {verdicts.action}")
-        raise CannotTrain("no usable GPU: `kit bootstrap --config configs/default.yaml` writes a script that trains "
-                          "the tiny default here, on the CPU (see above)" if cpu_only
-                          else "this machine cannot train on a GPU (see above)")
-    return 0
+    if written or verdicts.ok:  # a plan that trains here, GPU or CPU (its script written), or a usable GPU
+        return result
+    if args.json:
+        error = CannotTrain(f"{verdicts.summary} Do this: {verdicts.action}")
+    else:
+        error = CannotTrain("no usable GPU: `kit bootstrap --config configs/default.yaml` writes a script that "
+                            "trains the tiny default here, on the CPU (see above)" if cpu_only
+                            else "this machine cannot train on a GPU (see above)")
+    error.result = result
+    raise error
 
 
 def _plan_and_write(args, facts):

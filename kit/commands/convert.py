@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 from kit.errors import UsageError
+from kit.files import write_atomic
 
 
 def add_arguments(parser) -> None:
@@ -59,13 +58,6 @@ def run(args) -> int:
     # A notebook cell may hold a literal token (`login("hf_…")`): it must not land in a script.
     refuse_token(conversion.source, f"the script converted from {args.notebook}")
     # Temp file + rename in the same folder: a crash never leaves half a script behind.
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(conversion.source)
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_atomic(out, conversion.source)
     print(format_changes(conversion, Path(args.notebook).name, str(out)))
     return 0

@@ -16,8 +16,6 @@ from kit.planning import config
 from kit.errors import CannotTrain
 from kit.report.text import plan_to_text
 
-GIB = 2**30
-
 
 def add_arguments(parser) -> None:
     config.add_config_arguments(parser)

@@ -92,7 +92,9 @@ def resolve_base(name: str, revision: str | None) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
-    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+    from kit.checkpoints.store.hub_http import hub_offline
+
+    offline = hub_offline()
     patterns = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "tokenizer*"]
     try:
         return Path(snapshot_download(name, revision=revision, allow_patterns=patterns, local_files_only=offline))

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 
+from kit import files
 from kit.errors import KitError
 
 BASELINE_STORE = "baseline.json"
@@ -50,7 +50,7 @@ def read_baseline(output_dir, store) -> tuple[dict | None, str]:
 def write_baseline(record: dict, output_dir, store) -> list[str]:
     """Write the baseline locally and to the store; returns warnings (a store failure is not fatal)."""
     text = json.dumps(record, indent=1)
-    write_atomic(Path(output_dir) / BASELINE_LOCAL, text)
+    files.write_atomic(Path(output_dir) / BASELINE_LOCAL, text, mkdir=True)
     if store is None:
         return []
     try:
@@ -66,13 +66,6 @@ def _parse(text: str | None) -> dict | None:
     except ValueError:
         return None
     return data if isinstance(data, dict) and "run_id" in data else None
-
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def primary(baseline: dict | None, final: dict | None) -> dict:

@@ -10,6 +10,7 @@ import json
 import time
 from pathlib import Path
 
+from kit import files
 from kit.evaluation import heldout, identity, results
 
 
@@ -28,7 +29,7 @@ def open_run(cfg, store) -> dict:
 
 def save_run(record: dict, cfg, store, *, to_store: bool = True) -> None:
     text = json.dumps(record, indent=1)
-    results.write_atomic(Path(cfg.output_dir) / identity.RUN_LOCAL, text)
+    files.write_atomic(Path(cfg.output_dir) / identity.RUN_LOCAL, text, mkdir=True)
     if store is not None and to_store:
         store.write_text(identity.RUN_RECORD, text)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 from kit.errors import UsageError
+from kit.files import GIB
 
 MIB = 2**20
 # key: (probe name, vendor, capability, memory_total_bytes)
@@ -86,8 +87,8 @@ def synthesize(spec: str) -> dict:
         "gpu_count": len(gpus),
         "gpu_source": None if not gpus else ("rocm-smi" if amd else "nvml"),
         "cpu_count": 4 * max(1, len(gpus)),
-        "ram_bytes": 32 * 2**30,
-        "disk_free_bytes": 50 * 2**30,
+        "ram_bytes": 32 * GIB,
+        "disk_free_bytes": 50 * GIB,
         "packages": dict(PACKAGES),
         "hf_token_available": False,
         "unknown": {},

@@ -22,6 +22,8 @@ import site
 import subprocess
 import sys
 
+from kit import files
+
 TORCH_TIMEOUT_S = 120  # a cold `import torch` on a Kaggle disk can take well over 10 s
 
 # Reads the build flags without touching the GPU: `torch.cuda.get_arch_list()` would call
@@ -176,9 +178,6 @@ def _cache_write(key: str, value: dict) -> None:
     entries[key] = value
     try:
         os.makedirs(cache_dir(), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(entries, f, indent=1)
-        os.replace(tmp, path)  # readers never see half a file
+        files.write_atomic(path, json.dumps(entries, indent=1))  # readers never see half a file
     except OSError:
         return  # a read-only home only costs the next run the subprocess; the facts are unaffected

@@ -13,7 +13,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from kit.errors import UsageError, read_text
+from kit.errors import UsageError
+from kit.files import read_text
 from kit.planning.config_values import check_value, unknown_key
 
 

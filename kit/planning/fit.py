@@ -14,8 +14,8 @@ import copy
 
 from kit.planning import memory
 from kit.errors import UsageError
+from kit.files import GIB
 
-GIB = 2**30
 AUTO_BATCHES = (8, 4, 2, 1)
 CHECKPOINTING_FROM_PARAMS = 1e9
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-GIB = 2**30
+from kit.files import GIB
+
 PROCESS_BYTES = 5 * GIB // 2
 IN_FLIGHT_BYTES = 2 * GIB
 HEADROOM = 0.9  # of the machine's RAM: the OS, the notebook kernel and the page cache need the rest

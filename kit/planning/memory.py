@@ -34,7 +34,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-GIB = 2**30
+from kit.files import GIB
+
 CUDA_CONTEXT = GIB // 2      # not counted by max_memory_allocated; ~0.3-0.6 GiB depending on GPU and CUDA
 SLACK = 0.10                 # caching-allocator fragmentation: reserved exceeds allocated by about this much
 NF4_BYTES = 0.5 + 0.127 / 8  # 4-bit weights + double-quantized absmax (blocksize 64)

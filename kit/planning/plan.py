@@ -19,8 +19,8 @@ from kit.machine.command import launch_command
 from kit.planning import hostram, memory, plan_words, precision, shapes, speed
 from kit.planning import nodes as nodes_mod
 from kit.planning.fit import batch_for_world, cheaper_change, fit, training_loop
+from kit.files import GIB
 
-GIB = 2**30
 CPU_MAX_PARAMS = 1e9
 
 __all__ = ["Plan", "batch_for_world", "make_plan"]

@@ -152,12 +152,14 @@ def from_config_dict(name: str, cfg: dict, source: str) -> ModelFacts:
 
 def _from_hub(name: str, revision: str | None) -> tuple[ModelFacts | None, str]:
     """(facts, why-not) from the Hub's config.json only; never downloads weights."""
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
-        return None, "HF_HUB_OFFLINE is set"
     try:
         from huggingface_hub import hf_hub_download
+
+        from kit.checkpoints.store.hub_http import hub_offline
     except ImportError:
         return None, "huggingface_hub is not installed"
+    if hub_offline():
+        return None, "HF_HUB_OFFLINE is set"
     try:
         path = hf_hub_download(name, "config.json", revision=revision)
     except Exception as e:  # network down, repo missing, gated: all mean "not from the Hub", with the reason

@@ -8,11 +8,10 @@ so a reader (a notebook showing it, a web page) never sees half a PNG.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from kit.errors import UsageError
+from kit.files import atomic_path
 
 
 def _pyplot():
@@ -27,14 +26,10 @@ def _pyplot():
 def _save(fig, out_png) -> Path:
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".png", dir=out.parent)
-    os.close(fd)
     try:
-        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
-        os.replace(tmp, out)
+        with atomic_path(out) as tmp:
+            fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
         fig.clf()
         _pyplot().close(fig)
     return out

@@ -9,7 +9,7 @@ import html
 import json
 import sys
 
-_GIB = 2**30
+from kit.files import GIB
 
 
 def to_json(facts, verdicts=None, next_steps: list[str] | None = None, plan=None, wrote: str | None = None) -> str:
@@ -158,10 +158,7 @@ def _align(rows: list[list[str]]) -> list[str]:
 
 
 def _gib(n: int | None) -> str:
-    return "?" if n is None else f"{n / _GIB:.2f} GiB"
-
-
-GIB = 2**30
+    return "?" if n is None else f"{n / GIB:.2f} GiB"
 
 
 def plan_to_text(plan, launch: bool = True) -> str:

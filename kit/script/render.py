@@ -6,14 +6,13 @@ config for the same machine gives the same bytes, and a diff shows only what cha
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from string import Template
 
 from kit import __version__
 from kit.planning import config
 from kit.errors import UsageError
+from kit.files import write_atomic
 
 TEMPLATE = Path(__file__).parent / "templates" / "train_ddp.py.tmpl"
 PLAN_KEYS = ("precision", "strategy", "device", "nproc", "per_device_batch", "grad_accum", "global_batch",
@@ -98,16 +97,9 @@ def write(text: str, out: Path, force: bool) -> None:
     try:
         if out.exists() and not force and out.read_text() != text:
             raise UsageError(f"{out} exists and differs; pass --force to overwrite it")
-        fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"cannot write {out}: {getattr(e, 'strerror', None) or e}") from None
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp makes it 0600
-        os.replace(tmp, out)
+        write_atomic(out, text, mode=0o644)
     except OSError as e:
         raise UsageError(f"cannot write {out}: {e.strerror or e}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)

@@ -18,6 +18,7 @@ from transformers import TrainerCallback
 from kit.train import dist
 from kit.checkpoints import manifest
 from kit.planning import save_cadence
+from kit.files import GIB
 
 
 class StopSignals:
@@ -207,8 +208,8 @@ def meter_words(m: dict) -> str | None:
         parts.append(f"speed: {m['step_s']:.3g} s/step, ~{m['tokens_per_s']:,.0f} tokens/s "
                      f"(median of steps {m['timed_from_step']}-{last})")
     if "peak_allocated_bytes" in m:
-        parts.append(f"peak GPU memory of rank 0: {m['peak_allocated_bytes'] / 2**30:.2f} GiB allocated, "
-                     f"{m['peak_reserved_bytes'] / 2**30:.2f} GiB reserved")
+        parts.append(f"peak GPU memory of rank 0: {m['peak_allocated_bytes'] / GIB:.2f} GiB allocated, "
+                     f"{m['peak_reserved_bytes'] / GIB:.2f} GiB reserved")
     elif "peak_rss_bytes" in m:
-        parts.append(f"peak host RAM of rank 0: {m['peak_rss_bytes'] / 2**30:.2f} GiB (CPU run: no GPU memory)")
+        parts.append(f"peak host RAM of rank 0: {m['peak_rss_bytes'] / GIB:.2f} GiB (CPU run: no GPU memory)")
     return "; ".join(parts) or None

@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kit.errors import UsageError, read_text
+from kit.errors import UsageError
+from kit.files import read_text
 
 ROLES = ("system", "user", "assistant", "tool")
 # ShareGPT's speaker names (FastChat, axolotl's sharegpt loader) onto chat-template roles.

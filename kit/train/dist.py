@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as tdist
 
+from kit.files import write_atomic
+
 # Long enough for rank 0 to download a checkpoint or finish a final upload while the others wait
 # at a barrier; short enough that a lost peer ends the job instead of hanging a session.
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
@@ -125,9 +127,7 @@ def share_folder(src: str, dest: str) -> list[str]:
         if name in lacking:
             target = dest_p / name
             target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(target.name + ".part")
-            tmp.write_bytes(data)
-            os.replace(tmp, target)
+            write_atomic(target, data)
             written.append(name)
     return written
 

@@ -10,24 +10,17 @@ the network.
 from __future__ import annotations
 
 import atexit
-import json
 import math
 import os
-import socket
-import sys
-import tempfile
 import time
 
-from kit.train import dist
+from kit.train import dist, sessions
 from kit.checkpoints import fingerprint, resume
 from kit.train.output_dir import check_output_dir
-from kit.train.callbacks import Checkpoints, Control, Meter, StopSignals, meter_words
+from kit.train.callbacks import Checkpoints, Control, Meter, StopSignals
 from kit.train.deadline import session_deadline
-from kit.errors import KitError, StoreError, under_torchrun
+from kit.errors import KitError
 from kit.evaluation import stage
-
-FINAL_UPLOAD_TIMEOUT_S = 600.0
-
 
 class Job:
     def __init__(self, cfg, ctx, plan, *, smoke: bool = False, force: bool = False):
@@ -65,7 +58,10 @@ class Job:
 
     def start(self) -> None:
         if self.smoke:
-            self._start_smoke()
+            from kit.train.smoke import Folder
+
+            self._smoke_folder = Folder(self.ctx, self.cfg)
+            self.log(f"smoke: one optimizer step in {self._smoke_folder.path}")
             return
         outcome = None
         if self.ctx.is_main:
@@ -118,18 +114,6 @@ class Job:
     def _deadline_words(self) -> str:
         left = self.deadline.seconds_left()
         return "none" if math.isinf(left) else f"{left / 60:.1f} min left ({self.deadline.source})"
-
-    def _start_smoke(self) -> None:
-        # One step into a fresh folder: never touches output_dir, its checkpoints or the store.
-        folder = dist.broadcast(tempfile.mkdtemp(prefix="kit-smoke-") if self.ctx.is_main else None)
-        if self.ctx.is_main:  # removed in finish(); atexit covers a smoke run that fails
-            self._smoke_dir = folder
-            atexit.register(self._remove_smoke_dir)
-        self.cfg.output_dir, self.cfg.logging_steps, self.cfg.save_steps = folder, 1, 10**9
-        self.cfg.save_every_minutes = 10**9
-        self.cfg.eval_steps = None
-        self.cfg.warmup_steps = 0  # a warmup would make the one step's learning rate 0
-        self.log(f"smoke: one optimizer step in {folder}")
 
     def _open_store(self) -> None:
         if not self.cfg.store:
@@ -284,61 +268,9 @@ class Job:
     # -- finish -----------------------------------------------------------------------------
     def finish(self, trainer) -> int:
         """Wait for the last upload, record the session, say how it ended. Returns the exit code."""
-        self.signals.uninstall()
-        if self.smoke:
-            ok, lines = self._smoke.report(self.ctx)
-            for line in lines:
-                self.log(line)
-            self._remove_smoke_dir()
-            return 0 if ok else 1
-        step = trainer.state.global_step
-        if self._control.halted:  # another session took the store over: leave it to that one
-            if self.ctx.is_main:
-                if self.sync is not None:
-                    self.sync.drop_pending()
-                    self.sync.close(timeout=FINAL_UPLOAD_TIMEOUT_S)
-                self.lease = None  # not ours: nothing to release
-                print(f"error: stopped at step {step}: {self._control.stop_reason}; this session writes "
-                      "nothing more to the store", file=sys.stderr, flush=True)
-            return 4
-        paused = self._control.stop_reason is not None and step < self._max_steps
-        outcome = "paused" if paused else "complete"
-        code, closing = 0, []
-        if self.ctx.is_main:
-            measured = self._meter.summary()
-            words = meter_words(measured)
-            if words:
-                self.log(words)
-            if self.sync is not None:
-                self.sync.close(timeout=FINAL_UPLOAD_TIMEOUT_S)
-            if not paused:
-                from kit.deliver import wrapup
+        from kit.train.finish import finish
 
-                code, closing, delivered = wrapup.deliver(self, trainer, step)
-                measured = {**measured, **delivered}
-            self._record(step, outcome, measured)
-            self._release()
-            if paused:
-                after = ""
-                signalled = self._control.stop_reason.startswith("signal") and under_torchrun()
-                if signalled:
-                    after = ("; torchrun's SignalException traceback and exit 1 that follow are its reaction to "
-                             "the same signal: the checkpoint is saved")
-                said = (f"paused at step {step} of {self._max_steps} ({self._control.stop_reason}) — "
-                        f"run the same command to continue")
-                self.log(said + after)
-                if signalled:  # torchrun's traceback comes after the ranks end: say the outcome again, last
-                    from kit.auth import redact
-                    from kit.train.last_word import repeat_after_torchrun
-
-                    repeat_after_torchrun(f"[kit] {redact(said)} [kit exit 0; the SignalException traceback and "
-                                          f"exit 1 above are torchrun's own reaction to the signal]")
-            else:
-                self.log(f"complete: step {step} of {self._max_steps}; checkpoint in "
-                         f"{self.cfg.output_dir}/checkpoint-{step}")
-                for line in closing:
-                    self.log(line)
-        return code
+        return finish(self, trainer)
 
     def _record_if_unfinished(self) -> None:
         if not self._recorded:
@@ -347,53 +279,13 @@ class Job:
             self._record(step, "failed", {"error": "the session ended without finishing (see its log)"})
 
     def _record(self, step: int, outcome: str, measured: dict | None = None) -> None:
-        began = self._meter.began_at if self._meter else None
         self._recorded = True
-        record = {"run_id": self.run.get("run_id"), "host": socket.gethostname(), "started": self.started,
-                  "ended": time.time(),
-                  "start_step": self.decision.step, "end_step": step, "max_steps": self._max_steps,
-                  "world_size": self.ctx.world_size, "outcome": outcome,
-                  "setup_s": round(began - self.started, 1) if began else None,
-                  "stored_step": self.stored_step if self.store is not None else step,
-                  **self._devices(), **(measured or {})}
-        self._append_record(record)
+        sessions.append(self.cfg.output_dir, self.store, sessions.of_job(self, step, outcome, measured))
 
     def _record_cut(self, lease: dict) -> None:
-        """Record the session whose lease we took over: it was cut (kill -9) and recorded nothing.
-
-        Its last heartbeat is all we know: ``ended`` and ``end_step`` are as of then, at most one
-        heartbeat interval (``lease_heartbeat_seconds``) before the cut.
-        """
-        progress = lease.get("progress") or {}
-        if not isinstance(progress, dict) or "step" not in progress:
-            return  # a lease from before training began (or an older kit): nothing to account
-        record = {"host": str(lease.get("holder", "?")).rpartition(" pid ")[0] or "?",
-                  "started": progress.get("started"), "ended": lease.get("heartbeat"),
-                  "start_step": progress.get("start_step"), "end_step": progress.get("step"),
-                  "max_steps": progress.get("max_steps"), "world_size": progress.get("world_size"),
-                  "outcome": "cut", "setup_s": progress.get("setup_s"),
-                  "stored_step": progress.get("stored_step"), "gpu_name": progress.get("gpu_name"),
-                  "gpu_count": progress.get("gpu_count"), "from": "its last lease heartbeat"}
-        self._append_record(record)
-
-    def _append_record(self, record: dict) -> None:
-        line = json.dumps(record) + "\n"
-        os.makedirs(self.cfg.output_dir, exist_ok=True)
-        with open(os.path.join(self.cfg.output_dir, "kit_sessions.jsonl"), "a") as f:
-            f.write(line)
-        if self.store is not None:
-            try:  # one writer per store (the lease), so read-then-write loses nothing
-                self.store.write_text("kit/sessions.jsonl", (self.store.read_text("kit/sessions.jsonl") or "") + line)
-            except KitError as e:  # the checkpoint is what matters; a lost record is only a warning
-                print(f"[kit] warning: could not record the session in the store: {e}", file=sys.stderr)
-
-    def _remove_smoke_dir(self) -> None:
-        # Only rank 0 writes into it (Trainer saves on the main process), so it can go now.
-        folder, self._smoke_dir = getattr(self, "_smoke_dir", None), None
-        if folder:
-            import shutil
-
-            shutil.rmtree(folder, ignore_errors=True)  # a temp folder: what cannot go, the OS tmp cleaner takes
+        record = sessions.of_cut(lease)
+        if record is not None:
+            sessions.append(self.cfg.output_dir, self.store, record)
 
     def _release(self) -> None:
         if self.lease is not None:

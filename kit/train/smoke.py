@@ -11,12 +11,35 @@ The first failing rung names itself; the script then exits non-zero.
 
 from __future__ import annotations
 
+import atexit
 import math
+import shutil
+import tempfile
 
 import torch
 from transformers import TrainerCallback
 
 from kit.train import dist
+
+
+class Folder:
+    """The fresh folder a smoke run trains in: never output_dir, its checkpoints or the store."""
+
+    def __init__(self, ctx, cfg):
+        self.path = dist.broadcast(tempfile.mkdtemp(prefix="kit-smoke-") if ctx.is_main else None)
+        self._owned = ctx.is_main
+        if self._owned:  # removed in finish(); atexit covers a smoke run that fails
+            atexit.register(self.remove)
+        cfg.output_dir, cfg.logging_steps, cfg.save_steps = self.path, 1, 10**9
+        cfg.save_every_minutes = 10**9
+        cfg.eval_steps = None
+        cfg.warmup_steps = 0  # a warmup would make the one step's learning rate 0
+
+    def remove(self) -> None:
+        # Only rank 0 writes into it (Trainer saves on the main process), so it can go now.
+        if self._owned:
+            self._owned = False
+            shutil.rmtree(self.path, ignore_errors=True)  # a temp folder: what cannot go, the OS tmp cleaner takes
 
 SAMPLE_FROZEN = 4  # frozen tensors to compare: enough to catch a leak, cheap on an 8B model
 

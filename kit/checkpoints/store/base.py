@@ -11,67 +11,27 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import tempfile
-import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from kit.errors import StoreError, UsageError
+from kit.errors import StoreError
+from kit.retry import retry
 from kit.checkpoints.leftovers import owned_name
 from kit.checkpoints.manifest import MANIFEST_NAME, parse_manifest, read_manifest, verify_files
+from kit.checkpoints.store.leasing import LEASE_NAME
+# The store's vocabulary lives in layout.py; importing it here keeps `store.base.X` working.
+from kit.checkpoints.store.layout import (  # noqa: F401
+    CKPT_DIR, CKPT_RE, RECORDS_DIR, VANILLA_DIR, Candidate, Snapshot, StaleHead, TransientStoreError, Verdict,
+    check_vanilla, local_files, record_path,
+)
 
 log = logging.getLogger("kit.checkpoints.store")
 
-CKPT_DIR = "checkpoints"
-VANILLA_DIR = "last-checkpoint"
-RECORDS_DIR = "kit"
-_CKPT_RE = re.compile(r"^checkpoints/checkpoint-(\d+)/(.+)$")
-_WEIGHTS_RE = re.compile(r"^(adapter_model|model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)$")
 # A download that fails on a timeout, a dropped connection, 429 or 5xx is tried again after these
 # pauses; then the next older verified checkpoint is tried (as for one that does not verify).
 FETCH_BACKOFF_S = (1.0, 2.0, 4.0)
-
-
-class TransientStoreError(StoreError):
-    """A failure worth retrying: timeout, dropped connection, 429 or 5xx."""
-
-
-class StaleHead(StoreError):
-    """The store changed between our read and our write (Hub: 412 on ``parent_commit``)."""
-
-
-@dataclass
-class Snapshot:
-    """One consistent view of the store: file sizes by path, and what that view is pinned to."""
-
-    version: str | None  # Hub: commit sha; directory: None
-    files: dict[str, int]
-    sha256: dict[str, str] = field(default_factory=dict)  # where the backend knows it for free
-    ids: dict[str, str] = field(default_factory=dict)  # what changes when a file's bytes do (blob id)
-
-
-@dataclass
-class Candidate:
-    step: int
-    prefix: str  # "checkpoints/checkpoint-N" or "last-checkpoint"
-    kind: str  # "kit" | "vanilla"
-    files: dict[str, int]  # path relative to prefix -> size
-
-
-@dataclass
-class Verdict:
-    """What :meth:`Store.inspect` found for one candidate."""
-
-    cand: Candidate
-    ok: bool
-    reason: str
-
-    @property
-    def step(self) -> int:
-        return self.cand.step
 
 
 class Store(ABC):
@@ -143,6 +103,20 @@ class Store(ABC):
     def preflight(self) -> None:
         """Raise StoreError (one line) when the store cannot even be read: the check every entry point shares."""
 
+    # ---- concurrency: what the lease and the session records rest on (store/leasing.py) -------
+    @abstractmethod
+    def swap_lease(self, decide) -> None:
+        """Compare-and-swap the lease record: ``decide(current text | None)`` -> record to write, or None."""
+
+    def read_lease(self) -> tuple[str | None, bool]:
+        """(the lease record's text or None, whether no record at all means the lease was released)."""
+        return self.read_text(LEASE_NAME), False
+
+    def append_text(self, name: str, text: str) -> None:
+        """Append to a job record. The lease makes this session the store's only writer, so
+        read-then-write (the Hub has no append) loses nothing."""
+        self.write_text(name, (self.read_text(name) or "") + text)
+
     # ---- shared logic ---------------------------------------------------------------------------
     def candidates(self, snap: Snapshot | None = None) -> list[Candidate]:
         """Kit checkpoints and a vanilla ``last-checkpoint/``, newest first (kit wins a tie)."""
@@ -150,7 +124,7 @@ class Store(ABC):
         by_step: dict[int, dict[str, int]] = {}
         vanilla: dict[str, int] = {}
         for path, size in snap.files.items():
-            m = _CKPT_RE.match(path)
+            m = CKPT_RE.match(path)
             if m:
                 by_step.setdefault(int(m.group(1)), {})[m.group(2)] = size
             elif path.startswith(VANILLA_DIR + "/"):
@@ -194,7 +168,7 @@ class Store(ABC):
 
     def _check(self, cand: Candidate, snap: Snapshot) -> tuple[bool, str]:
         if cand.kind == "vanilla":
-            return _check_vanilla(cand.files)
+            return check_vanilla(cand.files)
         raw = self._read_bytes(f"{cand.prefix}/{MANIFEST_NAME}", snap)
         if raw is None:
             return False, f"no {MANIFEST_NAME} (partial upload?)"
@@ -249,7 +223,7 @@ class Store(ABC):
                 manifest = read_manifest(got)
                 ok, reason = (False, f"no valid {MANIFEST_NAME}") if manifest is None else verify_files(got, manifest)
             else:
-                ok, reason = _check_vanilla({p.relative_to(got).as_posix(): p.stat().st_size
+                ok, reason = check_vanilla({p.relative_to(got).as_posix(): p.stat().st_size
                                              for p in got.rglob("*") if p.is_file()})
             if not ok:
                 raise StoreError(f"{cand.prefix} from {self.describe()} is corrupt: {reason}; "
@@ -298,24 +272,7 @@ class Store(ABC):
 
 def _retrying(call, what: str):
     """``call()``, again after each pause of ``FETCH_BACKOFF_S`` while it fails transiently."""
-    for pause in (*FETCH_BACKOFF_S, None):
-        try:
-            return call()
-        except TransientStoreError as err:
-            if pause is None:
-                raise
-            log.warning("%s failed (%s); retrying in %.0f s", what, err, pause)
-            time.sleep(pause)
-    raise AssertionError("unreachable")
-
-
-def _check_vanilla(files: dict[str, int]) -> tuple[bool, str]:
-    missing = [n for n in ("trainer_state.json", "optimizer.pt") if n not in files]
-    if not any(_WEIGHTS_RE.match(n) for n in files):
-        missing.append("adapter/model weights")
-    if missing:
-        return False, "vanilla Trainer checkpoint lacks " + ", ".join(missing)
-    return True, "vanilla Trainer checkpoint (no kit manifest; checked by file presence)"
+    return retry(call, pauses=FETCH_BACKOFF_S, transient=(TransientStoreError,), what=what, log=log)
 
 
 def _swap_into(src: Path, dest: Path) -> None:
@@ -328,29 +285,3 @@ def _swap_into(src: Path, dest: Path) -> None:
     os.rename(src, dest)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def record_path(name: str) -> str:
-    """``sessions.jsonl`` or ``kit/sessions.jsonl`` → ``kit/sessions.jsonl``; rejects escapes."""
-    name = name.removeprefix(RECORDS_DIR + "/")
-    if not name or name.startswith("/") or ".." in name.split("/"):
-        raise UsageError(f"job record name {name!r} must be a relative path under {RECORDS_DIR}/")
-    return f"{RECORDS_DIR}/{name}"
-
-
-def local_files(local_ckpt_dir: Path, step: int) -> tuple[dict, list[str]]:
-    """The manifest of a local checkpoint about to be published, and the files to send."""
-    local_ckpt_dir = Path(local_ckpt_dir)
-    if not local_ckpt_dir.is_dir():
-        raise StoreError(f"checkpoint folder {local_ckpt_dir} does not exist")
-    manifest = read_manifest(local_ckpt_dir)
-    if manifest is None:
-        raise StoreError(f"{local_ckpt_dir} has no valid {MANIFEST_NAME}: call kit.checkpoints.manifest.write_manifest "
-                         "before publishing")
-    if int(manifest["step"]) != step:
-        raise StoreError(f"{local_ckpt_dir}/{MANIFEST_NAME} says step {manifest['step']}, not {step}")
-    for rel, want in manifest["files"].items():
-        path = local_ckpt_dir / rel
-        if not path.is_file() or path.stat().st_size != want["size"]:
-            raise StoreError(f"{local_ckpt_dir}: {rel} is missing or changed since the manifest was written")
-    return manifest, sorted(manifest["files"]) + [MANIFEST_NAME]

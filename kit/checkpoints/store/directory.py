@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 
 from kit.errors import StoreError
+from kit.files import write_atomic
 from kit.checkpoints.manifest import verify_files
 from kit.checkpoints.store.base import (
     CKPT_DIR,
@@ -28,6 +29,7 @@ from kit.checkpoints.store.base import (
     local_files,
     record_path,
 )
+from kit.checkpoints.store import leasing
 from kit.checkpoints.store.retention import prune
 
 log = logging.getLogger("kit.checkpoints.store")
@@ -160,16 +162,30 @@ class DirStore(Store):
     def write_text(self, name: str, text: str) -> None:
         path = self.root / record_path(name)
         self._writable_dir(path.parent)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
         try:
-            with open(tmp, "w") as f:
+            write_atomic(path, text, fsync=True)
+        except OSError as err:
+            raise StoreError(f"writing {record_path(name)} to {self.describe()} failed: {err}") from err
+
+
+    # ---- concurrency (store/leasing.py) --------------------------------------------------------
+    def swap_lease(self, decide) -> None:  # an O_EXCL lock file: it must work on a Drive mount
+        leasing.dir_swap(self, self.root / record_path(leasing.LOCK_NAME), decide)
+
+    def read_lease(self) -> tuple[str | None, bool]:
+        return self.read_text(leasing.LOCK_NAME), True  # release() deletes the lock file: absent is free
+
+    def append_text(self, name: str, text: str) -> None:
+        """A real append (O_APPEND), flushed to the device: a record line survives the VM going away."""
+        path = self.root / record_path(name)
+        self._writable_dir(path.parent)
+        try:
+            with open(path, "a") as f:
                 f.write(text)
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(tmp, path)
         except OSError as err:
-            tmp.unlink(missing_ok=True)
-            raise StoreError(f"writing {record_path(name)} to {self.describe()} failed: {err}") from err
+            raise StoreError(f"appending to {record_path(name)} in {self.describe()} failed: {err}") from err
 
 
 def _remove_leftovers(ckpts: Path, older_than_s: float = 3600) -> None:

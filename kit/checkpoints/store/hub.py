@@ -31,7 +31,8 @@ from kit.checkpoints.store.base import (
     local_files,
     record_path,
 )
-from kit.checkpoints.store.hub_http import _httpx, hub_offline, network_timeout_s, use_timeouts
+from kit.checkpoints.store import leasing
+from kit.checkpoints.store.hub_http import _httpx, first_line, hub_offline, network_timeout_s, use_timeouts
 from kit.checkpoints.store.retention import prune, steps_to_delete
 
 log = logging.getLogger("kit.checkpoints.store")
@@ -86,7 +87,7 @@ class HubStore(Store):
                                       f"within {self.timeout_s:g} s ({type(err).__name__})") from None
         except _httpx.TransportError as err:
             raise TransientStoreError(f"{action} on {self.describe()} failed: {type(err).__name__} from "
-                                      f"{self.endpoint} ({redact(_first_line(err), self._token)[:200]})") from None
+                                      f"{self.endpoint} ({redact(first_line(err), self._token)[:200]})") from None
         except OfflineModeIsEnabled:
             raise StoreError(OFFLINE.format(store=self.describe())) from None
 
@@ -106,7 +107,7 @@ class HubStore(Store):
             return StaleHead(f"{where} changed while we wrote to it (412)")
         if code in (408, 429) or (code is not None and code >= 500):
             return TransientStoreError(f"{action} on {where} failed: HTTP {code}")
-        return StoreError(f"{action} on {where} failed: HTTP {code}: {redact(_first_line(err), self._token)[:200]}")
+        return StoreError(f"{action} on {where} failed: HTTP {code}: {redact(first_line(err), self._token)[:200]}")
 
     def preflight(self) -> None:
         """One request, before anything else: offline mode and a silent endpoint fail here, in one line.
@@ -198,7 +199,7 @@ class HubStore(Store):
                     raise
                 except OSError as err:  # the client's size consistency check, a full disk
                     raise StoreError(f"downloading {path} from {self.describe()} failed: "
-                                     f"{_first_line(err)}") from None
+                                     f"{first_line(err)}") from None
 
     def read_text(self, name: str) -> str | None:
         raw = self._read_bytes(record_path(name), self._snapshot())
@@ -220,6 +221,9 @@ class HubStore(Store):
                                           commit_message=f"kit: update {path}", parent_commit=parent)
         self.pacer.note()
         return info.oid
+
+    def swap_lease(self, decide) -> None:  # compare-and-swap on parent_commit (store/leasing.py)
+        leasing.hub_swap(self, decide)
 
     def commit_wait_s(self) -> float:
         return self.pacer.wait_s()
@@ -294,8 +298,3 @@ class HubStore(Store):
                                  "a checkpoint that would not verify")
             ops.append(op)
         return ops
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__

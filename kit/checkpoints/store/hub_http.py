@@ -81,3 +81,8 @@ def use_timeouts(timeout_s: float) -> None:
 
     factory.kit_timeout = timeout_s  # type: ignore[attr-defined]
     hf_http.set_client_factory(factory)
+
+
+def first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

@@ -32,12 +32,12 @@ from kit.notebooks.convert.dryrun import DryRun
 from kit.notebooks.convert.facts import Facts, gather
 from kit.notebooks.convert.ranks import Guard, writes_file, barrier_statement, rank0_block, side_effect, split_statements
 from kit.notebooks.convert.refusals import check_convertible, check_written_script
-from kit.notebooks.convert.script import DOCSTRING, DRY_NOTE, RANK_BLOCK, TOKEN_CHECK, TRY_TEMPLATE
+from kit.notebooks.convert.script import (DOCSTRING, DRY_NOTE, RANK_BLOCK, TOKEN_CHECK, TRY_TEMPLATE, BlankLines,
+                                          dropped_note, is_future_import, merge_main_blocks)
 from kit.notebooks.convert.syntax import Change, comments
 from kit.errors import KitError, UsageError
 
 PRECISION_CHOICES = ("auto", "fp16", "bf16", "fp32")
-TRIPLE = '"' * 3  # would end the script's docstring early
 RANDOM_CALLS = {"shuffle", "sample", "choice", "choices", "randint", "random", "permutation", "rand", "randn"}
 
 __all__ = ["Change", "Conversion", "PRECISION_CHOICES", "convert_notebook", "format_changes"]
@@ -143,8 +143,8 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
                                         "train/evaluate call): the other ranks leave the process group first, so "
                                         "saves, pushes, exports, generation and prints run exactly once"))
 
-    future = [s for _, s in items if _is_future_import(s)]
-    items = [(c, s) for c, s in items if not _is_future_import(s)]
+    future = [s for _, s in items if is_future_import(s)]
+    items = [(c, s) for c, s in items if not is_future_import(s)]
     first_cell, last_cell = items[0][0], items[-1][0]
     changes.insert(0, Change(first_cell, "rank block added above the notebook code: LOCAL_RANK/RANK/WORLD_SIZE "
                                          "from the environment, set_device on CUDA, init_process_group when "
@@ -158,11 +158,11 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
     try_stmt = cst.parse_statement(TRY_TEMPLATE)
     try_stmt = try_stmt.with_changes(body=try_stmt.body.with_changes(body=[s for _, s in items] + [done]))
     flag = cst.parse_statement("training_ok = False\n")
-    body = cst.Module(body=[flag, try_stmt]).visit(_BlankLines()).code
+    body = cst.Module(body=[flag, try_stmt]).visit(BlankLines()).code
     flags = "".join([f" --precision {precision}" if precision != "auto" else "",
                      " --keep-global-batch" if keep_global_batch else "", " --dry-run" if dry_run else ""])
     head = DOCSTRING.format(notebook=Path(path).name, script=script_name, flags=flags,
-                            dry=DRY_NOTE if dry_run else "", dropped=_dropped_note(dropped),
+                            dry=DRY_NOTE if dry_run else "", dropped=dropped_note(dropped),
                             raw="r" if any("\\" in d for d in dropped) else "")
     if future:
         head += "\n" + "".join(cst.Module(body=[]).code_for_node(s).lstrip("\n") for s in future)
@@ -221,7 +221,7 @@ def _rewrite_cell(cell: int, module: cst.Module, facts: Facts, rewriter: CellRew
     if guarded:
         changes.append(Change(cell, f"under `if is_main:`: {', '.join(dict.fromkeys(guarded))}: rank 0 alone "
                                     "saves, pushes, exports, generates, logs and prints"))
-    out = _merge_main_blocks(out)
+    out = merge_main_blocks(out)
     if post:
         if _first_post_cell(facts) == cell:  # the first statement after the last train/evaluate
             out.extend(split_statements())
@@ -231,22 +231,6 @@ def _rewrite_cell(cell: int, module: cst.Module, facts: Facts, rewriter: CellRew
 
 def _first_post_cell(facts: Facts) -> int | None:
     return next((w[0] for w, _ in facts.statements if facts.after_training(w)), None)
-
-
-def _merge_main_blocks(stmts: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
-    """Adjacent `if is_main:` blocks become one."""
-    out: list[cst.BaseStatement] = []
-    for s in stmts:
-        if out and _is_main_if(s) and _is_main_if(out[-1]) and not any(line.comment for line in s.leading_lines):
-            prev = out[-1]
-            out[-1] = prev.with_changes(body=prev.body.with_changes(body=[*prev.body.body, *s.body.body]))
-        else:
-            out.append(s)
-    return out
-
-
-def _is_main_if(s) -> bool:
-    return isinstance(s, cst.If) and isinstance(s.test, cst.Name) and s.test.value == "is_main" and s.orelse is None
 
 
 def _rank_block_parts(trees, facts: Facts, rewriter: CellRewriter, dry: DryRun | None, changes: list[Change],
@@ -268,30 +252,6 @@ def _rank_block_parts(trees, facts: Facts, rewriter: CellRewriter, dry: DryRun |
             changes.append(Change(first_cell, f"{prefix}seed({facts.seed}) in the rank block ({seed_note}): "
                                               f"{', '.join(dict.fromkeys(used))}() would differ between ranks"))
     return "".join(f"{i}\n" for i in imports), "".join(f"{s}\n" for s in seeds)
-
-
-def _dropped_note(dropped: list[str]) -> str:
-    """The docstring's list of the shell/magic lines kit dropped, so the user can run them first."""
-    shell = [d.replace(TRIPLE, "'" * 3) for d in dropped if not d.startswith("%%")]
-    if not shell:
-        return ""
-    shown = "".join(f"    {d}\n" for d in shell[:12]) + ("    ...\n" if len(shell) > 12 else "")
-    return f"kit dropped these shell and magic lines; run what you need before launching:\n\n{shown}\n"
-
-
-class _BlankLines(cst.CSTTransformer):
-    """Blank lines without indentation: moving code into the try block must not add trailing spaces."""
-
-    def leave_EmptyLine(self, original, updated):
-        if updated.comment:
-            return updated
-        return updated.with_changes(indent=False, whitespace=cst.SimpleWhitespace(""))
-
-
-def _is_future_import(stmt: cst.BaseStatement) -> bool:
-    return isinstance(stmt, cst.SimpleStatementLine) and any(
-        isinstance(s, cst.ImportFrom) and isinstance(s.module, cst.Name) and s.module.value == "__future__"
-        for s in stmt.body)
 
 
 def format_changes(conversion: Conversion, notebook: str, script: str) -> str:

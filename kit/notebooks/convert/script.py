@@ -1,6 +1,11 @@
-"""The fixed parts of a converted script: its docstring, the rank block and the try/finally."""
+"""The fixed parts of a converted script (its docstring, the rank block, the try/finally) and the
+libcst helpers that lay the converted statements into them."""
 
 from __future__ import annotations
+
+import libcst as cst
+
+TRIPLE = '"' * 3  # would end the script's docstring early
 
 DOCSTRING = '''\
 {raw}"""Rank-aware training script made by `kit convert` from {notebook}.
@@ -74,3 +79,43 @@ finally:
             wait_for_all()
         dist.destroy_process_group()
 '''
+
+
+def merge_main_blocks(stmts: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    """Adjacent `if is_main:` blocks become one."""
+    out: list[cst.BaseStatement] = []
+    for s in stmts:
+        if out and is_main_if(s) and is_main_if(out[-1]) and not any(line.comment for line in s.leading_lines):
+            prev = out[-1]
+            out[-1] = prev.with_changes(body=prev.body.with_changes(body=[*prev.body.body, *s.body.body]))
+        else:
+            out.append(s)
+    return out
+
+
+def is_main_if(s) -> bool:
+    return isinstance(s, cst.If) and isinstance(s.test, cst.Name) and s.test.value == "is_main" and s.orelse is None
+
+
+def dropped_note(dropped: list[str]) -> str:
+    """The docstring's list of the shell/magic lines kit dropped, so the user can run them first."""
+    shell = [d.replace(TRIPLE, "'" * 3) for d in dropped if not d.startswith("%%")]
+    if not shell:
+        return ""
+    shown = "".join(f"    {d}\n" for d in shell[:12]) + ("    ...\n" if len(shell) > 12 else "")
+    return f"kit dropped these shell and magic lines; run what you need before launching:\n\n{shown}\n"
+
+
+class BlankLines(cst.CSTTransformer):
+    """Blank lines without indentation: moving code into the try block must not add trailing spaces."""
+
+    def leave_EmptyLine(self, original, updated):
+        if updated.comment:
+            return updated
+        return updated.with_changes(indent=False, whitespace=cst.SimpleWhitespace(""))
+
+
+def is_future_import(stmt: cst.BaseStatement) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and any(
+        isinstance(s, cst.ImportFrom) and isinstance(s.module, cst.Name) and s.module.value == "__future__"
+        for s in stmt.body)

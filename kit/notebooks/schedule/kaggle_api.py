@@ -33,6 +33,10 @@ class KaggleError(KitError):
     status: int | None = None
 
 
+class KaggleUnavailable(KaggleError):
+    """No answer, no connection, 429 or 5xx: worth asking again (kit.retry), unlike a refusal."""
+
+
 @dataclass
 class Status:
     state: str  # queued, running, complete, error, cancelRequested, cancelAcknowledged
@@ -124,7 +128,7 @@ def _call(what: str, fn, timeout_s: float = CALL_TIMEOUT_S):
     worker.start()
     worker.join(timeout_s)
     if worker.is_alive():
-        raise KaggleError(f"Kaggle API: {what} got no answer in {timeout_s:.0f} s; try again later")
+        raise KaggleUnavailable(f"Kaggle API: {what} got no answer in {timeout_s:.0f} s; try again later")
     err = result.get("error")
     if err is None:
         return result.get("value")
@@ -137,9 +141,10 @@ def _call(what: str, fn, timeout_s: float = CALL_TIMEOUT_S):
         raise KaggleError(f"Kaggle API refused the credentials ({_message(http)}) during {what}: check "
                           "KAGGLE_API_TOKEN or kaggle.json") from None
     if isinstance(err, requests.ConnectionError | requests.Timeout):
-        raise KaggleError(f"Kaggle API unreachable during {what}: {type(err).__name__}; check the network") from None
+        raise KaggleUnavailable(f"Kaggle API unreachable during {what}: {type(err).__name__}; check the network") from None
     if isinstance(err, requests.HTTPError | ValueError):
-        rejected = KaggleError(f"Kaggle API rejected {what}: {_message(err)}")
+        busy = status is not None and (status == 429 or status >= 500)
+        rejected = (KaggleUnavailable if busy else KaggleError)(f"Kaggle API rejected {what}: {_message(err)}")
         rejected.status = status
         raise rejected from None
     if isinstance(err, SystemExit):  # the package exits when no credentials of it work

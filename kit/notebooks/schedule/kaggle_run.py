@@ -8,6 +8,7 @@ week's GPU hours across its invocations. The store, not the kernel, says how far
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +16,12 @@ from typing import Callable
 
 from kit.notebooks.schedule import kaggle_api, stops
 from kit.notebooks.schedule.kaggle_notebook import OUTCOME_FILE
+from kit.retry import retry
+
+log = logging.getLogger("kit.notebooks.schedule")
 
 POLL_S = (10, 20, 30, 60)  # then every 60 s
+RETRY_S = (30, 60, 120)  # a status poll or the output download that got no answer is asked again after these
 SESSION_LIMIT_S = 12.5 * 3600  # Kaggle ends a GPU session after 12 h
 HOURS_FILE = "kaggle-sessions.jsonl"
 WEEK_S = 7 * 24 * 3600
@@ -30,6 +35,7 @@ class KaggleJob:
     runs_dir: Path
     progress: Callable[[], tuple[int | None, bool]]  # the store's newest step, and whether the job is complete
     poll_s: tuple[float, ...] = POLL_S
+    retry_s: tuple[float, ...] = RETRY_S
 
 
 def hours_this_week(runs_dir: Path, now: float) -> tuple[float, float]:
@@ -78,7 +84,10 @@ def run_session(job: KaggleJob, n: int, *, say=print, sleep=time.sleep,
         say(f"session {n}: pushed {job.ref} (version {version}); waiting for it to run", flush=True)
     waits = list(job.poll_s)
     while True:
-        state = kaggle_api.status(job.ref)
+        # Hours into a session, one unanswered poll must not end the schedule: ask again (a
+        # refusal is not retried). Pushing is not idempotent, so it is never retried.
+        state = retry(lambda: kaggle_api.status(job.ref), pauses=job.retry_s, what=f"asking Kaggle about {job.ref}",
+                      transient=(kaggle_api.KaggleUnavailable,), log=log, sleep=sleep)
         if state.state in TERMINAL:
             break
         if clock() - started > SESSION_LIMIT_S:
@@ -91,10 +100,16 @@ def run_session(job: KaggleJob, n: int, *, say=print, sleep=time.sleep,
         f.write(json.dumps({"ref": job.ref, "version": version, "started": started, "ended": ended,
                             "hours": hours, "state": state.state}) + "\n")
     folder = Path(job.runs_dir) / f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(ended))}-{n}"
-    kaggle_api.output(job.ref, folder)
+    retry(lambda: kaggle_api.output(job.ref, folder), pauses=job.retry_s, what=f"fetching {job.ref}'s output",
+          transient=(kaggle_api.KaggleUnavailable,), log=log, sleep=sleep)
     record = _read_outcome(folder)
-    outcome = (record or {}).get("outcome") or (
-        f"failed: kernel {state.state}" + (f": {state.message}" if state.message else "") + " (no kit-outcome.json)")
+    session = (record or {}).get("session")
+    if (record or {}).get("returncode") == 0 and isinstance(session, dict) and session.get("outcome") in (
+            "paused", "complete", "already complete"):
+        outcome = stops.words_of(session)  # the session record the job wrote, not the words it printed
+    else:  # a failed session (or one that left no record): the kernel's own words say why
+        outcome = (record or {}).get("outcome") or (
+            f"failed: kernel {state.state}" + (f": {state.message}" if state.message else "") + " (no kit-outcome.json)")
     after, complete = job.progress()
     return stops.Session(outcome, before, after, hours), complete, _log_tail(folder, job.ref, record)
 

@@ -1,15 +1,21 @@
 """One local run: papermill executes the resume notebook once in a real `python3` kernel.
 
-Its output notebook is kept as `runs/<UTC timestamp>-<n>.ipynb`; the last `outcome: …` line it
-printed is the run's outcome. No parameter is ever a token (`kit.notebooks.schedule.loop.refuse_tokens`).
+Its output notebook is kept as `runs/<UTC timestamp>-<n>.ipynb`. The run's outcome is the session
+record the training job appended (`output_dir/kit_sessions.jsonl`, docs/CONTRACTS.md), not printed
+text; a run that left no record (it died before training began, e.g. in its first cell, or the
+token was missing) is a failure, worded with the last `outcome: …` line the notebook printed or
+papermill's error. No parameter is ever a token (`kit.notebooks.schedule.loop.refuse_tokens`).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from kit.notebooks.schedule.stops import words_of
 
 OUTCOME_RE = re.compile(r"^outcome: (.+)$", re.M)
 DONE = ("complete", "already complete")
@@ -24,6 +30,7 @@ class Plan:
     parameters: dict
     cwd: Path = field(default_factory=Path.cwd)
     run_timeout_s: float | None = None  # the training cell is interrupted after this: training pauses
+    sessions: Path | None = None  # the job's kit_sessions.jsonl: a run's outcome is the record it appends
 
 
 # -- one run ----------------------------------------------------------------------------------
@@ -59,7 +66,7 @@ def execute(plan: Plan, n: int, verbose: bool = False) -> tuple[str, Path]:
 
     plan.runs_dir.mkdir(parents=True, exist_ok=True)
     out = run_path(plan.runs_dir, n)
-    error = None
+    began, error = time.time(), None
     try:
         papermill.execute_notebook(str(plan.notebook), str(out), parameters=plan.parameters,
                                    kernel_name="python3", cwd=str(plan.cwd), progress_bar=False,
@@ -70,8 +77,35 @@ def execute(plan: Plan, n: int, verbose: bool = False) -> tuple[str, Path]:
         error = f"failed: {type(err).__name__}: {lines[-1][:200] if lines else 'no message'}"
     except RuntimeError as err:  # the kernel died or could not start
         error = f"failed: the kernel stopped: {str(err).splitlines()[0][:200]}"
-    outcome = outcome_of(out) if out.exists() else None
-    return outcome or error or "failed: the notebook printed no outcome line", out
+    printed = outcome_of(out) if out.exists() else None
+    said = printed or error or "failed: the notebook printed no outcome line"
+    if plan.sessions is None:
+        return said, out
+    record = session_since(plan.sessions, began)
+    if record is None:
+        why = said if said.startswith("failed") else f"it printed {said!r}"
+        return f"failed: the session left no record in {plan.sessions} (it ended before training began): " \
+               f"{why.removeprefix('failed: ')}", out
+    if record.get("outcome") == "paused" or record.get("outcome") in DONE or not said.startswith("failed"):
+        return words_of(record), out
+    return said, out  # a failed session: the notebook's words carry its error
+
+
+def session_since(path: Path, began: float) -> dict | None:
+    """The last session record in `path` of a session that started at or after `began` (this run's)."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return None
+    found = None
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a torn last line (a cut session): not this run's
+        if isinstance(rec, dict) and isinstance(rec.get("started"), (int, float)) and rec["started"] >= began:
+            found = rec
+    return found
 
 
 def is_done(outcome: str) -> bool:

@@ -1,4 +1,10 @@
-"""One scheduler per runs folder: a lock file that a second `kit schedule` on this machine refuses at."""
+"""One scheduler per runs folder: a second `kit schedule` on this machine refuses at once.
+
+The lock is `filelock`'s (flock on Linux): the runs folder is local to the scheduler, and the OS
+drops the lock when its process dies, kill -9 included, so nothing is left to take over. A side
+file names the holder, for the refusal. (The directory store's lease stays an O_EXCL file: see
+kit/checkpoints/store/leasing.py.)
+"""
 
 from __future__ import annotations
 
@@ -8,62 +14,41 @@ import socket
 import time
 from pathlib import Path
 
+from filelock import FileLock, Timeout
+
 from kit.errors import UsageError
 
-LOCK_NAME = ".kit-schedule.lock"
+LOCK_NAME = ".kit-schedule.lock"  # who holds it (JSON); the OS lock is on LOCK_NAME + ".flock"
 
 
 class RunsLock:
-    """An O_EXCL lock file in the runs folder; a lock left by a dead process of this host is taken over."""
-
     def __init__(self, runs_dir: Path):
         self.path = Path(runs_dir) / LOCK_NAME
+        self._lock = FileLock(f"{self.path}.flock", timeout=0)
         self.held = False
 
     def __enter__(self) -> "RunsLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        me = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
-        for _ in range(3):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                other = self._read()
-                if other is None or not self._dead(other):
-                    who = f"pid {other['pid']} on {other['host']}" if other else "another scheduler"
-                    raise UsageError(f"another `kit schedule` ({who}) is running with {self.path.parent}; "
-                                     f"wait for it, or remove {self.path} if it is gone") from None
-                self.path.unlink(missing_ok=True)  # its process is gone: take over
-                continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(me, f)
-            self.held = True
-            return self
-        raise UsageError(f"could not take {self.path}: it keeps changing")
+        try:
+            self._lock.acquire()
+        except Timeout:
+            other = self._read()
+            who = f"pid {other.get('pid')} on {other.get('host')}" if other else "another scheduler"
+            raise UsageError(f"another `kit schedule` ({who}) is running with {self.path.parent}; "
+                             "wait for it to finish") from None
+        self.held = True
+        self.path.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}))
+        return self
 
     def _read(self) -> dict | None:
         try:
             data = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return {"host": "?", "pid": "?", "gone": True}
-        except ValueError:
-            return None  # being written right now: treat as held
+        except (OSError, ValueError):
+            return None  # not written yet, or being written
         return data if isinstance(data, dict) else None
-
-    @staticmethod
-    def _dead(other: dict) -> bool:
-        if other.get("gone"):
-            return True
-        if other.get("host") != socket.gethostname() or not isinstance(other.get("pid"), int):
-            return False
-        try:
-            os.kill(other["pid"], 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
-        return False
 
     def __exit__(self, *exc) -> None:
         if self.held:
             self.path.unlink(missing_ok=True)
+            self._lock.release()
             self.held = False

@@ -37,6 +37,16 @@ class Stop:
     ok: bool  # True: the job is complete (exit 0); False: the user must act (exit 1)
 
 
+def words_of(record: dict) -> str:
+    """A session record as the outcome words the stop rules read (`kit.notebooks.schedule.stops`)."""
+    outcome, step, of = record.get("outcome"), record.get("end_step"), record.get("max_steps")
+    if outcome == "paused":
+        return f"paused at step {step} of {of}"
+    if outcome in ("complete", "already complete"):
+        return f"{outcome}: step {step} of {of}"
+    return f"failed: {record.get('error') or outcome}"
+
+
 def step_of(outcome: str) -> int | None:
     m = _STEP_RE.search(outcome or "")
     return int(m.group(1)) if m else None

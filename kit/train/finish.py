@@ -1,0 +1,72 @@
+"""How a training session ends: the last upload, delivery, the session record, the words.
+
+    code = finish(job, trainer)   # Job.finish; returns the process's exit code
+"""
+
+from __future__ import annotations
+
+import sys
+
+from kit.errors import under_torchrun
+from kit.train.callbacks import meter_words
+
+FINAL_UPLOAD_TIMEOUT_S = 600.0
+
+
+def finish(job, trainer) -> int:
+    """Wait for the last upload, record the session, say how it ended. Returns the exit code."""
+    job.signals.uninstall()
+    if job.smoke:
+        ok, lines = job._smoke.report(job.ctx)
+        for line in lines:
+            job.log(line)
+        job._smoke_folder.remove()
+        return 0 if ok else 1
+    step = trainer.state.global_step
+    if job._control.halted:  # another session took the store over: leave it to that one
+        if job.ctx.is_main:
+            if job.sync is not None:
+                job.sync.drop_pending()
+                job.sync.close(timeout=FINAL_UPLOAD_TIMEOUT_S)
+            job.lease = None  # not ours: nothing to release
+            print(f"error: stopped at step {step}: {job._control.stop_reason}; this session writes "
+                  "nothing more to the store", file=sys.stderr, flush=True)
+        return 4
+    paused = job._control.stop_reason is not None and step < job._max_steps
+    outcome = "paused" if paused else "complete"
+    code, closing = 0, []
+    if job.ctx.is_main:
+        measured = job._meter.summary()
+        words = meter_words(measured)
+        if words:
+            job.log(words)
+        if job.sync is not None:
+            job.sync.close(timeout=FINAL_UPLOAD_TIMEOUT_S)
+        if not paused:
+            from kit.deliver import wrapup
+
+            code, closing, delivered = wrapup.deliver(job, trainer, step)
+            measured = {**measured, **delivered}
+        job._record(step, outcome, measured)
+        job._release()
+        if paused:
+            after = ""
+            signalled = job._control.stop_reason.startswith("signal") and under_torchrun()
+            if signalled:
+                after = ("; torchrun's SignalException traceback and exit 1 that follow are its reaction to "
+                         "the same signal: the checkpoint is saved")
+            said = (f"paused at step {step} of {job._max_steps} ({job._control.stop_reason}) — "
+                    f"run the same command to continue")
+            job.log(said + after)
+            if signalled:  # torchrun's traceback comes after the ranks end: say the outcome again, last
+                from kit.auth import redact
+                from kit.train.last_word import repeat_after_torchrun
+
+                repeat_after_torchrun(f"[kit] {redact(said)} [kit exit 0; the SignalException traceback and "
+                                      f"exit 1 above are torchrun's own reaction to the signal]")
+        else:
+            job.log(f"complete: step {step} of {job._max_steps}; checkpoint in "
+                    f"{job.cfg.output_dir}/checkpoint-{step}")
+            for line in closing:
+                job.log(line)
+    return code
