@@ -27,8 +27,8 @@ class Result:
     next: list[str] = field(default_factory=list)
     plan: object | None = None
     cpu_only: bool = False
+    wrote: str | None = None  # "wrote train_ddp.py …" when a script was written
     exit_code: int = 0
-    wrote: str | None = None  # "wrote train_ddp.py (…)", said on its own line before the one Next: line
 
 
 def add_arguments(parser) -> None:
