@@ -2,11 +2,11 @@
 
 Run it (from the folder that holds the `kit` package):
 
-    torchrun --standalone --nproc_per_node=2 train_ddp.py    # the plan: DDP over 2 GPUs (Tesla T4), fp16
-    python train_ddp.py                                   # one process: one GPU, or the CPU
-    python train_ddp.py --smoke                           # one optimizer step, then checks
+    torchrun --standalone --nproc_per_node=2 train_ddp.py # the plan: DDP over 2 GPUs (Tesla T4), fp16
+    python train_ddp.py                                  # one process: one GPU, or the CPU
+    python train_ddp.py --smoke                          # one optimizer step, then checks
     torchrun --standalone --nproc_per_node=2 train_ddp.py max_steps=400 save_steps=10
-    python train_ddp.py --config other.yaml               # other settings, same flow
+    python train_ddp.py --config other.yaml              # other settings, planned for this machine
 
 The run saves a checkpoint every save_steps steps and every save_every_minutes minutes, pushes it
 to the store in the background (rank 0 only), and stops cleanly before the session's deadline.

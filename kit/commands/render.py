@@ -82,7 +82,8 @@ def run(args) -> int:
         sys.stdout.write(text)
         return 0
     render.write(text, out, args.force)
-    print(f"wrote {out}: {plan.strategy} over {plan.nproc} × {plan.device}, {plan.precision}")
+    devices = plan.gpus if plan.strategy == "model_parallel" else plan.nproc  # one process drives every GPU
+    print(f"wrote {out}: {plan.strategy} over {devices} × {plan.device}, {plan.precision}")
     print(f"next: {launch_for(plan, out)}")
     return 0
 

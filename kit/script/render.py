@@ -10,6 +10,7 @@ from pathlib import Path
 from string import Template
 
 from kit import __version__
+from kit.machine.command import launch_command
 from kit.planning import config
 from kit.errors import UsageError
 from kit.files import write_atomic
@@ -43,9 +44,11 @@ def _strategy_words(plan: dict) -> str:
 
 
 def _launch_line(plan: dict) -> str:
-    if plan.get("strategy") == "model_parallel":
-        return "python train_ddp.py" + " " * 33  # one process drives all GPUs (aligned with the torchrun line)
-    return f"torchrun --standalone --nproc_per_node={plan.get('nproc', 1)} train_ddp.py"
+    """The plan's command, as `kit.machine.command` writes it (one process drives all GPUs for model parallel)."""
+    strategy, n = plan.get("strategy"), plan.get("nproc", 1)
+    if strategy == "model_parallel":
+        return launch_command(1)
+    return launch_command(n, torchrun=strategy == "fsdp" or n > 1)
 
 
 def rerender_command(config_path: str, machine_args=(), overrides=(), output: str = "train_ddp.py") -> str:
@@ -72,7 +75,8 @@ def render(cfg: config.RunConfig, plan: dict, config_path: str, machine: str, re
         method_words=METHOD_WORDS[cfg.method],
         config_path=Path(config_path).as_posix(),
         nproc=kept.get("nproc", 1),
-        launch=_launch_line(kept),
+        launch=f"{_launch_line(kept):<52} ",
+        launch_bare=_launch_line(kept),
         strategy_words=_strategy_words(plan),
         unsloth_import=unsloth_import,
         kit_version=__version__,
