@@ -107,3 +107,14 @@ def common_overrides(model: Path, data: Path, out: Path, *, method: str, seq: in
             f"data.path={data}", "data.format=text", "data.eval_fraction=0", "lora.r=16", "lora.alpha=32",
             "lora.target_modules=all-linear", "learning_rate=0.0001", "warmup_steps=0", "logging_steps=1",
             "eval_steps=null", f"save_steps={10 * steps}", f"output_dir={out}", "precision=bf16"]
+
+
+def package_version(module: str) -> str | None:
+    """The installed version of `module` (liger_kernel → liger-kernel), None when absent; read from
+    package metadata, since not every package has `__version__` (liger_kernel has none)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(module.replace("_", "-"))
+    except metadata.PackageNotFoundError:
+        return None

@@ -37,7 +37,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import chat_lengths  # noqa: E402
-from bench.gpu_common import GIB, TOKENIZER, common_overrides, make_random_model, render, session_record  # noqa: E402
+from bench.gpu_common import (GIB, TOKENIZER, common_overrides, make_random_model, package_version,  # noqa: E402
+                              render, session_record)
 from bench.throughput import run  # noqa: E402
 
 SEQ, BATCH = 2048, 4
@@ -104,7 +105,7 @@ def main() -> int:
               "tolerance": {"mean_rel_diff": MEAN_TOL, "max_rel_diff": MAX_TOL,
                             "or": "within the padded-vs-rerun noise floor"},
               "machine": platform.node(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-              "versions": {m: _version(m) for m in ("torch", "transformers", "trl", "peft", "bitsandbytes", "liger_kernel")},
+              "versions": {m: package_version(m) for m in ("torch", "transformers", "trl", "peft", "bitsandbytes", "liger_kernel")},
               "runs": {}, "pairs": {}, "skipped": []}
     started = time.monotonic()
     for name in names:
@@ -158,15 +159,6 @@ def _write(a, result: dict) -> None:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
-
-
-def _version(module: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(module.replace("_", "-"))
-    except metadata.PackageNotFoundError:
-        return None
 
 
 if __name__ == "__main__":

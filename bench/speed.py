@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import chat_lengths  # noqa: E402
 from bench.gpu_common import (GIB, ROOT, TOKENIZER, common_overrides, make_long_text,  # noqa: E402
-                              make_random_model, render, session_record)
+                              make_random_model, package_version, render, session_record)
 from bench.throughput import run  # noqa: E402
 
 SEQ, BATCH = 2048, 4  # the dry run: 1024, the tiny model's limit
@@ -178,7 +178,7 @@ def write(a, chat, rows_out, torch) -> None:
     result = {"what": __doc__.split("\n\n")[1].replace("\n", " "), "part": a.part, "data": chat,
               "data_source": chat_lengths.SOURCE if chat else "text rows longer than seq_len",
               "machine": platform.node(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", "torch": torch.__version__,
-              "versions": {m: _version(m) for m in ("transformers", "trl", "peft", "bitsandbytes", "liger_kernel")},
+              "versions": {m: package_version(m) for m in ("transformers", "trl", "peft", "bitsandbytes", "liger_kernel")},
               "rows": rows_out}
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -186,15 +186,6 @@ def write(a, chat, rows_out, torch) -> None:
     for r in done:
         print(f"[bench] {r['name']:<22} {r[key]:>9,.0f} {key}  {r['peak_allocated_gib']:6.2f} GiB "
               f"(estimate {r['estimate_allocated_gib']:.2f})  {r['vs_' + first['name']]:.3f}x")
-
-
-def _version(module: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(module.replace("_", "-"))
-    except metadata.PackageNotFoundError:
-        return None
 
 
 if __name__ == "__main__":
