@@ -81,6 +81,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--method", default="qlora", help="lora: a CPU dry run of this script on a tiny model")
     p.add_argument("--skip-export", action="store_true")
+    p.add_argument("--export-only", action="store_true", help="part 2 alone (the export on the CPU)")
     a = p.parse_args()
     work, out_json = Path(a.work), Path(a.out)
     work.mkdir(parents=True, exist_ok=True)
@@ -112,20 +113,24 @@ def main() -> None:
             [sys.executable, "-c", probe, "export", "--adapter", str(adapter), "-o", str(merged), "--json"],
             cwd=ROOT, env=bench_env(CUDA_VISIBLE_DEVICES=""), stdout=open(work / "export.log", "w"),
             stderr=subprocess.STDOUT)
+    if a.export_only:
+        result["job"] = "not run (--export-only)"
     script = work / "train.py"
-    render(["method=qlora", "seq_len=512", "global_batch=16"], script)
-    result["job_wall_s"] = round(run([sys.executable, str(script), *overrides], work / "job.log", 420), 1)
-    session = session_record(job)
-    evals = json.loads((job / "final" / "eval_results.json").read_text())
-    b, f = evals["baseline"]["result"]["seconds"], evals["final"]["result"]["seconds"]
-    step = session["step_s"]
-    result["train"] = {k: session.get(k) for k in ("step_s", "tokens_per_s", "steps_timed", "peak_allocated_bytes")}
-    result["eval"] = {"baseline_s": b, "final_s": f, "rows": evals["final"]["result"]["rows"],
-                      "metric": evals["final"]["result"]["metric"], "samples": len(evals["final"]["result"]["samples"])}
-    result["fraction_of_1000_step_job"] = round((b + f) / (1000 * step + b + f), 4)
-    result["log_tail"] = [ln for ln in (work / "job.log").read_text().splitlines() if ln.startswith("[kit]")][-12:]
-    save()
-    print(json.dumps(result, indent=1), flush=True)
+    if not a.export_only:
+        render(["method=qlora", "seq_len=512", "global_batch=16"], script)
+    if not a.export_only:
+        result["job_wall_s"] = round(run([sys.executable, str(script), *overrides], work / "job.log", 420), 1)
+        session = session_record(job)
+        evals = json.loads((job / "final" / "eval_results.json").read_text())
+        b, f = evals["baseline"]["result"]["seconds"], evals["final"]["result"]["seconds"]
+        step = session["step_s"]
+        result["train"] = {k: session.get(k) for k in ("step_s", "tokens_per_s", "steps_timed", "peak_allocated_bytes")}
+        result["eval"] = {"baseline_s": b, "final_s": f, "rows": evals["final"]["result"]["rows"],
+                          "metric": evals["final"]["result"]["metric"], "samples": len(evals["final"]["result"]["samples"])}
+        result["fraction_of_1000_step_job"] = round((b + f) / (1000 * step + b + f), 4)
+        result["log_tail"] = [ln for ln in (work / "job.log").read_text().splitlines() if ln.startswith("[kit]")][-12:]
+        save()
+        print(json.dumps(result, indent=1), flush=True)
     if export_proc is None:
         return
     try:
@@ -147,7 +152,10 @@ def main() -> None:
                         "fits_kaggle_29gb": peak_kib * 1024 / 1e9 < KAGGLE_RAM_GB,
                         "shards": len(shards), "merged_bytes": sum(p.stat().st_size for p in merged.glob("*.safetensors")),
                         **{k: report.get(k) for k in ("load_s", "merge_save_s", "verify_s", "max_abs_logit_diff",
-                                                      "tolerance", "top1_agreement", "positions", "exit_code", "error")
+                                                      "tolerance", "top1_agreement", "positions", "exit_code", "error",
+                                                      "rms_logit_error", "rms_noise_16bit_unmerged", "error_vs_noise",
+                                                      "max_abs_noise_16bit_unmerged", "max_abs_logit",
+                                                      "top1_positions_counted", "rule")
                            if k in report}}
     save()
     print(json.dumps(result["export"], indent=1))

@@ -7,9 +7,12 @@ away and save a model that is neither. The base is loaded on the CPU (a Kaggle T
 8B model in 16-bit); it takes the model's 16-bit size in RAM, once: the check loads the merged
 model only after the merge is freed.
 
-Verification: the merged model's logits on a few prompts against base + adapter (unmerged) in the
-same dtype. Both round to 16 bits at different points, so they agree within
-`TOLERANCE[dtype] × max|logit|`, and the greedy next token must agree at nearly every position.
+Verification (kit/deliver/merge_check.py says why and how it was measured): the merged model's
+logits on a few prompts against base + adapter unmerged computed in fp32 arithmetic; its RMS error
+must stay within 1.25× that of base + adapter unmerged in the export's own dtype (the error 16-bit
+inference has anyway; a correct merge measured 1.01× on the 8B shape), and the greedy next token must agree wherever the reference's top-1 token is
+not a near-tie. The check refuses a dropped adapter, a doubled scaling, a module type left out and
+a merge into 4-bit weights, whenever the adapter moves the logits by more than 16-bit noise does.
 """
 
 from __future__ import annotations
@@ -23,16 +26,16 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from kit.deliver import merge_check
 from kit.errors import CannotTrain, UsageError
 from kit.evaluation import identity
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-TOLERANCE = {"bf16": 0.03, "fp16": 0.01, "fp32": 1e-4}  # × max |logit| of base + adapter
-MIN_TOP1_AGREEMENT = 0.95
 SHARD = "2GB"  # small shards: each is written (and later read) without a second copy of the model
 MARGIN = 256 << 20  # tokenizer, config, card, filesystem slack
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
-FALLBACK_PROMPTS = ["Hello, how are you?", "Write one sentence about the sea."]
+FALLBACK_PROMPTS = ["Hello, how are you?", "Write one sentence about the sea.",
+                    "List three things a good recipe says before the steps begin, and why each matters."]
 
 
 @dataclass
@@ -169,13 +172,6 @@ def prompts_for(adapter_dir, tokenizer, n: int = 3) -> list[list[int]]:
     return [tokenizer(t, add_special_tokens=False)["input_ids"] or [0] for t in texts]
 
 
-def _logits(model, prompts) -> list:
-    import torch
-
-    with torch.no_grad():
-        return [model(input_ids=torch.tensor([p])).logits[0].float() for p in prompts]
-
-
 def merge(plan: ExportPlan) -> dict:
     """Merge, save sharded safetensors + tokenizer into plan.out (via a temp folder), then verify."""
     import torch
@@ -194,7 +190,9 @@ def merge(plan: ExportPlan) -> dict:
         model = PeftModel.from_pretrained(model, plan.adapter)
         model.eval()
         prompts = prompts_for(plan.adapter, tokenizer)
-        reference = _logits(model, prompts)
+        same_dtype = merge_check.logits(model, prompts)
+        with merge_check.fp32_compute(model):
+            reference = merge_check.logits(model, prompts)
         timings["load_s"] = time.monotonic() - started
         started = time.monotonic()
         merged = model.merge_and_unload()
@@ -205,7 +203,7 @@ def merge(plan: ExportPlan) -> dict:
         del model, merged
         gc.collect()
         started = time.monotonic()
-        check = verify(tmp, prompts, reference, plan.dtype)
+        check = verify(tmp, prompts, reference, same_dtype, plan.dtype)
         timings["verify_s"] = time.monotonic() - started
         os.rename(tmp, out)
     finally:
@@ -221,8 +219,10 @@ def _card(adapter: Path, out: Path) -> None:
         (out / "README.md").write_text(text.replace("- peft\n", "- merged\n", 1))
 
 
-def verify(folder, prompts, reference, dtype: str) -> dict:
-    """Load `folder` with plain AutoModelForCausalLM and compare its logits with `reference`.
+def verify(folder, prompts, reference, same_dtype, dtype: str) -> dict:
+    """Load `folder` with plain AutoModelForCausalLM and judge its logits (kit.deliver.merge_check.judge).
+
+    `reference`: base + adapter unmerged, fp32 arithmetic; `same_dtype`: the same in `dtype`, the noise yardstick.
 
     Raises:
         KitError: the merged model disagrees beyond the tolerance (nothing is kept then).
@@ -232,17 +232,15 @@ def verify(folder, prompts, reference, dtype: str) -> dict:
 
     merged = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, DTYPES[dtype]))
     merged.eval()
-    got = _logits(merged, prompts)
-    scale = max(r.abs().max().item() for r in reference) or 1.0
-    worst = max((g - r).abs().max().item() for g, r in zip(got, reference))
-    agree = sum(int((g.argmax(-1) == r.argmax(-1)).sum()) for g, r in zip(got, reference))
-    positions = sum(r.shape[0] for r in reference)
-    result = {"max_abs_logit_diff": worst, "max_abs_logit": scale, "tolerance": TOLERANCE[dtype] * scale,
-              "top1_agreement": agree / positions, "positions": positions, "prompts": len(prompts)}
-    if worst > result["tolerance"] or result["top1_agreement"] < MIN_TOP1_AGREEMENT:
+    result = merge_check.judge(merge_check.logits(merged, prompts), reference, same_dtype)
+    result["prompts"] = len(prompts)
+    if not result["passed"]:
         from kit.errors import KitError
 
-        raise KitError(f"the merged model does not match base + adapter: max |Δlogit| {worst:.3g} (tolerance "
-                       f"{result['tolerance']:.3g}), greedy agreement {100 * result['top1_agreement']:.1f} %; "
-                       "nothing was kept", 1)
+        agree = result["top1_agreement"]
+        raise KitError(f"the merged model does not match base + adapter: RMS logit error "
+                       f"{result['rms_logit_error']:.3g} against {result['rms_noise_16bit_unmerged']:.3g} for "
+                       f"{dtype} inference unmerged (tolerance {result['tolerance']:.3g}), greedy agreement "
+                       f"{'n/a' if agree is None else f'{100 * agree:.1f} %'} at {result['top1_positions_counted']} "
+                       "clear positions; nothing was kept", 1)
     return result
