@@ -5,6 +5,15 @@
 FastLanguageModel (4-bit), LoRA r16 on the seven linear projections, Unsloth's gradient
 checkpointing, TRL's SFTTrainer on a `text` column truncated to --seq-len; AdamW as kit uses.
 Timed as kit times itself (median step time after two warm-up steps, tokens = batch × seq_len).
+
+    python bench/reference_unsloth.py --chat --model DIR --data CHAT.jsonl --out result.json
+
+`--chat`: one epoch over `messages` rows (bench/chat_lengths.py), as Unsloth's own chat notebooks
+train: the chat template applied to a `text` column, `train_on_responses_only` (loss on the
+assistant turns), and TRL's `padding_free` left unset so Unsloth's own rule picks padded or
+padding-free batches (unsloth/utils/padding_choice.py; an H200 keeps padding-free). Reported:
+trained (label-carrying) tokens / the sum of all step times, warm-up steps included, as
+bench/speed.py's chat rows are.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ def main() -> None:
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--chat", action="store_true", help="one epoch of messages rows, loss on the responses only")
     a = p.parse_args()
 
     model, tokenizer = FastLanguageModel.from_pretrained(model_name=a.model, max_seq_length=a.seq_len,
@@ -49,21 +59,39 @@ def main() -> None:
         target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         random_state=3407)
     ds = load_dataset("json", data_files=a.data, split="train")
+    if a.chat:
+        ds = ds.map(lambda row: {"text": tokenizer.apply_chat_template(row["messages"], tokenize=False)},
+                    remove_columns=ds.column_names)
 
     timer = Timer()
+    length = {"max_steps": -1, "num_train_epochs": 1} if a.chat else {"max_steps": a.steps, "packing": False}
     args = SFTConfig(output_dir="/tmp/reference-unsloth", dataset_text_field="text", max_length=a.seq_len,
-                     packing=False, max_steps=a.steps, per_device_train_batch_size=a.batch,
+                     per_device_train_batch_size=a.batch, **length,
                      gradient_accumulation_steps=1, learning_rate=1e-4, bf16=True, optim="adamw_torch",
                      logging_steps=1, save_strategy="no", report_to="none", warmup_steps=0)
     trainer = SFTTrainer(model=model, processing_class=tokenizer, train_dataset=ds, args=args, callbacks=[timer])
+    trained = None
+    if a.chat:
+        from unsloth.chat_templates import train_on_responses_only
+
+        trainer = train_on_responses_only(trainer, instruction_part="<|im_start|>user\n",
+                                          response_part="<|im_start|>assistant\n")
+        trained = sum(sum(1 for x in labels if x != -100) for labels in trainer.train_dataset["labels"])
     trainer.train()
 
-    durations = [b - x for x, b in zip(timer.ends, timer.ends[1:])][2:]
+    all_steps = [b - x for x, b in zip(timer.ends, timer.ends[1:])]
+    durations = all_steps[2:]
     step_s = statistics.median(durations)
     result = {"script": "reference_unsloth", "step_s": round(step_s, 4),
               "tokens_per_s": round(a.batch * a.seq_len / step_s, 1), "steps_timed": len(durations),
+              "steps_run": len(all_steps), "total_step_s": round(sum(all_steps), 3),
               "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
-              "peak_reserved_bytes": torch.cuda.max_memory_reserved()}
+              "peak_reserved_bytes": torch.cuda.max_memory_reserved(),
+              "padding_free": getattr(trainer.args, "padding_free", None),
+              "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h]}
+    if trained is not None:
+        result["trained_tokens"] = trained
+        result["trained_tokens_per_s"] = round(trained / sum(all_steps), 1)
     with open(a.out, "w") as f:
         json.dump(result, f)
     print(json.dumps(result))

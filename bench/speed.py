@@ -97,7 +97,7 @@ def main() -> int:
         base = common_overrides(model, data, work / "x", method="qlora", seq=SEQ, batch=BATCH, gc=True, steps=a.steps)
         configs = {"plain": [], "liger": ["kernels=liger"], "fused_adamw": ["optimizer=adamw_torch_fused"],
                    "fp16": ["precision=fp16"], "fp16_liger": ["precision=fp16", "kernels=liger"],
-                   "unsloth": ["backend=unsloth"]}
+                   "unsloth": ["backend=unsloth"], "unsloth_direct": []}
         chat = None
     else:
         from transformers import AutoTokenizer
@@ -117,7 +117,9 @@ def main() -> int:
                    "padding_free": ["batching=padding_free"], "packed": ["batching=packed"],
                    "padding_free_liger": ["batching=padding_free", "kernels=liger"],
                    "packed_liger": ["batching=packed", "kernels=liger"],
-                   "unsloth": ["backend=unsloth", "batching=padded"]}
+                   "unsloth": ["backend=unsloth", "batching=padded"],
+                   "unsloth_padding_free": ["backend=unsloth", "batching=padding_free"],
+                   "unsloth_packed": ["backend=unsloth", "batching=packed"], "unsloth_direct": []}
     if a.dry_run:
         base = [o for o in base if o not in ("method=qlora", "precision=bf16", "gradient_checkpointing=on")] + [
             "method=lora", "precision=fp32", "gradient_checkpointing=off"]
@@ -131,11 +133,15 @@ def main() -> int:
             print(f"[bench] {name} skipped: less than a run's time left of --budget-s {a.budget_s:.0f}", flush=True)
             continue
         out = work / name
+        if name == "unsloth_direct":
+            rows_out.append(direct_row(a, model, data, work, chat))
+            write(a, chat, rows_out, torch)
+            continue
         overrides = [o if not o.startswith("output_dir=") else f"output_dir={out}" for o in base]
         overrides += base_fixed + configs[name]
         if any(o.startswith("precision=") for o in configs[name]):
             overrides = [o for o in overrides if o != "precision=bf16"]
-        script = work / f"{name}.py"
+        script = work / f"kit_{name}.py"  # never unsloth.py: the script's folder comes first on sys.path
         plan = render(overrides, script, gpus="cpu" if a.dry_run else "1xH200")
         log = work / f"{name}.log"
         try:
@@ -156,11 +162,40 @@ def main() -> int:
             r["tokens_per_s"] = rec["tokens_per_s"]
         else:
             r["trained_tokens_per_s"] = round(chat["trained_tokens"] / rec["total_step_s"], 1)
-            r["padding_fraction"] = padding_fraction(lengths, configs[name][0].split("=")[1])
+            r["padding_fraction"] = padding_fraction(lengths, next(
+                o.split("=")[1] for o in configs[name] if o.startswith("batching=")))
         rows_out.append(r)
         print(f"[bench] {json.dumps({k: v for k, v in r.items() if k != 'losses'})}", flush=True)
         write(a, chat, rows_out, torch)  # after every row: a run cut off at its time limit keeps what it had
     return 0
+
+
+def direct_row(a, model, data, work: Path, chat: dict | None) -> dict:
+    """Unsloth driven directly (bench/reference_unsloth.py) on the same model and rows."""
+    result = work / "unsloth_direct.json"
+    argv = [sys.executable, str(ROOT / "bench" / "reference_unsloth.py"), "--model", str(model), "--data", str(data),
+            "--seq-len", str(SEQ), "--batch", str(BATCH), "--steps", str(a.steps), "--out", str(result)]
+    try:
+        run(argv + (["--chat"] if chat else []), work / "unsloth_direct.log", a.timeout)
+    except SystemExit as e:
+        print(f"[bench] unsloth_direct failed: {str(e)[-1500:]}", flush=True)
+        return {"name": "unsloth_direct", "overrides": [], "error": str(e)[-1500:]}
+    rec = json.loads(result.read_text())
+    r = {"name": "unsloth_direct", "overrides": [], "driver": "bench/reference_unsloth.py" + (" --chat" if chat else ""),
+         "step_s_median": rec["step_s"], "steps_run": rec["steps_run"], "total_step_s": rec["total_step_s"],
+         "peak_allocated_gib": round(rec["peak_allocated_bytes"] / GIB, 2),
+         "peak_reserved_gib": round(rec["peak_reserved_bytes"] / GIB, 2), "estimate_allocated_gib": None,
+         "padding_free": rec.get("padding_free"), "losses": rec.get("losses")}
+    if chat:
+        # kit's count of trained tokens over the same rows, so the ratio to kit's rows is like for like;
+        # the driver's own count (Unsloth's response masking of the chat template's text) beside it.
+        r["trained_tokens_per_s"] = round(chat["trained_tokens"] / rec["total_step_s"], 1)
+        r["driver_trained_tokens"] = rec.get("trained_tokens")
+        r["driver_trained_tokens_per_s"] = rec.get("trained_tokens_per_s")
+    else:
+        r["tokens_per_s"] = rec["tokens_per_s"]
+    print(f"[bench] {json.dumps({k: v for k, v in r.items() if k != 'losses'})}", flush=True)
+    return r
 
 
 def write(a, chat, rows_out, torch) -> None:
@@ -185,7 +220,7 @@ def write(a, chat, rows_out, torch) -> None:
     out.write_text(json.dumps(result, indent=1) + "\n")
     for r in done:
         print(f"[bench] {r['name']:<22} {r[key]:>9,.0f} {key}  {r['peak_allocated_gib']:6.2f} GiB "
-              f"(estimate {r['estimate_allocated_gib']:.2f})  {r['vs_' + first['name']]:.3f}x")
+              f"(estimate {r['estimate_allocated_gib'] or 0:.2f})  {r['vs_' + first['name']]:.3f}x")
 
 
 if __name__ == "__main__":
