@@ -48,6 +48,16 @@ def _error(capsys) -> str:
     return err[0]
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_export_in_fp32_and_fp16_passes_its_own_check(adapter, tmp_path, capsys, dtype):
+    out = tmp_path / "merged"
+    assert cli.main(["export", "--adapter", str(adapter), "-o", str(out), "--dtype", dtype, "--json"]) == 0
+    text = capsys.readouterr().out
+    assert "verified: merged logits match base + adapter" in text
+    report = json.loads(text[text.index("{\n"):])
+    assert report["rms_logit_error"] <= report["tolerance"]
+
+
 def test_export_merges_and_verifies_in_bf16(adapter, tmp_path, capsys):
     out = tmp_path / "merged"
     assert cli.main(["export", "--adapter", str(adapter), "-o", str(out), "--json"]) == 0

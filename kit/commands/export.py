@@ -47,9 +47,11 @@ def run(args) -> int:
     print(f"export: {plan.adapter} onto {plan.base} ({plan.base_revision}) in {plan.dtype} -> {plan.out} "
           f"(needs ~{plan.need_bytes / 1e9:.2f} GB, {plan.free_bytes / 1e9:.1f} GB free)", flush=True)
     result = {"plan": plan.to_dict(), **export.merge(plan)}
-    print(f"verified: merged logits match base + adapter on {result['prompts']} prompts: max |Δ| "
-          f"{result['max_abs_logit_diff']:.3g} ≤ {result['tolerance']:.3g}, greedy agreement "
-          f"{100 * result['top1_agreement']:.1f} %")
+    agree = result["top1_agreement"]
+    print(f"verified: merged logits match base + adapter on {result['prompts']} prompts: RMS error "
+          f"{result['rms_logit_error']:.3g} against fp32, {result['error_vs_noise'] or 0:.2f}× that of {plan.dtype} "
+          f"inference unmerged (≤ {result['tolerance']:.3g}), greedy agreement "
+          f"{'n/a' if agree is None else f'{100 * agree:.1f} %'} at {result['top1_positions_counted']} clear positions")
     if qtype:
         result["gguf"] = str(gguf.convert(out, qtype, llama))
         print(f"gguf: {result['gguf']}")

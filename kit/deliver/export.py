@@ -10,8 +10,8 @@ model only after the merge is freed.
 Verification (kit/deliver/merge_check.py says why and how it was measured): the merged model's
 logits on a few prompts against base + adapter unmerged computed in fp32 arithmetic; its RMS error
 must stay within 1.25× that of base + adapter unmerged in the export's own dtype (the error 16-bit
-inference has anyway; a correct merge measured 1.01× on the 8B shape), and the greedy next token must agree wherever the reference's top-1 token is
-not a near-tie. The check refuses a dropped adapter, a doubled scaling, a module type left out and
+inference has anyway; a correct merge measured 1.01× on the 8B shape), and the greedy next token
+must agree wherever the reference's top-1 token is not a near-tie. The check refuses a dropped adapter, a doubled scaling, a module type left out and
 a merge into 4-bit weights, whenever the adapter moves the logits by more than 16-bit noise does.
 """
 
