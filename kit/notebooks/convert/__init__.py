@@ -51,15 +51,6 @@ class Conversion:
     changes: list[Change] = field(default_factory=list)
 
 
-@dataclass
-class Options:
-    precision: str = "auto"
-    keep_global_batch: bool = False
-    dry_run: bool = False
-    dry_run_model: Path | None = None
-    dry_run_data: Path | None = None
-
-
 def _code_cells(path, changes: list[Change]):
     """Parsed code cells; a `%%writefile` script the notebook launches takes the launch cell's place."""
     cells = read_cells(path, changes)
@@ -106,7 +97,6 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
     """
     if precision not in PRECISION_CHOICES:
         raise UsageError(f"--precision {precision!r}: choose one of {', '.join(PRECISION_CHOICES)}")
-    opts = Options(precision, keep_global_batch, dry_run, dry_run_model, dry_run_data)
     changes: list[Change] = []
     parsed, facts, dropped = _code_cells(path, changes)
     trees = [(c, t) for c, t, _, _ in parsed]
