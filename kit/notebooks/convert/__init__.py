@@ -32,6 +32,7 @@ from kit.notebooks.convert.dryrun import DryRun
 from kit.notebooks.convert.facts import Facts, gather
 from kit.notebooks.convert.ranks import Guard, writes_file, barrier_statement, rank0_block, side_effect, split_statements
 from kit.notebooks.convert.refusals import check_convertible, check_written_script
+from kit.machine.command import launch_command
 from kit.notebooks.convert.script import (DOCSTRING, DRY_NOTE, RANK_BLOCK, TOKEN_CHECK, TRY_TEMPLATE, BlankLines,
                                           dropped_note, is_future_import, merge_main_blocks)
 from kit.notebooks.convert.syntax import Change, comments
@@ -152,6 +153,7 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
     flags = "".join([f" --precision {precision}" if precision != "auto" else "",
                      " --keep-global-batch" if keep_global_batch else "", " --dry-run" if dry_run else ""])
     head = DOCSTRING.format(notebook=Path(path).name, script=script_name, flags=flags,
+                            multi=launch_command(2, script=script_name), single=launch_command(1, script=script_name),
                             dry=DRY_NOTE if dry_run else "", dropped=dropped_note(dropped),
                             raw="r" if any("\\" in d for d in dropped) else "")
     if future:
