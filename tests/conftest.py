@@ -26,6 +26,11 @@ if "huggingface_hub.constants" in sys.modules:
 
     importlib.reload(sys.modules["huggingface_hub.constants"])
 
+# One intra-op thread, as torchrun gives each rank (tests.scripts.cpu_env does the same for
+# subprocesses): in-process tests run two at a time under xdist, and two workers each spinning up
+# one OpenMP thread per core on 2 cores slow both down many times over.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
