@@ -36,6 +36,9 @@ def test_auto_batching_is_padded_where_nothing_was_measured():
     assert make_plan(CPU_ONLY, cfg()).batching == "padded"
     plan = make_plan(MI300X, cfg(*QWEN8_QLORA))
     assert plan.batching == "padded" and "NVIDIA only" in _reason(plan, "batching padded")
+
+
+def test_auto_batching_under_unsloth_is_padding_free_as_measured():
     with_unsloth = machine("NVIDIA H200", "9.0", 150_754_820_096, platform="local",
                            packages={"transformers": "5.17.0", "trl": "1.15.0", "bitsandbytes": "0.50.2",
                                      "unsloth": "2026.10.9"})
