@@ -77,8 +77,6 @@ def rms(xs, ys) -> float:
 
 def judge(got, fp32_ref, sixteen_ref) -> dict:
     """Figures of merged logits `got` against the fp32 reference, with 16-bit unmerged as the noise yardstick."""
-    import torch
-
     noise = rms(sixteen_ref, fp32_ref)
     error = rms(got, fp32_ref)
     scale = (sum(float((r ** 2).sum()) for r in fp32_ref) / sum(r.numel() for r in fp32_ref)) ** 0.5
