@@ -23,8 +23,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 GIB = 2**30
 
 
-def make_random_model(hub_id: str, out: Path) -> Path:
-    """`hub_id`'s architecture (kit's table) with random bf16 weights in `out`; reused when present."""
+def make_random_model(hub_id: str, out: Path, seed: int = 0) -> Path:
+    """`hub_id`'s architecture (kit's table) with random bf16 weights in `out`; reused when present.
+
+    Seeded, so two device machines of one kind build the same weights and their loss curves compare."""
     if (out / "config.json").exists() and any(out.glob("*.safetensors")):
         return out
     import torch
@@ -38,6 +40,7 @@ def make_random_model(hub_id: str, out: Path) -> Path:
         num_attention_heads=m.heads, num_key_value_heads=m.kv_heads, head_dim=m.head_dim, vocab_size=m.vocab,
         tie_word_embeddings=m.tied_embeddings, max_position_embeddings=m.max_position, dtype="bfloat16")
     started = time.monotonic()
+    torch.manual_seed(seed)  # the CPU and every CUDA generator
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # random init on the GPU: seconds, not minutes
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(out)
