@@ -68,6 +68,7 @@ _TRAIN_CELL = '''\
 # 3. The config, the script for this machine, then train (or resume) until done or the deadline.
 import shlex, time
 
+began = time.time()  # this session's record is the one started since (well before: the render runs first)
 sys.path.insert(0, str(SRC))  # this kernel's kit is the pinned commit's, whichever else is installed
 from kit.machine.command import launch_argv
 
@@ -78,7 +79,6 @@ subprocess.run([sys.executable, "-m", "kit", "render", "--config", str(config_pa
 cmd = launch_argv(NPROC) + ["--config", str(config_path), f"output_dir={WORK / 'out'}", *OVERRIDES]
 print("$", shlex.join(cmd), flush=True)
 log = []
-began = time.time()  # this session's record is the one that started since
 with subprocess.Popen(cmd, cwd=SRC, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                       start_new_session=True) as proc:
     for line in proc.stdout:
