@@ -5,6 +5,12 @@ and prints the command to run next. See README.md.
 """
 
 import os as _os
+import warnings as _warnings
+
+# transformers 5.2x renamed gradient_checkpointing to activation_checkpointing; the old names still
+# work and are the only ones older 5.x releases (e.g. 5.17) know, so kit (and TRL) keep them. Here,
+# not in one stage, because training and `kit export` both load models.
+_warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.* is deprecated", category=FutureWarning)
 
 __version__ = "0.1.0"
 

@@ -26,6 +26,11 @@ if "huggingface_hub.constants" in sys.modules:
 
     importlib.reload(sys.modules["huggingface_hub.constants"])
 
+# One intra-op thread, as torchrun gives each rank (tests.scripts.cpu_env does the same for
+# subprocesses): in-process tests run two at a time under xdist, and two workers each spinning up
+# one OpenMP thread per core on 2 cores slow both down many times over.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -40,6 +45,7 @@ def _has_cuda() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    _longest_modules_first(items)
     has_gpu = None
     for item in items:
         if "gpu" in item.keywords:
@@ -47,6 +53,20 @@ def pytest_collection_modifyitems(config, items):
                 has_gpu = _has_cuda()
             if not has_gpu:
                 item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+
+
+def _longest_modules_first(items) -> None:
+    """Modules with the most end-to-end tests first, each module's tests in their own order.
+
+    With `pytest -n 2 --dist loadfile` (README's command) each worker takes whole modules in this
+    order as it becomes free: a long module picked up last would run alone at the end while the
+    other core idles. Deterministic, so every xdist worker collects the same order."""
+    slow, first = {}, {}
+    for i, item in enumerate(items):
+        module = item.nodeid.split("::")[0]
+        first.setdefault(module, i)
+        slow[module] = slow.get(module, 0) + ("slow" in item.keywords)
+    items.sort(key=lambda it: (-slow[it.nodeid.split("::")[0]], first[it.nodeid.split("::")[0]]))
 
 
 @pytest.fixture(autouse=True)

@@ -352,6 +352,9 @@ class HubServer:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "hubserver/1"
+    # Headers and body go out as two writes; with Nagle's algorithm on, the second waits for the
+    # client's delayed ACK (~40 ms a request on loopback). Real servers set TCP_NODELAY too.
+    disable_nagle_algorithm = True
 
     def log_message(self, *args) -> None:  # keep pytest output clean
         pass

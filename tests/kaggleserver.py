@@ -167,6 +167,7 @@ class KaggleServer:
 def _handler(server: KaggleServer):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # as tests/hubserver.py: no ~40 ms delayed-ACK stall a request
 
         def log_message(self, *args) -> None:
             pass

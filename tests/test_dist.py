@@ -51,3 +51,51 @@ def test_a_failed_rank_is_not_ended_quietly(tmp_path):
     done = _job(tmp_path, code=0, fail=True)
     assert done.returncode != 0
     assert "rank 1 failed on purpose" in done.stderr
+
+
+AGREE = """
+import sys
+sys.path.insert(0, {root!r})
+from kit.errors import KitError
+from kit.train import dist, last_word
+
+def main():
+    ctx = dist.init()
+    ok, code = False, 1
+    try:
+        # What each rank settled for itself; {differ!r}: rank 1 saw less free GPU memory.
+        batch = 4 if {differ!r} and ctx.rank == 1 else 8
+        dist.same_on_every_rank({{"per_device_batch": batch, "grad_accum": 16 // batch, "precision": "fp32"}}, "the plan")
+        print(f"rank {{ctx.rank}} agreed", flush=True)
+        code, ok = 0, True
+        return code
+    finally:
+        dist.teardown(ok, exit_code=code)
+
+try:
+    sys.exit(main())
+except KitError as e:  # as train_ddp.py does
+    last_word.say_error(e)
+    sys.exit(e.exit_code)
+"""
+
+
+def _agree(tmp_path, differ: bool):
+    script = tmp_path / "agree.py"
+    script.write_text(textwrap.dedent(AGREE.format(root=str(ROOT), differ=differ)))
+    return run(torchrun_cmd(script), timeout=120)
+
+
+@pytest.mark.slow
+def test_ranks_that_planned_differently_stop_before_training_instead_of_hanging(tmp_path):
+    same = _agree(tmp_path, differ=False)
+    assert same.returncode == 0 and same.stdout.count("agreed") == 2, same.stderr[-2000:]
+    # A rank with another batch would make other collective calls per step: a hang under NCCL.
+    # Both ranks stop at once, exit 3, one line naming the rank and the difference.
+    done = _agree(tmp_path, differ=True)
+    assert done.returncode != 0 and "agreed" not in done.stdout
+    errors = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("error:")]
+    assert errors and errors[0].startswith(
+        "error: rank 1 settled the plan differently from rank 0 (grad_accum 2 vs 4; per_device_batch 8 vs 4): the "
+        "machine changed while the ranks planned (e.g. another process took GPU memory); run again"), errors
+    assert "kit exit 3" in errors[0], errors

@@ -129,16 +129,6 @@ def test_gguf_types_are_llama_cpp_names():
     assert gguf.gguf_bytes("Q4_K_M", 16_000) == 4_900 + 16_000, "K-quants read an f16 GGUF first"
 
 
-@pytest.mark.skipif(not any((Path(p) / gguf.CONVERTER).is_file() for p in
-                            filter(None, [__import__("os").environ.get("LLAMA_CPP_DIR")])),
-                    reason="llama.cpp's convert_hf_to_gguf.py is not here (set LLAMA_CPP_DIR to run this)")
-def test_gguf_through_llama_cpp(adapter, tmp_path, capsys):
-    out = tmp_path / "merged"
-    assert cli.main(["export", "--adapter", str(adapter), "-o", str(out), "--gguf", "q8_0"]) == 0
-    gguf_file = next(out.glob("*.gguf"))
-    assert gguf_file.read_bytes()[:4] == b"GGUF"
-
-
 def test_final_push_without_a_token_exits_4_keeps_final_and_the_rerun_pushes(hub, tmp_path):  # noqa: F811
     final = tmp_path / "out" / "final"
     final.mkdir(parents=True)

@@ -39,6 +39,9 @@ def test_readme_notebook_cd_is_a_line_of_its_own():
 def test_readme_keeps_its_two_commands_and_names_the_cpu_index():
     assert 'pip install torch && pip install -e ".[train]" && torchrun --standalone --nproc_per_node=2 train_ddp.py' in README
     assert 'pip install -e ".[train,notebooks,test]" && python -m pytest -q' in README
+    # CI runs README's test command as it is: the line in .ci/run is one of README's lines.
+    ci_line = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
+    assert ci_line.startswith("pip install -e") and ci_line in README.splitlines()
     assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in README
 
 

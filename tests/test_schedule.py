@@ -205,7 +205,7 @@ def test_token_as_a_parameter_is_refused_without_echoing_it(tmp_path, override):
 def test_a_second_scheduler_on_the_same_runs_dir_refuses(tmp_path):
     import os
 
-    from kit.notebooks.schedule.loop import RunsLock
+    from kit.notebooks.schedule.runs_lock import RunsLock
 
     runs = tmp_path / "runs"
     runs.mkdir()

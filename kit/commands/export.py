@@ -30,6 +30,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from kit.deliver import export, gguf
+    from kit.errors import KitError
 
     cfg = config.from_args(args)
     adapter = Path(args.adapter or Path(cfg.output_dir) / "final")
@@ -51,7 +52,11 @@ def run(args) -> int:
           f"{result['max_abs_logit_diff']:.3g} ≤ {result['tolerance']:.3g}, greedy agreement "
           f"{100 * result['top1_agreement']:.1f} %")
     if qtype:
-        result["gguf"] = str(gguf.convert(out, qtype, llama))
+        try:
+            result["gguf"] = str(gguf.convert(out, qtype, llama))
+        except KitError as err:  # the merged folder is complete and verified: say so, keep it
+            raise KitError(f"{err} (the verified 16-bit export in {out} is complete and kept; GGUF can be "
+                           f"retried from it)", err.exit_code) from None
         print(f"gguf: {result['gguf']}")
     if args.push:
         from kit.checkpoints.store.hub import HubStore

@@ -60,7 +60,7 @@ def add_arguments(parser) -> None:
 
 def _repeat_command(args) -> list[str]:
     """This schedule as one run per invocation, for cron/systemd (they do the repeating)."""
-    from kit.notebooks.schedule.loop import python_command
+    from kit.notebooks.schedule.unattended import python_command
 
     cmd = python_command() + ["schedule"]
     if args.config:
@@ -102,7 +102,9 @@ def run(args) -> int:
     overrides = list(args.overrides or []) + ([f"store={args.store}"] if args.store else [])
     cfg = config.load(args.config, overrides)  # bad keys/values fail here, before any run
     runs_dir = Path(args.runs_dir)
-    units = schedule.unattended(_repeat_command(args), Path.cwd(), args.every, runs_dir)
+    from kit.notebooks.schedule.unattended import unattended
+
+    units = unattended(_repeat_command(args), Path.cwd(), args.every, runs_dir)
     if args.print_cron:
         print(units)
         return 0
@@ -161,8 +163,10 @@ def _run_kaggle(args, cfg) -> int:
         print(f"warning: uncommitted changes are not on Kaggle: the session runs kit {commit[:12]}", flush=True)
     where = schedule.check_store(cfg)  # unreachable or refused: exit 4 before any push
     extra = [f"time_budget_minutes={args.time_budget:g}"] if args.time_budget is not None else []
+    from kit.notebooks.schedule.runs_lock import RunsLock
+
     runs_dir = Path(args.runs_dir)
-    with schedule.RunsLock(runs_dir):  # a second schedule of this runs folder (a cron tick) refuses at once
+    with RunsLock(runs_dir):  # a second schedule of this runs folder (a cron tick) refuses at once
         return _kaggle_sessions(args, cfg, runs_dir, repo, commit, where, extra)
 
 

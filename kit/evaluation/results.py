@@ -134,7 +134,7 @@ def samples_markdown(results: dict) -> str:
         prompt = (a or b).get("prompt", "")
         lines += [f"## Sample {i + 1}", "", "Prompt:", "", _fence(prompt), "",
                   "Reference:", "", _fence((a or b).get("reference", "")), "",
-                  f"Before (step 0):", "", _fence(b.get("output", "(not measured)")), "",
+                  "Before (step 0):", "", _fence(b.get("output", "(not measured)")), "",
                   f"After (step {results.get('step')}):", "", _fence(a.get("output", "(not measured)")), ""]
     return "\n".join(lines)
 

@@ -150,6 +150,27 @@ def gather(obj) -> list:
     return out
 
 
+def same_on_every_rank(fields: dict, what: str) -> None:
+    """Refuse, on every rank alike, when the ranks settled `fields` differently.
+
+    Each rank plans for itself (a `--config` at launch plans from each rank's own probe). Ranks
+    that disagree on batch or accumulation make different numbers of collective calls per step,
+    and the job would hang in NCCL instead of failing: so they stop here, before any training.
+
+    Raises:
+        KitError: (exit 3) naming the first rank that differs from rank 0 and how.
+    """
+    from kit.errors import KitError
+
+    everyone = gather(fields)
+    for rank, theirs in enumerate(everyone[1:], start=1):
+        diff = [f"{k} {everyone[0].get(k)!r} vs {theirs.get(k)!r}" for k in sorted(set(everyone[0]) | set(theirs))
+                if everyone[0].get(k) != theirs.get(k)]
+        if diff:
+            raise KitError(f"rank {rank} settled {what} differently from rank 0 ({'; '.join(diff)}): the machine "
+                           "changed while the ranks planned (e.g. another process took GPU memory); run again", 3)
+
+
 def any_true(flags: list[bool], device: torch.device) -> list[bool]:
     """Element-wise OR of `flags` over all ranks, so every rank takes the same decision.
 

@@ -56,6 +56,7 @@ class Job:
         return self.decision.complete
 
     def start(self) -> None:
+        dist.same_on_every_rank({k: v for k, v in self.plan.to_dict().items() if k != "notes"}, "the plan")
         if self.smoke:
             from kit.train.smoke import Folder
 

@@ -32,6 +32,7 @@ from kit.notebooks.convert.dryrun import DryRun
 from kit.notebooks.convert.facts import Facts, gather
 from kit.notebooks.convert.ranks import Guard, writes_file, barrier_statement, rank0_block, side_effect, split_statements
 from kit.notebooks.convert.refusals import check_convertible, check_written_script
+from kit.machine.command import launch_command
 from kit.notebooks.convert.script import (DOCSTRING, DRY_NOTE, RANK_BLOCK, TOKEN_CHECK, TRY_TEMPLATE, BlankLines,
                                           dropped_note, is_future_import, merge_main_blocks)
 from kit.notebooks.convert.syntax import Change, comments
@@ -49,15 +50,6 @@ class Conversion:
 
     source: str
     changes: list[Change] = field(default_factory=list)
-
-
-@dataclass
-class Options:
-    precision: str = "auto"
-    keep_global_batch: bool = False
-    dry_run: bool = False
-    dry_run_model: Path | None = None
-    dry_run_data: Path | None = None
 
 
 def _code_cells(path, changes: list[Change]):
@@ -106,7 +98,6 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
     """
     if precision not in PRECISION_CHOICES:
         raise UsageError(f"--precision {precision!r}: choose one of {', '.join(PRECISION_CHOICES)}")
-    opts = Options(precision, keep_global_batch, dry_run, dry_run_model, dry_run_data)
     changes: list[Change] = []
     parsed, facts, dropped = _code_cells(path, changes)
     trees = [(c, t) for c, t, _, _ in parsed]
@@ -162,6 +153,7 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
     flags = "".join([f" --precision {precision}" if precision != "auto" else "",
                      " --keep-global-batch" if keep_global_batch else "", " --dry-run" if dry_run else ""])
     head = DOCSTRING.format(notebook=Path(path).name, script=script_name, flags=flags,
+                            multi=launch_command(2, script=script_name), single=launch_command(1, script=script_name),
                             dry=DRY_NOTE if dry_run else "", dropped=dropped_note(dropped),
                             raw="r" if any("\\" in d for d in dropped) else "")
     if future:

@@ -10,6 +10,7 @@ import ast
 
 from kit.notebooks.convert.facts import Facts, vllm_refusal
 from kit.errors import UsageError
+from kit.machine.command import launch_command
 
 IPYTHON_NAMES = {"get_ipython", "Out", "In", "_oh", "_ih", "_dh", "_", "__", "___", "_i", "_ii", "_iii"}
 
@@ -54,7 +55,7 @@ def check_written_script(name: str, cell: int, launch: tuple[int, str] | None, t
     if "Accelerator" in names or "init_process_group" in {n.rsplit(".", 1)[-1] for n in names}:
         raise UsageError(f"cell {cell}: the notebook writes {name}{how}: that script runs its own distributed "
                          f"loop (Accelerator/init_process_group), so it is already a multi-GPU program: write "
-                         f"it out and run `torchrun --standalone --nproc_per_node=2 {name}` or `accelerate "
+                         f"it out and run `{launch_command(2, script=name)}` or `accelerate "
                          "launch` as it is")
     raise UsageError(f"cell {cell}: the notebook writes {name}{how}, but no Trainer's train() call was found "
                      "in it or in the notebook: kit converts Trainer code only")

@@ -12,11 +12,11 @@ DOCSTRING = '''\
 
 One process per GPU on this machine (2 for Kaggle's T4 x2; use your GPU count):
 
-    torchrun --standalone --nproc_per_node=2 {script}
+    {multi}
 
 or one process, on one GPU or the CPU:
 
-    python {script}
+    {single}
 
 {dry}{dropped}Lines marked `# kit:` were changed by kit; `# kit: REVIEW` marks what a person should check.
 Every rank runs the notebook's code up to its last train/evaluate call, with saves, pushes, prints and

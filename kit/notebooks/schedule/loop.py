@@ -15,17 +15,14 @@ Tokens never travel as parameters: papermill writes every parameter into the out
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from pathlib import Path
 
 from kit import auth
-from kit.errors import StoreError, UsageError
-from kit.notebooks.schedule.papermill_run import (  # noqa: F401  (re-exported: kit.notebooks.schedule.loop is the entry point)
-    DONE, OUTCOME_RE, Plan, execute, is_done, is_failure, outcome_of, run_path)
-from kit.notebooks.schedule.runs_lock import LOCK_NAME, RunsLock  # noqa: F401
-from kit.notebooks.schedule.unattended import python_command, unattended  # noqa: F401
+from kit.errors import UsageError
+from kit.notebooks.schedule.papermill_run import Plan, execute, is_done, is_failure
+from kit.notebooks.schedule.runs_lock import RunsLock
 
 PARAMETERS = ("config", "time_budget_minutes", "store", "nproc", "overrides")
 _TOKEN_VALUE_RE = re.compile(r"\bhf_[A-Za-z0-9]{20,}\b")
