@@ -117,7 +117,7 @@ def main() -> int:
     try:
         with HubServer(tokens={WRITE_TOKEN: "write"}) as hub:
             env = cpu_env(HF_ENDPOINT=hub.url, HF_TOKEN=WRITE_TOKEN, HF_HUB_OFFLINE="0", HF_HUB_DISABLE_TELEMETRY="1")
-            job = [f"store=hf://bench/setup", "save_steps=10", "eval_steps=null", "logging_steps=10",
+            job = ["store=hf://bench/setup", "save_steps=10", "eval_steps=null", "logging_steps=10",
                    "lease_heartbeat_seconds=30"]
             first = subprocess.run([sys.executable, "train_ddp.py", "--config", "configs/default.yaml",
                                     f"output_dir={work / 'out'}", "max_steps=10", *job], cwd=ROOT, env=env,
