@@ -12,7 +12,6 @@ from __future__ import annotations
 import atexit
 import math
 import os
-import time
 
 from kit.train import dist, sessions
 from kit.checkpoints import fingerprint, resume
@@ -29,7 +28,7 @@ class Job:
         self.decision = resume.Decision()
         self.signals = StopSignals()
         self.deadline = session_deadline(cfg.time_budget_minutes)
-        self.started = time.time()
+        self.started = sessions.process_started()  # the launch: imports are setup too
         self._control = self._checkpoints = self._smoke = self._meter = None
         self._max_steps = None
         self._device_facts: dict | None = None

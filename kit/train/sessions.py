@@ -3,6 +3,7 @@
     of_job(job, step, outcome, measured)  # this session's record, at its end (or when it fails)
     of_cut(lease)                         # the record of a session cut by kill -9, from its lease
     append(output_dir, store, record)     # `output_dir/kit_sessions.jsonl` and the store's `kit/sessions.jsonl`
+    process_started()                     # when this session began: the launch, before any import
 
 The fields are in docs/CONTRACTS.md (session records); `kit status` and `kit schedule` read them.
 """
@@ -19,6 +20,24 @@ from kit.errors import KitError
 
 LOCAL = "kit_sessions.jsonl"
 IN_STORE = "sessions.jsonl"
+
+
+def process_started() -> float:
+    """Wall-clock time this session's process was launched: under torchrun, the launcher's start.
+
+    A session's setup starts at the launch, not when kit's code first runs: importing torch,
+    transformers, peft and trl alone takes seconds that the GPU is held for. Linux only (/proc);
+    elsewhere, now.
+    """
+    pid = os.getppid() if os.environ.get("TORCHELASTIC_RUN_ID") else os.getpid()  # torchrun's agent is the parent
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime: clock ticks after boot
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.time()
 
 
 def of_job(job, step: int, outcome: str, measured: dict | None = None) -> dict:

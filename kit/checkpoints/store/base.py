@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from pathlib import Path
 
 from kit.errors import StoreError
@@ -47,6 +48,16 @@ class Store(ABC):
     @abstractmethod
     def _download(self, paths: list[str], snap: Snapshot, dest_root: Path) -> None:
         """Write each store ``path`` to ``dest_root / path``."""
+
+    @contextmanager
+    def _reusing_downloads(self):
+        """Within it, a file already downloaded at the same commit may be served again from disk.
+
+        A resume checks a checkpoint (its manifest, the small files it hashes) and then fetches
+        it; a store whose reads cost round trips (the Hub) keeps the first copies for the fetch.
+        Here, nothing to keep: reads are local.
+        """
+        yield
 
     @abstractmethod
     def publish(self, local_ckpt_dir: Path, step: int, keep: int) -> None: ...
@@ -203,14 +214,16 @@ class Store(ABC):
             log.warning("%s: skipping %s (step %d): %s", self.describe(), cand.prefix, cand.step, reason)
         return None
 
-    def fetch(self, step: int, dest_dir: Path) -> Path:
+    def fetch(self, step: int, dest_dir: Path, snap: Snapshot | None = None) -> Path:
         """Download checkpoint ``step`` to ``dest_dir``, verified; on failure ``dest_dir`` is untouched.
+
+        ``snap``: the listing to fetch at (one the caller just checked), instead of listing again.
 
         Raises:
             StoreError: the step is absent, the download failed, or the bytes do not match.
         """
         dest_dir = Path(dest_dir)
-        snap = self._snapshot()
+        snap = snap or self._snapshot()
         cand = next((c for c in self.candidates(snap) if c.step == step), None)
         if cand is None:
             raise StoreError(f"{self.describe()} has no checkpoint for step {step}")
@@ -254,10 +267,13 @@ class Store(ABC):
             if newer_than is not None and cand.step <= newer_than:
                 break
             try:
-                ok, reason = _retrying(lambda: self.check(cand, snap), f"checking step {cand.step}")
-                if ok:
-                    _retrying(lambda: self.fetch(cand.step, dest_dir), f"downloading step {cand.step}")
-                    return cand.step
+                # The check downloads the manifest and hashes the small files; the fetch, at the same
+                # commit, reuses those copies and verifies every file against the manifest again.
+                with self._reusing_downloads():
+                    ok, reason = _retrying(lambda: self.check(cand, snap), f"checking step {cand.step}")
+                    if ok:
+                        _retrying(lambda: self.fetch(cand.step, dest_dir, snap), f"downloading step {cand.step}")
+                        return cand.step
             except TransientStoreError as err:
                 transient, reason = err, f"kept failing: {err}"
             except StoreError as err:

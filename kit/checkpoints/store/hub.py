@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import tempfile
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -190,16 +192,44 @@ class HubStore(Store):
             self._download([path], snap, Path(tmp))
             return (Path(tmp) / path).read_bytes()
 
+    @contextmanager
+    def _reusing_downloads(self):
+        """Keep the small files downloaded meanwhile, by (commit, path): content at a commit never changes."""
+        with tempfile.TemporaryDirectory(prefix="kit-hub-reuse-") as tmp:
+            # This thread's reads only: the lease heartbeat reads from its own thread meanwhile.
+            self._reuse = (Path(tmp), {}, threading.get_ident())
+            try:
+                yield
+            finally:
+                self._reuse = None
+
     def _download(self, paths: list[str], snap: Snapshot, dest_root: Path) -> None:
+        reuse = getattr(self, "_reuse", None)
+        if reuse and reuse[2] != threading.get_ident():
+            reuse = None
         for path in paths:
-            with self._errors(f"downloading {path}"):
-                try:
-                    self.api.hf_hub_download(self.repo_id, path, revision=snap.version, local_dir=dest_root)
-                except HfHubHTTPError:  # some of these are OSErrors too: map them by status first
-                    raise
-                except OSError as err:  # the client's size consistency check, a full disk
-                    raise StoreError(f"downloading {path} from {self.describe()} failed: "
-                                     f"{first_line(err)}") from None
+            kept = reuse[1].get((snap.version, path)) if reuse else None
+            if kept is not None:  # the same bytes, already downloaded at this commit
+                target = Path(dest_root) / path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(kept, target)
+                continue
+            self._download_one(path, snap, dest_root)
+            got = Path(dest_root) / path
+            if reuse and got.stat().st_size <= DEEP_CHECK_MAX_BYTES:
+                kept = reuse[0] / f"{len(reuse[1])}"
+                shutil.copyfile(got, kept)
+                reuse[1][(snap.version, path)] = kept
+
+    def _download_one(self, path: str, snap: Snapshot, dest_root: Path) -> None:
+        with self._errors(f"downloading {path}"):
+            try:
+                self.api.hf_hub_download(self.repo_id, path, revision=snap.version, local_dir=dest_root)
+            except HfHubHTTPError:  # some of these are OSErrors too: map them by status first
+                raise
+            except OSError as err:  # the client's size consistency check, a full disk
+                raise StoreError(f"downloading {path} from {self.describe()} failed: "
+                                 f"{first_line(err)}") from None
 
     def read_text(self, name: str) -> str | None:
         raw = self._read_bytes(record_path(name), self._snapshot())

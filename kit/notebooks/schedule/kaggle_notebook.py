@@ -66,15 +66,17 @@ if importlib.util.find_spec("kit") is None:
 
 _TRAIN_CELL = '''\
 # 3. The config, the script for this machine, then train (or resume) until done or the deadline.
-import re, shlex, signal
+import shlex, time
+
+began = time.time()  # this session's record is the one started since (well before: the render runs first)
+sys.path.insert(0, str(SRC))  # this kernel's kit is the pinned commit's, whichever else is installed
+from kit.machine.command import launch_argv
 
 config_path = WORK / "kit-config.yaml"
 config_path.write_text(CONFIG_YAML)
 subprocess.run([sys.executable, "-m", "kit", "render", "--config", str(config_path), "-o", "train_ddp.py",
                 "--force"], cwd=SRC, check=True)
-launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={NPROC}"]
-cmd = (launcher if NPROC > 1 else [sys.executable]) + ["train_ddp.py", "--config", str(config_path)]
-cmd += [f"output_dir={WORK / 'out'}", *OVERRIDES]
+cmd = launch_argv(NPROC) + ["--config", str(config_path), f"output_dir={WORK / 'out'}", *OVERRIDES]
 print("$", shlex.join(cmd), flush=True)
 log = []
 with subprocess.Popen(cmd, cwd=SRC, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
@@ -86,23 +88,40 @@ returncode = proc.returncode
 '''
 
 _OUTCOME_CELL = '''\
-# 4. One outcome line and kit-outcome.json (kept as this version's output) for the scheduler.
-said = re.findall(r"\\[kit\\] (paused at step \\d+ of \\d+|complete: step \\d+ of \\d+|already complete: step \\d+ of \\d+)",
-                  "".join(log))
-sessions = WORK / "out" / "kit_sessions.jsonl"
-lines = sessions.read_text().splitlines() if sessions.exists() else []
-if said and returncode == 0:
-    outcome = said[-1]
-else:
-    last = next((line.strip() for line in reversed(log) if line.strip()), "no output")
-    outcome = f"failed (exit code {returncode}): {last[:300]}"
-(WORK / "OUTCOME_FILE").write_text(json.dumps({
-    "outcome": outcome, "returncode": returncode, "session": json.loads(lines[-1]) if lines else None,
-    "log_tail": "".join(log[-40:])}))
-print(f"outcome: {outcome}")
-if outcome.startswith("failed"):
+# 4. One outcome line and kit-outcome.json (kept as this version's output) for the scheduler: the
+# outcome is the session record training wrote, read as `kit schedule` reads it, not printed words.
+from kit.notebooks.schedule.kaggle_notebook import session_outcome
+
+result = session_outcome(WORK / "out", began, returncode, log)
+(WORK / "OUTCOME_FILE").write_text(json.dumps(result))
+print(f"outcome: {result['outcome']}")
+if result["outcome"].startswith("failed"):
     raise RuntimeError(f"training failed with exit code {returncode}")
 '''
+
+
+def session_outcome(output_dir: Path, began: float, returncode: int | None, log: list[str]) -> dict:
+    """What `kit-outcome.json` says of a session, from the record training appended to
+    `output_dir/kit_sessions.jsonl` since `began` (the reader `kit schedule` uses locally).
+
+    A run that exited 0 with a record says the record's words ("paused at step 40 of 60",
+    "complete: step 60 of 60"); one that failed, or left no record, says its exit code and last
+    log line. `session` is the record itself (None when there is none), `log_tail` the last 40 lines.
+    """
+    from kit.notebooks.schedule.papermill_run import session_since
+    from kit.notebooks.schedule.stops import words_of
+    from kit.train.sessions import LOCAL
+
+    path = Path(output_dir) / LOCAL
+    record = session_since(path, began)
+    last = next((line.strip() for line in reversed(log) if line.strip()), "no output")[:300]
+    if returncode == 0 and record is not None:
+        outcome = words_of(record)
+    elif returncode == 0:
+        outcome = f"failed: training exited 0 but left no session record in {path}: {last}"
+    else:
+        outcome = f"failed (exit code {returncode}): {last}"
+    return {"outcome": outcome, "returncode": returncode, "session": record, "log_tail": "".join(log[-40:])}
 
 
 def _code(source: str, tags: list[str] | None = None) -> dict:
