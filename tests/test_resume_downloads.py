@@ -29,7 +29,7 @@ def test_fetch_latest_downloads_each_checkpoint_file_once(hub, tmp_path):
     assert set(gets) == {f"checkpoints/checkpoint-4/{p.name}" for p in src.iterdir()}
     assert max(gets.values()) == 1, f"downloaded more than once: {[p for p, c in gets.items() if c > 1]}"
     assert tree_bytes(tmp_path / "dest") == tree_bytes(src)
-    assert store._reuse is None, "the kept copies are dropped with their folder"
+    assert store._reuse._state is None, "the kept copies are dropped with their folder"
 
 
 def test_a_corrupt_small_file_is_still_caught_before_the_fetch(hub, tmp_path, caplog):

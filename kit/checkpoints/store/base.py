@@ -51,12 +51,8 @@ class Store(ABC):
 
     @contextmanager
     def _reusing_downloads(self):
-        """Within it, a file already downloaded at the same commit may be served again from disk.
-
-        A resume checks a checkpoint (its manifest, the small files it hashes) and then fetches
-        it; a store whose reads cost round trips (the Hub) keeps the first copies for the fetch.
-        Here, nothing to keep: reads are local.
-        """
+        """Within it, a file downloaded at the same commit may be served again (kit.checkpoints.store.reuse).
+        Here, nothing to keep: reads are local; the Hub store keeps its copies."""
         yield
 
     @abstractmethod

@@ -13,16 +13,15 @@ import os
 import re
 import shutil
 import tempfile
-import threading
-from contextlib import contextmanager
 from pathlib import Path
 
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, constants
-from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+from huggingface_hub.errors import HfHubHTTPError
 
-from kit.auth import find_token, redact
+from kit.auth import find_token
 from kit.errors import StoreError, UsageError
 from kit.checkpoints.store.pacing import CommitPacer
+from kit.checkpoints.store.reuse import DownloadReuse
 from kit.checkpoints.manifest import sha256_file
 from kit.checkpoints.store.base import (
     CKPT_DIR,
@@ -33,16 +32,14 @@ from kit.checkpoints.store.base import (
     local_files,
     record_path,
 )
-from kit.checkpoints.store import leasing
-from kit.checkpoints.store.hub_http import _httpx, first_line, hub_offline, network_timeout_s, use_timeouts
+from kit.checkpoints.store import hub_errors, leasing
+from kit.checkpoints.store.hub_errors import NO_TOKEN, OFFLINE
+from kit.checkpoints.store.hub_http import first_line, hub_offline, network_timeout_s, use_timeouts
 from kit.checkpoints.store.retention import prune, steps_to_delete
 
 log = logging.getLogger("kit.checkpoints.store")
 
 REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
-OFFLINE = ("store {store} is on the Hub, but HF_HUB_OFFLINE is set: unset it (or set HF_HUB_OFFLINE=0), "
-           "or use a directory store")
-NO_TOKEN = "no Hugging Face token: set HF_TOKEN or add a Kaggle/Colab secret named HF_TOKEN"
 _CAS_ATTEMPTS = 4
 DEEP_CHECK_MAX_BYTES = 10 * 2**20  # the Hub stores larger files through LFS/Xet, with a sha256 in the listing
 
@@ -66,6 +63,7 @@ class HubStore(Store):
         self.api = HfApi(endpoint=self.endpoint, token=self._token or False)
         self._repo_ready = False
         self.pacer = CommitPacer()  # the Hub's ~128 commits/h per repo
+        self._reuse = DownloadReuse(DEEP_CHECK_MAX_BYTES)  # a resume's check and fetch download once
         self.timeout_s = network_timeout_s() if timeout_s is None else timeout_s
         use_timeouts(self.timeout_s)
 
@@ -75,41 +73,8 @@ class HubStore(Store):
     def describe(self) -> str:
         return f"hf://{self.repo_id}"
 
-    # ---- error mapping ------------------------------------------------------------------------
-    @contextmanager
     def _errors(self, action: str):
-        try:
-            yield
-        except HfHubHTTPError as err:
-            mapped = self._http_error(err, action)
-            mapped.status = err.response.status_code if err.response is not None else None
-            raise mapped from None
-        except _httpx.TimeoutException as err:
-            raise TransientStoreError(f"{action} on {self.describe()} failed: {self.endpoint} did not answer "
-                                      f"within {self.timeout_s:g} s ({type(err).__name__})") from None
-        except _httpx.TransportError as err:
-            raise TransientStoreError(f"{action} on {self.describe()} failed: {type(err).__name__} from "
-                                      f"{self.endpoint} ({redact(first_line(err), self._token)[:200]})") from None
-        except OfflineModeIsEnabled:
-            raise StoreError(OFFLINE.format(store=self.describe())) from None
-
-    def _http_error(self, err: HfHubHTTPError, action: str) -> StoreError:
-        code = err.response.status_code if err.response is not None else None
-        where = self.describe()
-        if code == 401:
-            if not self._token:
-                return StoreError(f"{where} is private or missing and no token was given (401): {NO_TOKEN}")
-            return StoreError(f"token rejected for {self.repo_id} (401): check HF_TOKEN is a valid token")
-        if code == 403:
-            return StoreError(f"token has no write access to {self.repo_id} (403): "
-                              "use a token with write permission")
-        if code == 404:
-            return StoreError(f"{action} on {where} failed: not found (404)")
-        if code == 412:
-            return StaleHead(f"{where} changed while we wrote to it (412)")
-        if code in (408, 429) or (code is not None and code >= 500):
-            return TransientStoreError(f"{action} on {where} failed: HTTP {code}")
-        return StoreError(f"{action} on {where} failed: HTTP {code}: {redact(first_line(err), self._token)[:200]}")
+        return hub_errors.mapped(self, action)  # every Hub failure as a one-line StoreError
 
     def preflight(self) -> None:
         """One request, before anything else: offline mode and a silent endpoint fail here, in one line.
@@ -192,34 +157,19 @@ class HubStore(Store):
             self._download([path], snap, Path(tmp))
             return (Path(tmp) / path).read_bytes()
 
-    @contextmanager
     def _reusing_downloads(self):
-        """Keep the small files downloaded meanwhile, by (commit, path): content at a commit never changes."""
-        with tempfile.TemporaryDirectory(prefix="kit-hub-reuse-") as tmp:
-            # This thread's reads only: the lease heartbeat reads from its own thread meanwhile.
-            self._reuse = (Path(tmp), {}, threading.get_ident())
-            try:
-                yield
-            finally:
-                self._reuse = None
+        return self._reuse.active()
 
     def _download(self, paths: list[str], snap: Snapshot, dest_root: Path) -> None:
-        reuse = getattr(self, "_reuse", None)
-        if reuse and reuse[2] != threading.get_ident():
-            reuse = None
         for path in paths:
-            kept = reuse[1].get((snap.version, path)) if reuse else None
+            target = Path(dest_root) / path
+            kept = self._reuse.get(snap.version, path)
             if kept is not None:  # the same bytes, already downloaded at this commit
-                target = Path(dest_root) / path
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(kept, target)
                 continue
             self._download_one(path, snap, dest_root)
-            got = Path(dest_root) / path
-            if reuse and got.stat().st_size <= DEEP_CHECK_MAX_BYTES:
-                kept = reuse[0] / f"{len(reuse[1])}"
-                shutil.copyfile(got, kept)
-                reuse[1][(snap.version, path)] = kept
+            self._reuse.keep(snap.version, path, target)
 
     def _download_one(self, path: str, snap: Snapshot, dest_root: Path) -> None:
         with self._errors(f"downloading {path}"):
