@@ -87,3 +87,14 @@ def test_the_real_converter_maps_the_export_and_refuses_the_tiny_tokenizer(adapt
     assert code == 1
     assert "BPE pre-tokenizer was not recognized" in err and "is complete and kept" in err, err
     _merged_is_whole(out)
+
+
+def test_llama_cpp_dir_comes_from_the_flag_alone_when_given(tmp_path, monkeypatch):
+    import kit.errors
+
+    found = _llama(tmp_path, fail=False)
+    monkeypatch.setenv("LLAMA_CPP_DIR", str(found))
+    assert gguf.find_llama_cpp(None) == found  # no flag: $LLAMA_CPP_DIR
+    # A wrong --llama-cpp is an error even where $LLAMA_CPP_DIR would do: it is not quietly replaced.
+    with pytest.raises(kit.errors.UsageError, match=f"not found in {tmp_path / 'nowhere'}"):
+        gguf.find_llama_cpp(str(tmp_path / "nowhere"))

@@ -49,7 +49,10 @@ def gguf_bytes(qtype: str, sixteen_bit_bytes: int) -> int:
 
 
 def find_llama_cpp(explicit: str | None) -> Path:
-    for cand in (explicit, os.environ.get("LLAMA_CPP_DIR"), "llama.cpp", str(Path.home() / "llama.cpp")):
+    """`--llama-cpp DIR` when given (and only it: a wrong flag is not quietly replaced), else
+    $LLAMA_CPP_DIR, ./llama.cpp or ~/llama.cpp."""
+    places = [explicit] if explicit else [os.environ.get("LLAMA_CPP_DIR"), "llama.cpp", str(Path.home() / "llama.cpp")]
+    for cand in places:
         if cand and (Path(cand) / CONVERTER).is_file():
             return Path(cand)
     where = f" in {explicit}" if explicit else ""
