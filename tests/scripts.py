@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from kit.machine.command import launch_argv
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "train_ddp.py"
 
@@ -22,7 +24,7 @@ def cpu_env(**extra) -> dict:
 
 
 def torchrun_cmd(script=SCRIPT, nproc: int = 2) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(script)]
+    return launch_argv(nproc, torchrun=True, script=str(script))  # kit's one launch-command builder
 
 
 def run(cmd: list[str], *, timeout: float = 300, env: dict | None = None, cwd=ROOT) -> subprocess.CompletedProcess:
