@@ -95,6 +95,21 @@ def run_job(tmp: Path, cuts: dict[int, float], steps: int = STEPS, run_timeout_s
             "wall_s": round(wall, 1), "kernel_s": kernel_s, "load": load.summary(), "ledger": led}
 
 
+def stayed_s(rows: list[dict], i: int) -> float:
+    """Session i's useful time: the steps of it that stayed (up to where the next session resumed,
+    or its last step) at its own speed. Where the ledger lacks the steps (older results files), its
+    training time less the time of the redone steps.
+
+    A cut session's record ends at its last heartbeat, so its span misses the steps it trained and
+    published after it; the next session's start step does not.
+    """
+    r = rows[i]
+    if r.get("start_step") is None or not r.get("step_s"):
+        return max(0.0, r["train_s"] - r["time_lost_s"])
+    until = rows[i + 1]["start_step"] if i + 1 < len(rows) else r["end_step"]
+    return max(0, until - r["start_step"]) * r["step_s"]
+
+
 def own_speed_figures(result: dict) -> dict:
     """Goodput with each session judged at its own speed, so the load on shared cores cancels out.
 
@@ -102,11 +117,12 @@ def own_speed_figures(result: dict) -> dict:
     differ by more than the overhead being measured. Here a session's useful time is its training
     time less the time of the steps the next session redid (the ledger's), and what it was billed
     is its whole kernel time (papermill start, clone, imports, render, setup, training, and for a
-    cut session the stretch after its last heartbeat, which its record cannot see).
+    cut session the stretch after its last heartbeat, which its record cannot see). Useful time
+    is `stayed_s`.
     """
     def one(job: dict) -> dict:
         rows = job["ledger"]["sessions"]
-        useful = sum(max(0.0, r["train_s"] - r["time_lost_s"]) for r in rows)
+        useful = sum(stayed_s(rows, i) for i in range(len(rows)))
         billed = sum(job["kernel_s"])
         return {"useful_train_s": round(useful, 1), "kernel_s": round(billed, 1),
                 "goodput": useful / billed if billed else None,
@@ -141,6 +157,8 @@ def main() -> int:
     p.add_argument("--heartbeat-s", type=float, default=CADENCE["lease_heartbeat_seconds"])
     p.add_argument("--logging-steps", type=int, default=CADENCE["logging_steps"])
     p.add_argument("--run-timeout-s", type=float, default=900, help="the test Kaggle's run-time limit per session")
+    p.add_argument("--together", action="store_true",
+                   help="run the cut job and the uninterrupted one at the same time (same load on both)")
     p.add_argument("--recompute", type=Path, help="only add the own-speed figures to this results file")
     args = p.parse_args()
     if args.recompute:
@@ -154,8 +172,15 @@ def main() -> int:
     rng = random.Random(args.seed)
     cuts = {n: round(rng.uniform(args.cut_min_s, args.cut_max_s), 2) for n in range(1, args.cuts + 1)}
     with tempfile.TemporaryDirectory(prefix="kit-goodput-") as a, tempfile.TemporaryDirectory(prefix="kit-ref-") as b:
-        cut = run_job(Path(a), cuts, args.steps, args.run_timeout_s)
-        ref = run_job(Path(b), {}, args.steps, args.run_timeout_s)
+        if args.together:  # one process each on the 2 cores: both jobs see the same load
+            from concurrent.futures import ThreadPoolExecutor
+            with ThreadPoolExecutor(2) as pool:
+                cut_f = pool.submit(run_job, Path(a), cuts, args.steps, args.run_timeout_s)
+                ref_f = pool.submit(run_job, Path(b), {}, args.steps, args.run_timeout_s)
+                cut, ref = cut_f.result(), ref_f.result()
+        else:
+            cut = run_job(Path(a), cuts, args.steps, args.run_timeout_s)
+            ref = run_job(Path(b), {}, args.steps, args.run_timeout_s)
     used, ref_used = cut["ledger"]["gpu_hours"] * 3600, ref["ledger"]["gpu_hours"] * 3600
     rows = cut["ledger"]["sessions"]
     setup = [r["setup_s"] for r in rows if r["setup_s"] is not None]

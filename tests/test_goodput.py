@@ -31,6 +31,7 @@ def test_sums_agree_with_the_sessions_and_a_cut_costs_the_steps_the_next_session
     led = goodput.ledger(sessions, max_steps=300, latest_step=300)
     first, second = led["sessions"]
     assert (first["steps_done"], first["steps_lost"], second["steps_lost"]) == (100, 20, 0)
+    assert (first["start_step"], first["end_step"], second["start_step"]) == (0, 100, 80)
     assert first["step_s"] == pytest.approx(1.0) and first["time_lost_s"] == pytest.approx(20.0)
     assert led["steps_recomputed"] == 20
     # GPU time: (110 + 230) s × 2 GPUs; useful: (100 - 20) + 220 s of training, × 2.

@@ -41,7 +41,8 @@ def session_ledger(rec: dict, next_rec: dict | None) -> dict:
     step_s = train / done if train is not None and done else _num(rec.get("step_s"))
     time_lost = lost * step_s if step_s else 0.0
     weight = int(rec.get("gpu_count") or rec.get("world_size") or 1)
-    return {"span_s": span, "setup_s": setup, "train_s": train, "steps_done": done, "steps_lost": lost,
+    return {"span_s": span, "setup_s": setup, "train_s": train, "start_step": int(start_step),
+            "end_step": int(end_step) if end_step is not None else None, "steps_done": done, "steps_lost": lost,
             "time_lost_s": time_lost, "step_s": step_s, "weight": weight, "outcome": rec.get("outcome"),
             "goodput": (max(0.0, train - time_lost) / span) if span and train is not None else None}
 
