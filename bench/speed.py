@@ -16,10 +16,8 @@ gradient checkpointing, one GPU, each configuration a fresh process, alone on th
   times (warm-up steps included, the same for every row); padding fraction = pad tokens / tokens
   computed, from the batches that sampler forms over the same rows.
 
-Not yet measured (bench/results/speed_h200.json says why), for the next session with a GPU:
-    python bench/speed.py --part fill --only plain,liger,fused_adamw,unsloth --out …   # Liger's loss check
-    python bench/speed.py --part chat --only padded,padding_free,grouped,packed_liger --out …
-(`unsloth` needs Unsloth importable, as bench/throughput.py --unsloth does.)
+Candidates kit does not choose yet run through bench/patched_run.py (fill: `liger_offload`, TRL's
+activation offloading; `liger_compile`, torch.compile of each decoder layer), each on top of Liger.
 
 Losses: the per-step training losses of each run are kept; padded and padding_free see the same
 batches, so their curves are compared step by step; the others by their epoch mean.
@@ -70,6 +68,10 @@ def padding_fraction(lengths: list[int], batching: str, seed: int = 42) -> float
     return round(1 - sum(lengths) / computed, 3)
 
 
+# Rows that measure a speed-up through bench/patched_run.py before the planner may choose it.
+PATCHED = {"liger_offload": "offload", "liger_compile": "compile"}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--part", choices=("fill", "chat"), required=True)
@@ -97,7 +99,8 @@ def main() -> int:
         base = common_overrides(model, data, work / "x", method="qlora", seq=SEQ, batch=BATCH, gc=True, steps=a.steps)
         configs = {"plain": [], "liger": ["kernels=liger"], "fused_adamw": ["optimizer=adamw_torch_fused"],
                    "fp16": ["precision=fp16"], "fp16_liger": ["precision=fp16", "kernels=liger"],
-                   "unsloth": ["backend=unsloth"], "unsloth_direct": []}
+                   "unsloth": ["backend=unsloth"], "unsloth_direct": [],
+                   "liger_offload": ["kernels=liger"], "liger_compile": ["kernels=liger"]}
         chat = None
     else:
         from transformers import AutoTokenizer
@@ -144,8 +147,11 @@ def main() -> int:
         script = work / f"kit_{name}.py"  # never unsloth.py: the script's folder comes first on sys.path
         plan = render(overrides, script, gpus="cpu" if a.dry_run else "1xH200")
         log = work / f"{name}.log"
+        patch = PATCHED.get(name)  # a candidate kit does not choose yet: bench/patched_run.py
+        argv = [sys.executable, str(script)] if patch is None else [
+            sys.executable, str(ROOT / "bench" / "patched_run.py"), patch, str(script)]
         try:
-            run([sys.executable, str(script)], log, a.timeout)
+            run(argv, log, a.timeout)
         except SystemExit as e:  # one configuration failing (a kernel that does not load) is a result too
             rows_out.append({"name": name, "overrides": configs[name], "error": str(e)[-1500:]})
             print(f"[bench] {name} failed: {str(e)[-1500:]}", flush=True)
