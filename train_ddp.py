@@ -144,7 +144,9 @@ def main(argv: list[str]) -> int:
         job.log(modeling.trainable_summary(model))
         job.log(dataset.summary())
         job.evaluate_before(model, tokenizer, dataset)  # the baseline: once per job, kept in the store
-        for note in adapt.settle_batching(plan, cfg, dataset.mean_tokens):  # padding-free for short rows only
+        # Padding-free batches for short rows only; packed ones where that folds gradient accumulation.
+        dataset, notes = data.settle_batching(plan, cfg, dataset)
+        for note in notes:
             job.log(note)
 
         # Strategy (DDP over 2 GPUs (Tesla T4), fp16). ddp: a full replica per rank. fsdp: FSDP2 shards the

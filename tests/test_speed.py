@@ -158,6 +158,79 @@ def test_launch_settles_padding_free_back_to_padded_for_long_rows():
     assert chosen.batching == "padding_free"  # what the user set is kept
 
 
+def _accumulating(*overrides):
+    """A plan settled on this CPU from a GPU render with padding-free batches: 4 rows × 4 accumulation steps."""
+    c = cfg("seq_len=600", *overrides)
+    return adapt.plan_for(_ctx(), c, {**PLANNED, "global_batch": 16}), c
+
+
+def test_launch_packs_short_rows_where_accumulation_folds_and_keeps_the_rows_per_step():
+    plan, c = _accumulating()
+    assert (plan.per_device_batch, plan.grad_accum, plan.batching) == (4, 4, "padding_free")
+    assert adapt.settle_batching(plan, c, mean_tokens=150) == [] and plan.batching == "packed"
+    note = adapt.fold_batch(plan, c, 150, rows_per_sequence=3.6)
+    # 4 sequences of 3.6 rows in one micro-batch: 14.4 rows a step where 16 were asked, one forward instead of 4.
+    assert (plan.per_device_batch, plan.grad_accum, plan.global_batch) == (4, 1, 4)
+    assert "micro-batch 4 × accumulation 4 → 4 sequences × 1" in note and "~14 rows (16 unpacked)" in note
+
+
+@pytest.mark.parametrize("per_device,accum,world,rows,expected", [
+    (8, 2, 1, 4.0, (4, 1)),    # the default config on one process: 16 rows either way
+    (2, 8, 2, 3.5, (2, 2)),    # 2 ranks: 28 rows for 32
+    (1, 16, 2, 3.6, (1, 4)),   # micro-batch 1 (an 8B on a T4): 16 micro-batches → 4
+    (8, 2, 1, 1.3, None),      # long rows: no fold keeps the rows within 25 %
+    (4, 1, 1, 3.6, None),      # no accumulation: nothing to fold
+])
+def test_folded_batch_keeps_the_rows_per_step_in_fewer_micro_batches(per_device, accum, world, rows, expected):
+    got = speed.folded_batch(per_device, accum, world, rows)
+    assert got == expected
+    if got:
+        pd, a = got
+        assert pd <= per_device and a < accum  # never a bigger micro-batch than the memory plan sized
+        assert abs(pd * a * world * rows - per_device * accum * world) <= speed.FOLD_TOLERANCE * per_device * accum * world
+
+
+def test_launch_does_not_pack_without_accumulation_under_unsloth_or_when_batching_is_set():
+    plan = adapt.plan_for(_ctx(), cfg("seq_len=600"), PLANNED)  # 4 × 1: nothing to fold
+    assert adapt.settle_batching(plan, cfg("seq_len=600"), 150) == [] and plan.batching == "padding_free"
+    plan, c = _accumulating()
+    plan.backend = "unsloth"  # packing not measured against padding-free under Unsloth
+    assert adapt.settle_batching(plan, c, 150) == [] and plan.batching == "padding_free"
+    plan, c = _accumulating("batching=padding_free")
+    assert adapt.settle_batching(plan, c, 150) == [] and plan.batching == "padding_free"
+
+
+def test_a_fold_that_keeps_no_rows_per_step_goes_back_to_padding_free():
+    plan, c = _accumulating()
+    adapt.settle_batching(plan, c, 150)
+    assert adapt.fold_batch(plan, c, 150, rows_per_sequence=1.2) is None
+    assert (plan.batching, plan.per_device_batch, plan.grad_accum) == ("padding_free", 4, 4)
+
+
+def test_launch_packs_the_real_rows_and_folds_the_plan(tmp_path):
+    """data.settle_batching on the embedded data with the embedded tokenizer: rows packed, plan folded."""
+    from transformers import AutoTokenizer
+
+    from kit.train import data
+    from tests.scripts import ROOT
+
+    c = config.load(ROOT / "configs" / "default.yaml", [])
+    tok = AutoTokenizer.from_pretrained(ROOT / c.model)
+    prepared = data.prepare(c, tok)
+    plan = adapt.plan_for(_ctx(), c, {**PLANNED, "per_device_batch": 8, "global_batch": 16})
+    assert (plan.per_device_batch, plan.grad_accum) == (8, 2)
+    rows, notes = data.settle_batching(plan, c, prepared)
+    assert rows.packed_rows == len(prepared.train) and len(rows.train) < len(prepared.train) / 2
+    assert set(rows.train.column_names) >= {"input_ids", "completion_mask", "seq_lengths"}
+    assert max(len(x) for x in rows.train["input_ids"]) <= c.seq_len
+    per_seq = len(prepared.train) / len(rows.train)
+    assert plan.batching == "packed" and plan.grad_accum == 1
+    assert abs(plan.per_device_batch * per_seq - 16) <= 4 and notes[0].startswith("batching packed:")
+    c8 = config.load(ROOT / "configs" / "default.yaml", ["global_batch=8"])
+    same, none = data.settle_batching(adapt.plan_for(_ctx(), c8, {**PLANNED, "per_device_batch": 8}), c8, prepared)
+    assert same is prepared and none == []  # no accumulation: the rows stay as they were
+
+
 def test_sampler_args_name_length_grouping_as_the_installed_transformers_does():
     from dataclasses import fields
 

@@ -78,10 +78,28 @@ class LaunchPlan:
 
 
 def settle_batching(plan: LaunchPlan, cfg, mean_tokens: float) -> list[str]:
-    """Padding-free batches only where the data's rows are short (kit.planning.speed.settle_batching); the notes."""
+    """Padding-free batches only where the data's rows are short, packed ones where accumulation can
+    fold (kit.planning.speed.settle_batching); the notes. `fold_batch` follows a "packed"."""
     notes: list[str] = []
-    plan.batching = speed.settle_batching(cfg, plan.batching, mean_tokens, cfg.seq_len, notes)
+    plan.batching = speed.settle_batching(cfg, plan.batching, mean_tokens, cfg.seq_len, notes,
+                                          grad_accum=plan.grad_accum, backend=plan.backend)
     return notes
+
+
+def fold_batch(plan: LaunchPlan, cfg, mean_tokens: float, rows_per_sequence: float) -> str | None:
+    """After "auto" chose packing: fewer micro-batches of packed sequences, so an optimizer step
+    trains on about the rows it would have unpacked (kit.planning.speed.folded_batch). The note,
+    or None (and padding-free batches again) where no fold keeps the rows per step."""
+    world = plan.global_batch // (plan.per_device_batch * plan.grad_accum)
+    folded = speed.folded_batch(plan.per_device_batch, plan.grad_accum, world, rows_per_sequence)
+    if folded is None:
+        plan.batching = "padding_free"
+        return None
+    per_device, accum = folded
+    note = speed.fold_words(mean_tokens, cfg.seq_len, rows_per_sequence, (plan.per_device_batch, plan.grad_accum),
+                            folded, plan.global_batch, per_device * accum * world * rows_per_sequence)
+    plan.per_device_batch, plan.grad_accum, plan.global_batch = per_device, accum, per_device * accum * world
+    return note
 
 
 def sampler_args(plan) -> dict:

@@ -20,8 +20,9 @@ Batching, for data whose rows are of unequal length (chat, instructions):
   so the same loss curve; tested on the CPU against padded batches (tests/test_batching.py). The
   mask makes the whole micro-batch one attention problem, so long rows lose: `settle_batching`.
 - `packed`: rows packed into seq_len-long sequences (best-fit decreasing, whole rows), batched
-  padding-free: the most tokens per step, but a step then holds many more rows than global_batch
-  says, so the number of optimizer steps per epoch drops. Opt-in only.
+  padding-free: the most tokens per step. Configured, a step then holds many more rows than
+  global_batch says, so an epoch has fewer optimizer steps. "auto" packs only where it can fold
+  gradient accumulation to keep the rows per optimizer step (`settle_batching`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,15 @@ MEASURED = {
 }
 
 
+# Packing's trained tokens/s over padding-free batches', per backend: where at least PACKING_PAYS,
+# "auto" packs short rows to fold accumulation (settle_batching). None: not measured.
+PACKED_OVER_PADDING_FREE = {
+    "transformers": MEASURED["packed_vs_padded"] / MEASURED["padding_free_vs_padded"],
+    "unsloth": None,
+}
+PACKING_PAYS = 1.10
+
+
 def batching(cfg, gpu: dict | None, reasons: list) -> str:
     """How rows share a micro-batch (see the module docstring); `gpu` None means the CPU."""
     if cfg.batching != "auto":
@@ -77,12 +87,14 @@ def batching(cfg, gpu: dict | None, reasons: list) -> str:
     reasons.append(f"batching padding_free: each micro-batch's rows laid end to end without pad tokens, kept apart by a "
                    f"block-diagonal attention mask: {MEASURED['padding_free_vs_padded']:.2f}× the trained tokens/s of "
                    f"padded batches on chat-length data and less memory, the same rows per step{where}; the script "
-                   f"goes back to padded batches if the rows average more than a third of seq_len. "
-                   f"batching=packed measured {MEASURED['packed_vs_padded']:.2f}×, with more rows per step.")
+                   f"goes back to padded batches if the rows average more than a third of seq_len, and packs short rows "
+                   f"where gradient accumulation can fold (the same rows per optimizer step in fewer, fuller "
+                   f"micro-batches: packed measured {MEASURED['packed_vs_padded']:.2f}×).")
     return "padding_free"
 
 
-def settle_batching(cfg, planned: str, mean_tokens: float, seq_len: int, notes: list) -> str:
+def settle_batching(cfg, planned: str, mean_tokens: float, seq_len: int, notes: list, *,
+                    grad_accum: int = 1, backend: str = "transformers") -> str:
     """At launch, with the data in hand: padding-free batches only for short rows.
 
     All of a padding-free micro-batch is one sequence under one mask, so SDPA's attention work grows
@@ -91,12 +103,57 @@ def settle_batching(cfg, planned: str, mean_tokens: float, seq_len: int, notes: 
     long would lose about that much; inferred, not run padding-free), while on chat rows averaging
     0.28 of seq_len padding-free paid 1.15×. SHORT_ROWS, a third, lies between those two points: rows
     averaging more than that go back to padded batches, when "auto" chose.
+
+    Short rows with gradient accumulation (≥ 2 micro-batches a step) are packed instead, and the
+    accumulation folded (`folded_batch`), where packing measured to pay over padding-free
+    batches (PACKED_OVER_PADDING_FREE): a step's cost hardly grows with its tokens (a QLoRA step
+    dequantizes every 4-bit weight whatever the batch holds), so fewer, fuller micro-batches train
+    the same rows per optimizer step in less time. Without accumulation there is nothing to fold:
+    packing would put more rows into each step, so it stays opt-in.
     """
-    if cfg.batching != "auto" or planned != "padding_free" or mean_tokens <= SHORT_ROWS * seq_len:
+    if cfg.batching != "auto" or planned != "padding_free":
         return planned
+    if mean_tokens <= SHORT_ROWS * seq_len:
+        pays = PACKED_OVER_PADDING_FREE.get(backend)
+        return "packed" if grad_accum >= 2 and pays is not None and pays >= PACKING_PAYS else planned
     notes.append(f"batching padded: rows average {mean_tokens:.0f} tokens of seq_len {seq_len}, more than "
                  f"{SHORT_ROWS:.2f} of it; padding-free batches pay only on short rows")
     return "padded"
+
+
+FOLD_TOLERANCE = 0.25  # packed rows per optimizer step within this share of the unpacked global batch
+MIN_ROWS_PER_SEQUENCE = 1.5  # fewer: packing saves too few micro-batches to be worth a changed batch
+
+
+def folded_batch(per_device: int, grad_accum: int, world: int, rows_per_sequence: float) -> tuple[int, int] | None:
+    """(packed sequences per micro-batch, accumulation steps) that train about as many rows per
+    optimizer step as `per_device` × `grad_accum` × `world` unpacked rows, in fewer micro-batches;
+    None where no such pair keeps the rows within FOLD_TOLERANCE, or the rows hardly pack.
+
+    Fewest micro-batches first, then the closest row count. A packed sequence is at most seq_len
+    tokens, as long as the longest row the memory plan sized a micro-batch for, so at most
+    `per_device` of them fit where `per_device` rows did.
+    """
+    if rows_per_sequence < MIN_ROWS_PER_SEQUENCE:
+        return None
+    target = per_device * grad_accum * world
+    fits = [(accum, abs(pd * accum * world * rows_per_sequence - target) / target, -pd)
+            for accum in range(1, grad_accum) for pd in range(1, per_device + 1)]
+    fits = [f for f in fits if f[1] <= FOLD_TOLERANCE]
+    if not fits:
+        return None
+    accum, _, pd = min(fits)
+    return -pd, accum
+
+
+def fold_words(mean_tokens: float, seq_len: int, rows_per_sequence: float, before: tuple[int, int],
+               after: tuple[int, int], rows_before: int, rows_now: float) -> str:
+    return (f"batching packed: rows average {mean_tokens:.0f} tokens of seq_len {seq_len}, {rows_per_sequence:.1f} "
+            f"to a packed sequence; micro-batch {before[0]} × accumulation {before[1]} → {after[0]} sequences × "
+            f"{after[1]}, so an optimizer step still trains on ~{rows_now:.0f} rows ({rows_before} unpacked) in "
+            f"fewer, fuller micro-batches, the rows kept apart by position_ids: packed batches measured "
+            f"{MEASURED['packed_vs_padded']:.2f}× the trained tokens/s of padded ones, padding-free "
+            f"{MEASURED['padding_free_vs_padded']:.2f}× (H200, Qwen3-8B QLoRA)")
 
 
 def unsloth_batching(cfg, planned: str, reasons: list) -> str:

@@ -13,6 +13,7 @@ here, the same way for every TRL version, and tested.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -217,14 +218,34 @@ def prepare(cfg, tokenizer, pack: bool = False) -> Prepared:
                              "deduplicate the data or set data.allow_duplicates=true")
         evald = evald.remove_columns("row_hash")
     train = train.remove_columns("row_hash")
-    packed_rows = None
-    if pack:
-        from trl.data_utils import pack_dataset
+    prepared = Prepared(train, evald, fmt, dropped, dups, _mean_length(train))
+    return packed(prepared, cfg.seq_len) if pack else prepared
 
-        packed_rows = len(train)
-        # Rows are ≤ seq_len already (truncated above), so "bfd" never cuts one.
-        train = pack_dataset(train, cfg.seq_len, strategy="bfd", map_kwargs={"keep_in_memory": True})
-    return Prepared(train, evald, fmt, dropped, dups, _mean_length(train), packed_rows)
+
+def packed(prepared: Prepared, seq_len: int) -> Prepared:
+    """`prepared` with its train rows packed into sequences of at most seq_len tokens (see `prepare`)."""
+    from trl.data_utils import pack_dataset
+
+    # Rows are ≤ seq_len already (truncated in `prepare`), so "bfd" never cuts one.
+    train = pack_dataset(prepared.train, seq_len, strategy="bfd", map_kwargs={"keep_in_memory": True})
+    return dataclasses.replace(prepared, train=train, mean_tokens=_mean_length(train),
+                               packed_rows=len(prepared.train))
+
+
+def settle_batching(plan, cfg, prepared: Prepared) -> tuple[Prepared, list[str]]:
+    """With the data in hand: padding-free batches for short rows only, and where "auto" chose
+    packing to fold gradient accumulation (`kit.planning.speed.settle_batching`), the rows packed
+    and the accumulation folded. Returns the data to train on and the notes for the log."""
+    from kit.planning import adapt
+
+    notes = adapt.settle_batching(plan, cfg, prepared.mean_tokens)
+    if plan.batching != "packed" or prepared.packed_rows is not None:
+        return prepared, notes
+    rows = packed(prepared, cfg.seq_len)
+    note = adapt.fold_batch(plan, cfg, prepared.mean_tokens, rows.packed_rows / len(rows.train))
+    if note is None:  # no fold keeps the rows per step: padding-free batches of the rows as they were
+        return prepared, notes
+    return rows, [*notes, note, rows.summary()]
 
 
 def _mean_length(ds) -> float:

@@ -36,6 +36,7 @@ RANK_BLOCK = '''\
 # kit: rank block. torchrun starts one copy of this script per GPU and tells each its place in the
 # environment; under plain `python` the defaults make it the only process (rank 0 of 1).
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -78,6 +79,13 @@ finally:
         if training_ok:
             wait_for_all()
         dist.destroy_process_group()
+        if training_ok and not is_main:
+            # Done: end here, without the interpreter's teardown, which can abort or hang a rank
+            # whose process group is gone (pytorch/pytorch#75097). Rank 0 exits normally, so
+            # anything the notebook left running there (an upload) still finishes.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
 '''
 
 
