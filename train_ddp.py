@@ -25,7 +25,7 @@ try:  # the mechanics (store sync, resume, lease, deadline, smoke checks) are ki
     from kit.errors import KitError
     from kit.planning import adapt
     from kit.script import arguments
-    from kit.train import data, dist, last_word, modeling, sharding
+    from kit.train import collate, data, dist, last_word, modeling, sharding
     from kit.train.job import Job
 except ModuleNotFoundError as e:
     if not (e.name or "").startswith("kit"):
@@ -179,6 +179,7 @@ def main(argv: list[str]) -> int:
             max_length=None if plan.padding_free else cfg.seq_len,
             # Rows laid end to end with no pad tokens; position_ids restart at each row, from which
             # the attention builds a block-diagonal mask, so rows never attend to each other.
+            # (Packed sequences stay rows of their own: kit.train.collate.)
             padding_free=plan.padding_free,
             use_liger_kernel=plan.kernels == "liger",  # Triton RMSNorm, SwiGLU and RoPE
             **adapt.sampler_args(plan),  # batching "grouped": batches of rows of similar length
@@ -205,6 +206,7 @@ def main(argv: list[str]) -> int:
             callbacks=job.callbacks(model, dataset),  # saves, deadline, upload, speed and memory
         )
         modeling.settle_adapter_dtype(trainer.model, plan)  # fp16 loss scaling needs fp32 LoRA weights
+        collate.settle(trainer, plan)  # packed sequences as rows, each under its own block-diagonal mask
         # A checkpoint the other strategy wrote resumes through a converted copy (same numbers).
         trainer.train(resume_from_checkpoint=sharding.resumable(trainer, job.resume_from, plan, ctx))
         code = job.finish(trainer)  # rank 0: last upload, final evaluation, final/ and its push, closing lines

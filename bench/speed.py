@@ -114,8 +114,9 @@ def main() -> int:
         lengths = [len(r["input_ids"]) for r in rows]
         chat = chat_lengths.stats(lengths, [sum(r["completion_mask"]) for r in rows])
         base = common_overrides(model, data, work / "x", method="qlora", seq=SEQ, batch=BATCH, gc=True, steps=1)
-        base = [o for o in base if not o.startswith(("max_steps=", "data.format="))] + [
-            "max_steps=null", "epochs=1", "data.format=messages"]
+        # One epoch, no checkpoint saves inside it (reference_unsloth.py saves none either).
+        base = [o for o in base if not o.startswith(("max_steps=", "data.format=", "save_steps="))] + [
+            "max_steps=null", "epochs=1", "data.format=messages", "save_steps=100000"]
         configs = {"padded": ["batching=padded"], "grouped": ["batching=grouped"],
                    "padding_free": ["batching=padding_free"], "packed": ["batching=packed"],
                    "padding_free_liger": ["batching=padding_free", "kernels=liger"],

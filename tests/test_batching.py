@@ -1,9 +1,11 @@
-"""Padding-free and packed batches keep rows apart: the real TRL collator, the real tiny Qwen3 under
-SDPA, and kit.train.data's packing; then the generated script trained with batching=packed."""
+"""Padding-free and packed batches keep rows apart: the real TRL collator, kit's packed-rows collator
+(kit.train.collate), the real tiny Qwen3 under SDPA, and kit.train.data's packing; then the generated
+script trained with batching=packed."""
 
 from __future__ import annotations
 
 import json
+import types
 
 import pytest
 import torch
@@ -79,6 +81,51 @@ def test_without_restarting_positions_the_rows_would_attend_to_each_other(tiny):
     assert (bad[0, n0:] - good[0, n0:]).abs().max() > 1e-2
 
 
+def _packed_rows(tokenizer, examples):
+    """The first two examples packed into one sequence, the third alone: two rows of a batch."""
+    from kit.train.collate import PackedRows
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    a, b, c = examples
+    packed = [{"input_ids": a["input_ids"] + b["input_ids"], "labels": a["labels"] + b["labels"],
+               "seq_lengths": [len(a["input_ids"]), len(b["input_ids"])]},
+              {"input_ids": c["input_ids"], "labels": c["labels"], "seq_lengths": [len(c["input_ids"])]}]
+    padded = DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+    return PackedRows(padded.pad_token_id)(packed), padded(packed)
+
+
+def test_packed_sequences_as_rows_give_each_example_its_own_logits_and_loss(tiny):
+    model, tokenizer = tiny
+    examples = _examples(tokenizer)
+    rows, _ = _packed_rows(tokenizer, examples)
+    n0, n1, n2 = (len(e["input_ids"]) for e in examples)
+    assert "attention_mask" not in rows and rows["input_ids"].shape == (2, n0 + n1)  # 2 rows, not 1 flat row
+    assert rows["position_ids"][0].tolist() == [*range(n0), *range(n1)]
+    assert rows["position_ids"][1, :n2].tolist() == list(range(n2))
+    padded = _collate(tokenizer, examples, False)
+    with torch.no_grad():
+        out_rows, out_padded = model(**rows), model(**padded)
+    for got, want in ((out_rows.logits[0, :n0], out_padded.logits[0, :n0]),
+                      (out_rows.logits[0, n0:n0 + n1], out_padded.logits[1, :n1]),
+                      (out_rows.logits[1, :n2], out_padded.logits[2, :n2])):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    assert out_rows.loss.item() == pytest.approx(out_padded.loss.item(), abs=1e-5)
+
+
+def test_packed_rows_with_the_padding_mask_would_attend_across_examples(tiny):
+    # The control: TRL's padded collator alone keeps an all-ones attention_mask, under which
+    # transformers builds no per-row packed mask, so the second example of a row sees the first.
+    model, tokenizer = tiny
+    examples = _examples(tokenizer)
+    rows, leaky = _packed_rows(tokenizer, examples)
+    assert "attention_mask" in leaky
+    n0 = len(examples[0]["input_ids"])
+    with torch.no_grad():
+        good, bad = model(**rows).logits, model(**leaky).logits
+    torch.testing.assert_close(bad[0, :n0], good[0, :n0], atol=1e-5, rtol=1e-4)
+    assert (bad[0, n0:] - good[0, n0:]).abs().max() > 1e-2
+
+
 def test_pack_keeps_every_row_whole_and_its_loss_mask(tmp_path, tiny):
     _, tokenizer = tiny
     rows = [{"messages": [{"role": "user", "content": "turn on the light " * k},
@@ -115,3 +162,26 @@ def test_generated_script_same_losses_padding_free_as_padded_and_packed_trains(t
     for (_, a), (_, b) in zip(trace["padding_free"], trace["padded"]):
         assert a == pytest.approx(b, abs=1e-4)
     assert trace["packed"] != trace["padded"]  # more rows per step: its own curve
+
+
+@pytest.mark.parametrize("batching,backend,rows", [("packed", "transformers", True), ("packed", "unsloth", False),
+                                                   ("padding_free", "transformers", False),
+                                                   ("padded", "transformers", False)])
+def test_packed_sequences_are_collated_as_rows_only_on_the_plain_backend(batching, backend, rows):
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    from kit.planning.adapt import LaunchPlan
+    from kit.train import collate
+
+    plan = LaunchPlan("bf16", 4, 1, 4, False, backend, "adamw_torch", [], batching=batching)
+    trl_collator = DataCollatorForLanguageModeling(pad_token_id=7, padding_free=plan.padding_free)
+    trainer = types.SimpleNamespace(data_collator=trl_collator)
+    collate.settle(trainer, plan)
+    assert isinstance(trainer.data_collator, collate.PackedRows) == rows
+    assert plan.padding_free == (batching == "padding_free" or (batching == "packed" and not rows))
+    if rows:
+        batch = trainer.data_collator([{"input_ids": [1, 2, 3], "labels": [1, 2, 3], "seq_lengths": [3]},
+                                       {"input_ids": [4, 5], "labels": [-100, 5], "seq_lengths": [1, 1]}])
+        assert batch["input_ids"].tolist() == [[1, 2, 3], [4, 5, 7]]  # padded with TRL's pad token
+        assert batch["position_ids"].tolist() == [[0, 1, 2], [0, 0, 0]]
+        assert batch["labels"].tolist() == [[-100, 2, 3], [-100, -100, -100]]

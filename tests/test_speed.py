@@ -65,6 +65,19 @@ def test_memory_estimate_follows_the_batching():
     assert any("one 8192-token sequence" in n for n in free.memory["notes"])
 
 
+def test_memory_estimate_of_packed_rows_is_one_mask_per_row_and_unsloths_one_flat_sequence():
+    packed = make_plan(H200, cfg(*QWEN8_QLORA, *CHAT, "batching=packed"))
+    # kit.train.collate: 4 rows of 2,048 tokens, each its own mask: a quarter of one 8,192² mask.
+    assert packed.memory["terms"]["packed_attention_mask"] == 4 * 2048 * 2048 * 3
+    assert any("4 rows of up to 2048 tokens" in n for n in packed.memory["notes"])
+    with_unsloth = machine("NVIDIA H200", "9.0", 150_754_820_096, platform="local",
+                           packages={"transformers": "5.17.0", "trl": "1.15.0", "bitsandbytes": "0.50.2",
+                                     "unsloth": "2026.10.9"})
+    flat = make_plan(with_unsloth, cfg(*QWEN8_QLORA, *CHAT, "batching=packed"))
+    assert flat.backend == "unsloth" and flat.batching == "packed"
+    assert flat.memory["terms"]["packed_attention_mask"] == 8192 * 8192 * 3  # Unsloth's trainer: end to end
+
+
 def test_packed_mask_without_checkpointing_is_kept_by_every_layer():
     assert memory.packed_mask_bytes(1000, 36, gradient_checkpointing=False) == 1000 * 1000 * (1 + 2 * 36)
     m = shapes.model_facts("Qwen/Qwen3-8B")

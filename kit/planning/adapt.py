@@ -69,9 +69,14 @@ class LaunchPlan:
     quantization: str | None = None  # "nf4" for a 4-bit base
 
     @property
+    def packed_as_rows(self) -> bool:
+        """Packed sequences batched as rows, each with its own block-diagonal mask (kit.train.collate)."""
+        return self.batching == "packed" and self.backend == "transformers"
+
+    @property
     def padding_free(self) -> bool:
-        """Whether batches are rows laid end to end (packed sequences are batched that way too)."""
-        return self.batching in ("padding_free", "packed")
+        """Whether TRL lays a micro-batch's rows end to end as one sequence (Unsloth's packed batches too)."""
+        return self.batching == "padding_free" or (self.batching == "packed" and not self.packed_as_rows)
 
     def to_dict(self) -> dict:
         return asdict(self)

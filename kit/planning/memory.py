@@ -123,7 +123,8 @@ def layer_activation_bytes(model, bp: int, method: str, target_modules, *, quant
 def estimate(model, cfg, precision: str, per_device_batch: int, gradient_checkpointing: bool,
              quantized: bool, *, world_size: int = 1, sharding: str = "none", optimizer: str | None = None,
              kbit_upcast: bool = False, device: str = "cuda", fused_lm_head: bool = False,
-             autocast: bool = False, qlora_bf16_adapters: bool = False, batching: str = "padded") -> MemoryEstimate:
+             autocast: bool = False, qlora_bf16_adapters: bool = False, batching: str = "padded",
+             packed_as_rows: bool = True) -> MemoryEstimate:
     """Estimate one GPU's memory for a training step.
 
     Args:
@@ -145,9 +146,12 @@ def estimate(model, cfg, precision: str, per_device_batch: int, gradient_checkpo
             False models a loop over a 16-bit model (see `layer_activation_bytes`).
         qlora_bf16_adapters: On a 4-bit base the LoRA weights (so their grads and AdamW states) are
             bf16, as TRL's SFTTrainer casts them, following the QLoRA paper; else fp32 (PEFT's default).
-        batching: "padding_free" or "packed" lay a micro-batch's rows end to end in one sequence of up
-            to per_device_batch × seq_len tokens, which SDPA attends through a block-diagonal mask
-            (see `packed_mask_bytes`); "padded"/"grouped" hold no mask (causal SDPA).
+        batching: "padding_free" lays a micro-batch's rows end to end in one sequence of up to
+            per_device_batch × seq_len tokens, which SDPA attends through a block-diagonal mask
+            (see `packed_mask_bytes`); "packed" sequences are rows of a batch, each of up to seq_len
+            tokens under its own block-diagonal mask (kit.train.collate), or laid end to end like
+            padding-free ones where `packed_as_rows` is False (Unsloth's trainer); "padded"/"grouped"
+            hold no mask (causal SDPA).
     """
     bp = 2 if precision in ("bf16", "fp16") else 4
     optimizer = optimizer or cfg.optimizer
@@ -219,7 +223,12 @@ def estimate(model, cfg, precision: str, per_device_batch: int, gradient_checkpo
         terms["activations"] = layers_here * layer + hidden
         terms.update(logits)
 
-    if batching in ("padding_free", "packed") and device == "cuda":
+    if batching == "packed" and packed_as_rows and device == "cuda":
+        terms["packed_attention_mask"] = per_device_batch * packed_mask_bytes(cfg.seq_len, model.layers / n,
+                                                                              gradient_checkpointing)
+        notes.append(f"packed batches: {per_device_batch} rows of up to {cfg.seq_len} tokens, each under its own "
+                     "block-diagonal attention mask")
+    elif batching in ("padding_free", "packed") and device == "cuda":
         terms["packed_attention_mask"] = packed_mask_bytes(tokens, model.layers / n, gradient_checkpointing)
         notes.append(f"{batching} batches: one {tokens}-token sequence per micro-batch under a block-diagonal "
                      "attention mask")
@@ -233,7 +242,7 @@ def estimate(model, cfg, precision: str, per_device_batch: int, gradient_checkpo
 
 
 def packed_mask_bytes(tokens: int, layers: float, gradient_checkpointing: bool) -> int:
-    """The attention mask of a padding-free micro-batch of `tokens` tokens (all rows in one sequence).
+    """The attention mask of one sequence of `tokens` tokens holding several rows (padding-free or packed).
 
     transformers builds one boolean [tokens × tokens] mask from the restarting position_ids; SDPA's
     memory-efficient kernel takes it as an additive 16-bit bias, converted again in every layer and

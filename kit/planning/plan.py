@@ -140,10 +140,13 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
     plan.reasons += plan_words.strategy_reasons(strategy, n if strategy == "model_parallel" else world, gpu["name"], est, budget, model, cfg, gc, quantized, plan)
     plan.reasons.append(plan_words.host_words(model, strategy, quantized, plan.nproc, cfg, ram))
     plan.backend = _backend(cfg, facts, gpu, strategy, plan.reasons)
-    if plan.backend == "unsloth" and speed.unsloth_batching(cfg, plan.batching, plan.reasons) != plan.batching:
-        plan.batching = "padded"  # and the estimate without the padding-free mask (Unsloth is single-GPU here)
+    if plan.backend == "unsloth" and (speed.unsloth_batching(cfg, plan.batching, plan.reasons) != plan.batching
+                                      or plan.batching == "packed"):
+        if plan.batching != "packed":
+            plan.batching = "padded"  # and the estimate without the padding-free mask (Unsloth is single-GPU here)
+        # Unsloth's trainer lays packed sequences end to end (kit.train.collate keeps them rows only without it).
         est = memory.estimate(model, cfg, plan.precision, pdb, gc, quantized, world_size=world,
-                              optimizer=plan.optimizer, **{**loop, "batching": plan.batching})
+                              optimizer=plan.optimizer, **{**loop, "batching": plan.batching}, packed_as_rows=False)
         plan.memory.update(per_gpu_bytes=est.total_bytes, allocated_bytes=est.allocated_bytes, terms=est.terms,
                            notes=est.notes)
     plan.kernels = speed.kernels(cfg, facts, gpu, plan.backend, model.model_type, plan.reasons)

@@ -19,8 +19,10 @@ Batching, for data whose rows are of unequal length (chat, instructions):
   the H200's image nor on a T4), so rows never attend to each other. Same rows per step as padded,
   so the same loss curve; tested on the CPU against padded batches (tests/test_batching.py). The
   mask makes the whole micro-batch one attention problem, so long rows lose: `settle_batching`.
-- `packed`: rows packed into seq_len-long sequences (best-fit decreasing, whole rows), batched
-  padding-free: the most tokens per step. Configured, a step then holds many more rows than
+- `packed`: rows packed into seq_len-long sequences (best-fit decreasing, whole rows): the most
+  tokens per step. On the plain backend each sequence is a row of the batch under its own
+  block-diagonal mask (kit.train.collate: a seq_len² problem per row, not one of the whole
+  micro-batch); Unsloth's trainer lays them end to end like padding-free batches. Configured, a step then holds many more rows than
   global_batch says, so an epoch has fewer optimizer steps. "auto" packs only where it can fold
   gradient accumulation to keep the rows per optimizer step (`settle_batching`).
 """
