@@ -75,6 +75,7 @@ SETTINGS = {
     'optimizer': 'auto',
     'batching': 'auto',
     'kernels': 'auto',
+    'activation_offloading': 'auto',
     'max_grad_norm': 1.0,
     'precision': 'auto',
     'gradient_checkpointing': 'off',
@@ -107,6 +108,7 @@ PLAN = {
     'optimizer': 'adamw_torch',
     'batching': 'padding_free',
     'kernels': 'none',
+    'activation_offloading': False,
 }
 
 
@@ -182,6 +184,8 @@ def main(argv: list[str]) -> int:
             # (Packed sequences stay rows of their own: kit.train.collate.)
             padding_free=plan.padding_free,
             use_liger_kernel=plan.kernels == "liger",  # Triton RMSNorm, SwiGLU and RoPE
+            # The layer inputs kept for backward wait in pinned CPU memory during the step.
+            activation_offloading=plan.activation_offloading,
             **adapt.sampler_args(plan),  # batching "grouped": batches of rows of similar length
             completion_only_loss=True,  # the loss masks come from kit.train.data
             save_strategy="steps",

@@ -16,8 +16,9 @@ gradient checkpointing, one GPU, each configuration a fresh process, alone on th
   times (warm-up steps included, the same for every row); padding fraction = pad tokens / tokens
   computed, from the batches that sampler forms over the same rows.
 
-Candidates kit does not choose yet run through bench/patched_run.py (fill: `liger_offload`, TRL's
-activation offloading; `liger_compile`, torch.compile of each decoder layer), each on top of Liger.
+`liger_offload` is Liger with `activation_offloading=on` (TRL's activation offloading, which kit's
+"auto" now picks where measured). A candidate kit does not choose runs through bench/patched_run.py
+(fill: `liger_compile`, torch.compile of each decoder layer, on top of Liger).
 
 Losses: the per-step training losses of each run are kept; padded and padding_free see the same
 batches, so their curves are compared step by step; the others by their epoch mean.
@@ -69,7 +70,7 @@ def padding_fraction(lengths: list[int], batching: str, seed: int = 42) -> float
 
 
 # Rows that measure a speed-up through bench/patched_run.py before the planner may choose it.
-PATCHED = {"liger_offload": "offload", "liger_compile": "compile"}
+PATCHED = {"liger_compile": "compile"}
 
 
 def main() -> int:
@@ -100,7 +101,7 @@ def main() -> int:
         configs = {"plain": [], "liger": ["kernels=liger"], "fused_adamw": ["optimizer=adamw_torch_fused"],
                    "fp16": ["precision=fp16"], "fp16_liger": ["precision=fp16", "kernels=liger"],
                    "unsloth": ["backend=unsloth"], "unsloth_direct": [],
-                   "liger_offload": ["kernels=liger"], "liger_compile": ["kernels=liger"]}
+                   "liger_offload": ["kernels=liger", "activation_offloading=on"], "liger_compile": ["kernels=liger"]}
         chat = None
     else:
         from transformers import AutoTokenizer
@@ -129,7 +130,7 @@ def main() -> int:
             "method=lora", "precision=fp32", "gradient_checkpointing=off"]
         configs = {k: v for k, v in configs.items() if not any("liger" in o or "fp16" in o or "fused" in o for o in v)}
     wanted = [n for n in (a.only.split(",") if a.only else configs)]
-    base_fixed = ["kernels=none", "optimizer=adamw_torch", "batching=padded"]
+    base_fixed = ["kernels=none", "optimizer=adamw_torch", "batching=padded", "activation_offloading=off"]
     rows_out = []
     started = time.monotonic()
     for name in wanted:

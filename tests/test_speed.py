@@ -254,3 +254,54 @@ def test_sampler_args_name_length_grouping_as_the_installed_transformers_does():
     assert set(args) <= {f.name for f in fields(TrainingArguments)} and len(args) == 1
     assert list(args.values())[0] in (True, "group_by_length")
     assert adapt.sampler_args(adapt.plan_for(_ctx(), cfg(), PLANNED)) == {}
+
+
+def test_activation_offloading_auto_is_on_where_measured_and_the_estimate_drops_the_layer_inputs():
+    on = make_plan(H200, cfg(*QWEN8_QLORA, *CHAT))
+    off = make_plan(H200, cfg(*QWEN8_QLORA, *CHAT, "activation_offloading=off"))
+    assert on.gradient_checkpointing and on.activation_offloading and not off.activation_offloading
+    why = _reason(on, "activation_offloading on")
+    assert "1.04×" in why and "2.0 GiB less" in why
+    assert "activations_checkpointed" not in on.memory["terms"] and "activations_checkpointed" in off.memory["terms"]
+    # 37 layer inputs of 4 × 2,048 tokens × 4,096 × 2 bytes leave the GPU; two stay in flight.
+    hidden = 4 * 2048 * 4096 * 2
+    assert on.memory["terms"]["activations_checkpointed_in_flight"] == 2 * hidden
+    assert off.memory["allocated_bytes"] - on.memory["allocated_bytes"] == pytest.approx(35 * hidden * 1.0, rel=0.1)
+    assert any("pinned CPU memory" in n for n in on.memory["notes"])
+
+
+@pytest.mark.parametrize("facts,extra,why", [
+    (COLAB_T4, (), "measured on an H200 only, not on sm_75"),
+    (MI300X, (), "not an NVIDIA GPU"),
+    (H200, ("gradient_checkpointing=off", "seq_len=512"), "gradient checkpointing is off"),
+])
+def test_activation_offloading_auto_stays_off_where_unmeasured_and_says_how_to_turn_it_on(facts, extra, why):
+    plan = make_plan(facts, cfg(*QWEN8_QLORA, *extra))
+    assert not plan.activation_offloading
+    reason = _reason(plan, "activation_offloading off")
+    assert why in reason and "activation_offloading=on" in reason
+
+
+def test_activation_offloading_configured_and_off_on_the_cpu():
+    plan = make_plan(COLAB_T4, cfg(*QWEN8_QLORA, "activation_offloading=on"))
+    assert plan.activation_offloading and "as configured" in _reason(plan, "activation_offloading on")
+    cpu = make_plan(CPU_ONLY, cfg("activation_offloading=on"))
+    assert not cpu.activation_offloading and "nothing to offload to" in _reason(cpu, "activation_offloading on")
+    assert not make_plan(CPU_ONLY, cfg()).activation_offloading
+
+
+@pytest.mark.parametrize("rank,backend,want", [
+    (adapt.RankFacts("cuda", vendor="nvidia", capability="9.0"), "transformers", (True, None)),
+    (adapt.RankFacts("cpu"), "transformers", (False, "this rank runs on the CPU")),
+    (adapt.RankFacts("cuda", vendor="nvidia", capability="9.0", installed=frozenset({"unsloth"})), "unsloth",
+     (False, "Unsloth offloads")),
+])
+def test_launch_keeps_activation_offloading_only_where_it_can_run(rank, backend, want):
+    planned = {"per_device_batch": 1, "global_batch": 1, "backend": backend, "activation_offloading": True,
+               "gradient_checkpointing": True}
+    launch = adapt.adapt(planned, cfg("method=lora"), rank)
+    assert launch.activation_offloading == want[0]
+    notes = [n for n in launch.notes if n.startswith("activation offloading off")]
+    assert (want[1] is None and not notes) or (want[1] is not None and want[1] in notes[0])
+    # What was configured off stays off.
+    assert not adapt.adapt(planned, cfg("method=lora", "activation_offloading=off"), rank).activation_offloading

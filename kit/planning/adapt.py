@@ -65,6 +65,7 @@ class LaunchPlan:
     notes: list
     batching: str = "padded"     # padded | grouped | padding_free | packed
     kernels: str = "none"        # liger | none
+    activation_offloading: bool = False  # TRL moves what autograd saves to pinned CPU memory
     strategy: str = "ddp"        # single | ddp | fsdp | model_parallel (see kit.train.sharding)
     quantization: str | None = None  # "nf4" for a 4-bit base
 
@@ -160,8 +161,10 @@ def adapt(planned: dict, cfg, rank: RankFacts) -> LaunchPlan:
     kernels = _kernels(cfg, rank, planned.get("kernels", "none"), backend, notes)
     strategy = _strategy(rank, cfg, planned, notes)
     quantization = "nf4" if cfg.method == "qlora" else planned.get("quantization")
+    offloading = _offloading(cfg, rank, bool(planned.get("activation_offloading")), backend, notes)
     return LaunchPlan(precision, per_device, accum, global_batch, checkpointing, backend, optimizer, notes,
-                      batching=batching, kernels=kernels, strategy=strategy, quantization=quantization)
+                      batching=batching, kernels=kernels, strategy=strategy, quantization=quantization,
+                      activation_offloading=offloading)
 
 
 def plan_for(ctx, cfg, planned: dict) -> LaunchPlan:
@@ -188,6 +191,17 @@ def _strategy(rank: RankFacts, cfg, planned: dict, notes: list) -> str:
     if strategy in ("single", "ddp") and rank.world_size > 1:
         strategy = "ddp"
     return strategy
+
+
+def _offloading(cfg, rank: RankFacts, planned: bool, backend: str, notes: list) -> bool:
+    """TRL's activation offloading where it can run: a CUDA device (pinned host memory, a side
+    stream), the plain backend (Unsloth offloads its own way)."""
+    wanted = planned if cfg.activation_offloading == "auto" else cfg.activation_offloading == "on"
+    why = (None if not wanted else "this rank runs on the CPU" if rank.device != "cuda" else
+           "Unsloth offloads checkpointed activations its own way" if backend == "unsloth" else None)
+    if why is not None:
+        notes.append(f"activation offloading off: {why}")
+    return wanted and why is None
 
 
 def _kernels(cfg, rank: RankFacts, planned: str, backend: str, notes: list) -> str:

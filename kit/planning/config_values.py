@@ -32,7 +32,8 @@ _POSITIVE = {"seq_len", "per_device_batch", "global_batch", "epochs", "max_steps
 _NON_NEGATIVE = {"warmup_steps", "weight_decay", "max_grad_norm", "learning_rate", "eval.samples", "squash_history_every"}
 _CHOICES = {"method": METHODS, "backend": BACKENDS, "data.format": FORMATS, "optimizer": OPTIMIZERS,
             "precision": PRECISIONS, "lr_scheduler": SCHEDULERS, "gradient_checkpointing": CHECKPOINTING,
-            "batching": BATCHINGS, "kernels": KERNELS, "strategy": STRATEGIES, "eval.metric": EVAL_METRICS}
+            "batching": BATCHINGS, "kernels": KERNELS, "strategy": STRATEGIES, "eval.metric": EVAL_METRICS,
+            "activation_offloading": CHECKPOINTING}
 # Names people bring from other tools (HF TrainingArguments, TRL, axolotl).
 _ALIASES = {"lr": "learning_rate", "batch_size": "per_device_batch", "max_seq_length": "seq_len",
             "max_length": "seq_len", "model_name": "model", "num_train_epochs": "epochs",
@@ -84,7 +85,7 @@ def check_value(key: str, f: dataclasses.Field, value, source: str):
         if optional:
             return None
         raise UsageError(f"config key {key!r}{where} must not be null")
-    if key == "gradient_checkpointing":
+    if key in ("gradient_checkpointing", "activation_offloading"):
         # PyYAML reads on/off/yes/no/true/false as booleans: accept them all.
         if isinstance(value, bool):
             return "on" if value else "off"

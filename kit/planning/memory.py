@@ -124,7 +124,7 @@ def estimate(model, cfg, precision: str, per_device_batch: int, gradient_checkpo
              quantized: bool, *, world_size: int = 1, sharding: str = "none", optimizer: str | None = None,
              kbit_upcast: bool = False, device: str = "cuda", fused_lm_head: bool = False,
              autocast: bool = False, qlora_bf16_adapters: bool = False, batching: str = "padded",
-             packed_as_rows: bool = True) -> MemoryEstimate:
+             packed_as_rows: bool = True, activation_offloading: bool = False) -> MemoryEstimate:
     """Estimate one GPU's memory for a training step.
 
     Args:
@@ -152,6 +152,8 @@ def estimate(model, cfg, precision: str, per_device_batch: int, gradient_checkpo
             tokens under its own block-diagonal mask (kit.train.collate), or laid end to end like
             padding-free ones where `packed_as_rows` is False (Unsloth's trainer); "padded"/"grouped"
             hold no mask (causal SDPA).
+        activation_offloading: With checkpointing, the layer inputs wait in pinned CPU memory; on the
+            GPU only the one being copied and the one prefetched for backward (kit.planning.speed).
     """
     bp = 2 if precision in ("bf16", "fp16") else 4
     optimizer = optimizer or cfg.optimizer
@@ -207,7 +209,12 @@ def estimate(model, cfg, precision: str, per_device_batch: int, gradient_checkpo
         logits, head = _logits_terms(tokens * model.vocab, bp, kbit_upcast), "logits"
     layers_here = model.layers / n
     if gradient_checkpointing:
-        terms["activations_checkpointed"] = (layers_here + 1) * hidden  # each layer's input, kept for backward
+        if activation_offloading:
+            terms["activations_checkpointed_in_flight"] = 2 * hidden  # the rest wait in pinned CPU memory
+            notes.append(f"the layer inputs kept for backward ({_gib((layers_here + 1) * hidden)}) wait in pinned CPU "
+                         "memory (activation offloading)")
+        else:
+            terms["activations_checkpointed"] = (layers_here + 1) * hidden  # each layer's input, kept for backward
         # One layer's activations and their grads. bitsandbytes' dequantized weight (one per matmul,
         # freed at once) did not show in the H200 measurements of QLoRA through kit's script.
         layer_phase = {"layer_recompute": layer + 4 * hidden}

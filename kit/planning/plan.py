@@ -42,6 +42,7 @@ class Plan:
     optimizer: str = "adamw_torch"
     batching: str = "padded"        # padded | grouped | padding_free | packed (kit.planning.speed)
     kernels: str = "none"           # liger | none
+    activation_offloading: bool = False  # checkpointed layer inputs kept in pinned CPU memory (kit.planning.speed)
     quantization: str | None = None  # "nf4" for QLoRA / a bnb-4bit checkpoint
     memory: dict = field(default_factory=lambda: {"per_gpu_bytes": 0, "budget_bytes": 0, "terms": {}})
     reasons: list = field(default_factory=list)
@@ -150,6 +151,13 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
         plan.memory.update(per_gpu_bytes=est.total_bytes, allocated_bytes=est.allocated_bytes, terms=est.terms,
                            notes=est.notes)
     plan.kernels = speed.kernels(cfg, facts, gpu, plan.backend, model.model_type, plan.reasons)
+    plan.activation_offloading = speed.activation_offloading(cfg, gpu, plan.backend, strategy, gc, plan.reasons)
+    if plan.activation_offloading and plan.backend == "transformers" and strategy in ("single", "ddp") and gc:
+        est = memory.estimate(model, cfg, plan.precision, pdb, gc, quantized, world_size=world,
+                              optimizer=plan.optimizer, **{**loop, "batching": plan.batching},
+                              activation_offloading=True)
+        plan.memory.update(per_gpu_bytes=est.total_bytes, allocated_bytes=est.allocated_bytes, terms=est.terms,
+                           notes=est.notes)
     plan.launch = _launch(strategy, plan.nproc, usable, facts, gpu)
     if nodes > 1:
         run_id = "kit-" + "".join(ch if ch.isalnum() else "-" for ch in cfg.model.split("/")[-1].lower())
@@ -218,6 +226,7 @@ def _cpu_plan(facts, cfg, model, plan: Plan, nproc) -> Plan:
     plan.optimizer = "adamw_torch" if cfg.optimizer in ("auto", "adamw_8bit", "paged_adamw_8bit") else cfg.optimizer
     ram = facts.ram_bytes or 8 * GIB  # ranks on a CPU share the machine's memory
     plan.batching = speed.batching(cfg, None, plan.reasons)
+    speed.activation_offloading(cfg, None, "transformers", "single", False, plan.reasons)  # its reason; off here
     if cfg.optimizer == "adamw_torch_fused":
         plan.optimizer = "adamw_torch"  # the fused kernel is CUDA's
     found = fit(model, cfg, plan.precision, False, plan.optimizer, plan.nproc, ram // plan.nproc, device="cpu",

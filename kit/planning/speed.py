@@ -6,7 +6,9 @@ where the H200 benchmark showed it to pay (bench/results/speed_h200.json, `pytho
 padding-free batches on NVIDIA GPUs (a T4 by the same SDPA path, unmeasured there); Liger's kernels
 (1.29×, loss curve within 0.11 % of the plain one) on bf16-native NVIDIA GPUs where installed;
 fused AdamW measured 1.017× (LoRA's optimizer step is a sliver of the step), under the 2 % that
-would be worth a choice, so it is not chosen; torch.compile was not measured, so it is not chosen;
+would be worth a choice, so it is not chosen; TRL's activation offloading (1.04× and 2 GiB less
+with checkpointing, `activation_offloading`); torch.compile of the decoder layers 1.07× but more
+memory and a loss curve up to 1.8 % off, so it is not chosen;
 padding-free batches under Unsloth's trainer too (1.30× padded, bench/results/speed_h200_session5.json).
 Where nothing was measured (ROCm, the CPU) the choice is TRL's default and the reason says so.
 
@@ -54,6 +56,13 @@ MEASURED = {
     # backend unsloth on the chat rows, one run (bench/results/speed_h200_session5.json): padding-free
     # 1,867 trained tokens/s and 7.31 GiB against padded 1,434 and 8.32 GiB; per-step losses within 0.098 %.
     "unsloth_padding_free_vs_padded": 1.302,
+    # TRL's activation_offloading on top of Liger, fill rows, one run (bench/results/speed_h200_session6.json):
+    # 9,030 against 8,670 tokens/s, 7.61 against 9.65 GiB, the 12 losses the same to 4 digits.
+    "offload_vs_liger": 1.042,
+    "offload_saved_gib": 2.04,
+    # torch.compile of each decoder layer on top of Liger, same run: 9,231 tokens/s (1.065×) but 9.81 GiB
+    # and losses up to 1.8 % apart from Liger's alone (an inductor warning on Liger's RMSNorm): not chosen.
+    "compile_vs_liger": 1.065,
 }
 
 
@@ -206,6 +215,48 @@ def kernels(cfg, facts, gpu: dict | None, backend: str, model_type: str, reasons
     if gpu is not None and backend != "unsloth":
         reasons.append(f"kernels none: Liger off ({why}).")
     return "none"
+
+
+def activation_offloading(cfg, gpu: dict | None, backend: str, strategy: str, checkpointing: bool,
+                          reasons: list) -> bool:
+    """Whether the layer inputs gradient checkpointing keeps go to pinned CPU memory during the step.
+
+    TRL's `activation_offloading` (torchtune's OffloadActivations) copies each tensor autograd saves
+    to pinned host memory on a side stream and back for the backward pass, overlapped with compute;
+    under checkpointing those are the decoder layers' inputs, (layers + 1) × tokens × hidden × 2 bytes
+    (2.4 GiB for Qwen3-8B at 4 × 2,048 tokens). Measured on the H200 with Liger (MEASURED): faster
+    (the allocator works less) and 2.0 GiB smaller. "auto" turns it on where it was measured: the plain
+    backend, checkpointing on, one replica per GPU, a bf16-native NVIDIA GPU.
+    """
+    if cfg.activation_offloading != "auto":
+        on = cfg.activation_offloading == "on"
+        why = ("" if not on else " The CPU has nothing to offload to: the script leaves it off there." if gpu is None
+               else " Unsloth offloads checkpointed activations its own way: the script leaves it off."
+               if backend == "unsloth" else "")
+        reasons.append(f"activation_offloading {cfg.activation_offloading} as configured.{why}")
+        return on
+    ratio = MEASURED["offload_vs_liger"]
+    why = ("not on a GPU" if gpu is None else
+           "not an NVIDIA GPU" if gpu["vendor"] != "nvidia" else
+           "Unsloth offloads checkpointed activations its own way" if backend == "unsloth" else
+           "gradient checkpointing is off, so every activation would cross PCIe twice a step (unmeasured)"
+           if not checkpointing else
+           f"strategy {strategy}: measured with one replica per GPU only" if strategy not in ("single", "ddp") else
+           f"measured on an H200 only, not on {verdicts.arch_name(gpu['vendor'], gpu['capability'])}"
+           if not verdicts.bf16_native(gpu["vendor"], gpu["capability"]) else
+           "not measured to pay" if ratio < OFFLOAD_PAYS else None)
+    if why is None:
+        reasons.append(f"activation_offloading on: the checkpointed layer inputs wait in pinned CPU memory during the "
+                       f"step (TRL's activation_offloading): measured {ratio:.2f}× the tokens/s and "
+                       f"{MEASURED['offload_saved_gib']:.1f} GiB less (H200, Qwen3-8B QLoRA, with Liger), the same "
+                       "losses.")
+        return True
+    if gpu is not None:
+        reasons.append(f"activation_offloading off ({why}); activation_offloading=on turns it on.")
+    return False
+
+
+OFFLOAD_PAYS = 1.0  # it saves memory; "auto" takes it where it is at least no slower
 
 
 FUSED_ADAMW_PAYS = 1.02  # a smaller gain is within the run-to-run spread of these step times
