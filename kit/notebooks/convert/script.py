@@ -79,13 +79,13 @@ finally:
         if training_ok:
             wait_for_all()
         dist.destroy_process_group()
-        if training_ok and not is_main:
-            # Done: end here, without the interpreter's teardown, which can abort or hang a rank
-            # whose process group is gone (pytorch/pytorch#75097). Rank 0 exits normally, so
-            # anything the notebook left running there (an upload) still finishes.
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)
+    if training_ok and world_size > 1 and not is_main:
+        # Done (its group may have been left earlier, where rank 0's tail begins): end here, without
+        # the interpreter's teardown, which can abort a rank whose process group is gone
+        # (pytorch/pytorch#75097). Rank 0 exits normally, so an upload it left running still finishes.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 '''
 
 
