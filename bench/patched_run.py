@@ -4,6 +4,7 @@ bench/speed.py measures a candidate this way before the planner may pick it (iss
 only where the benchmark shows it pays"), so no product code is written for a speed-up that loses:
 
     python bench/patched_run.py compile kit_liger.py [script args]   # torch.compile each decoder layer
+    python bench/patched_run.py probe kit_unsloth.py [script args]   # bench/trainer_probe.py: prints only
 
 (TRL's activation offloading was measured here too, and is now kit's `activation_offloading`.)
 - compile: after `SFTTrainer` is built, `module.compile()` on every `*DecoderLayer` (the unit that
@@ -16,10 +17,10 @@ from __future__ import annotations
 import runpy
 import sys
 
-PATCHES = ("compile",)
+PATCHES = ("compile", "probe")
 
 
-def _compile() -> None:
+def _compile(script: str) -> None:
     import trl
 
     init = trl.SFTTrainer.__init__
@@ -34,11 +35,23 @@ def _compile() -> None:
     trl.SFTTrainer.__init__ = patched
 
 
+def _probe(script: str) -> None:
+    import importlib
+    from pathlib import Path
+
+    if "import unsloth" in Path(script).read_text():  # Unsloth patches transformers only when it comes first
+        importlib.import_module("unsloth")
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench import trainer_probe
+
+    trainer_probe.install()
+
+
 def main() -> None:
     if len(sys.argv) < 3 or sys.argv[1] not in PATCHES:
         raise SystemExit(f"usage: python bench/patched_run.py {{{'|'.join(PATCHES)}}} SCRIPT [ARGS]")
     patch, script = sys.argv[1], sys.argv[2]
-    {"compile": _compile}[patch]()
+    {"compile": _compile, "probe": _probe}[patch](script)
     sys.argv = [script, *sys.argv[3:]]
     runpy.run_path(script, run_name="__main__")
 

@@ -23,7 +23,9 @@ import unsloth  # noqa: F401  (first: it patches transformers and trl)
 import argparse
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 from datasets import load_dataset
@@ -50,7 +52,13 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--chat", action="store_true", help="one epoch of messages rows, loss on the responses only")
+    p.add_argument("--probe", action="store_true", help="print what the trainer settled and each step's time")
     a = p.parse_args()
+    if a.probe:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from bench import trainer_probe
+
+        trainer_probe.install()
 
     model, tokenizer = FastLanguageModel.from_pretrained(model_name=a.model, max_seq_length=a.seq_len,
                                                          dtype=torch.bfloat16, load_in_4bit=True)

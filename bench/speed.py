@@ -84,6 +84,8 @@ def main() -> int:
     p.add_argument("--budget-s", type=float, default=None,
                    help="start no further configuration after this many seconds (a lent GPU's time limit)")
     p.add_argument("--out", required=True)
+    p.add_argument("--probe", action="store_true",
+                   help="print what each run's trainer settled and every step's time (bench/trainer_probe.py)")
     p.add_argument("--dry-run", action="store_true",
                    help="on the CPU: the tiny model, LoRA in fp32, only the rows that need no GPU (checks the bench)")
     a = p.parse_args()
@@ -149,7 +151,7 @@ def main() -> int:
         script = work / f"kit_{name}.py"  # never unsloth.py: the script's folder comes first on sys.path
         plan = render(overrides, script, gpus="cpu" if a.dry_run else "1xH200")
         log = work / f"{name}.log"
-        patch = PATCHED.get(name)  # a candidate kit does not choose yet: bench/patched_run.py
+        patch = PATCHED.get(name) or ("probe" if a.probe else None)  # bench/patched_run.py
         argv = [sys.executable, str(script)] if patch is None else [
             sys.executable, str(ROOT / "bench" / "patched_run.py"), patch, str(script)]
         try:
@@ -184,7 +186,8 @@ def direct_row(a, model, data, work: Path, chat: dict | None) -> dict:
     argv = [sys.executable, str(ROOT / "bench" / "reference_unsloth.py"), "--model", str(model), "--data", str(data),
             "--seq-len", str(SEQ), "--batch", str(BATCH), "--steps", str(a.steps), "--out", str(result)]
     try:
-        run(argv + (["--chat"] if chat else []), work / "unsloth_direct.log", a.timeout)
+        run(argv + (["--chat"] if chat else []) + (["--probe"] if a.probe else []), work / "unsloth_direct.log",
+        a.timeout)
     except SystemExit as e:
         print(f"[bench] unsloth_direct failed: {str(e)[-1500:]}", flush=True)
         return {"name": "unsloth_direct", "overrides": [], "error": str(e)[-1500:]}
