@@ -10,7 +10,8 @@ import pytest
 from kit.checkpoints.store.hub import HubStore
 from kit.checkpoints.store.pacing import RESERVE, CommitPacer, checkpoint_rate_warning
 from kit.checkpoints.sync import BackgroundSync
-from tests.hubserver import WRITE_TOKEN, HubServer
+from tests.hubserver import WRITE_TOKEN, HubServer, hub  # noqa: F401  (fixture)
+from tests.test_store import REPO
 from tests.test_sync import make_ckpt
 
 
@@ -60,3 +61,50 @@ def test_the_warning_names_a_save_steps_that_fits():
     assert "(60 of them lease heartbeats)" in words and "save_steps=60 or more" in words
     assert checkpoint_rate_warning(save_steps=60, step_s=1.0, heartbeat_s=60) is None
     assert checkpoint_rate_warning(save_steps=10, step_s=0, heartbeat_s=60) is None
+
+
+def test_commits_another_session_made_count_against_the_hour_old_ones_do_not():
+    clock = Clock()
+    clock.t = 10_000.0
+    pacer = CommitPacer(per_hour=12, clock=clock)  # 12 - RESERVE = 4 checkpoint commits an hour
+    pacer.seed([clock.t - 4000, clock.t - 3000, clock.t - 20, clock.t - 10, "junk"])
+    assert pacer.recent() == [clock.t - 3000, clock.t - 20, clock.t - 10]  # over an hour old: dropped
+    pacer.seed([clock.t - 10])  # the same commit, told twice (every heartbeat carries it)
+    assert len(pacer.recent()) == 3 and pacer.wait_s() == 0.0
+    own = CommitPacer(clock=clock)
+    own.note()
+    own.note()  # two commits in the same millisecond are two commits
+    assert own.recent() == [clock.t, clock.t]
+    pacer.note()
+    assert pacer.wait_s() == 600.0  # four in the hour: wait until the one 3,000 s old is an hour old
+
+
+def test_a_session_taking_over_a_cut_one_inherits_its_hour_of_hub_commits(hub):
+    """The Hub's ~128 commits an hour are the repo's: a session cut at minute 50 and the next one
+    started at minute 52 share one hour. The cut session's last heartbeat carries its commit times;
+    the session that takes over (it is stale, or it released) counts them before its first checkpoint."""
+    from kit.checkpoints.lease import Lease
+
+    first = HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url)
+    lease = Lease(first, "cut-host pid 1", ttl_s=0.3).acquire()
+    for i in range(3):
+        first.write_text(f"note-{i}", "x")
+    lease.heartbeat()  # its last heartbeat, which carries the lease's, 3 records' and its own commit times
+    carried = len(first.recent_commits())
+    assert carried == 5
+    time.sleep(0.5)  # then it is cut: no release, the lease goes stale
+
+    fresh = HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url)
+    assert fresh.recent_commits() == [] and fresh.commit_wait_s() == 0.0  # a new process knows nothing
+    nxt = HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url)
+    nxt.pacer.per_hour = RESERVE + carried  # so the inherited commits alone fill the checkpoint budget
+    taken = Lease(nxt, "next-host pid 2").acquire()
+    assert taken.took_over is not None
+    assert len(nxt.recent_commits()) == carried + 1  # the cut session's, and this takeover's commit
+    assert nxt.commit_wait_s() > 3500  # the next checkpoint waits for the hour to move on
+    taken.release()
+    # A released lease carries the hour too: the session after this one inherits both sessions' commits
+    # (the cut one's 5, the takeover and the release), then makes its own two (acquire, release).
+    after = HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url)
+    Lease(after, "third-host pid 3").acquire().release()
+    assert len(after.recent_commits()) == carried + 2 + 2

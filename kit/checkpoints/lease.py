@@ -16,7 +16,9 @@ them, the rest for checkpoints. Timestamps are wall-clock UTC, so machines with 
 minutes can misjudge staleness.
 
 A record also carries the holder's ``progress`` (its step, and when its training began), so the
-session that takes over from a cut one can say how far that one got (``took_over``).
+session that takes over from a cut one can say how far that one got (``took_over``), and the
+times of the store's commits in the last hour, so that session's commit pacer counts them: the
+Hub's limit is the repo's, and a new session on another host would otherwise start a fresh hour.
 """
 
 from __future__ import annotations
@@ -92,11 +94,17 @@ class Lease:
 
     def _record(self) -> dict:
         now = time.time()
+        # The store's commits of the last hour, this record's own included (the Hub's limit is the
+        # repo's): the session after this one counts them.
+        commits = self.store.recent_commits() + ([round(now, 3)] if self.store.commits_per_hour() else [])
         return {"holder": self.holder, "id": self.id, "since": self.since or now, "heartbeat": now,
-                "ttl_s": self.ttl_s, "heartbeat_s": self.heartbeat_s, "progress": dict(self.progress)}
+                "ttl_s": self.ttl_s, "heartbeat_s": self.heartbeat_s, "progress": dict(self.progress),
+                "commits": commits}
 
     def _judge(self, other: dict | None) -> bool:
         """True when ``other`` does not block us (absent, ours, released or stale); raises when it does."""
+        if other and other.get("id") != self.id and isinstance(other.get("commits"), list):
+            self.store.recent_commits(other["commits"])  # the hour's budget another session spent here
         if not other or other.get("released") or other.get("id") == self.id:
             return True
         age = time.time() - float(other.get("heartbeat", 0))

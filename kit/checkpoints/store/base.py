@@ -79,6 +79,10 @@ class Store(ABC):
         """How many commits an hour this store takes; None: no such limit."""
         return None
 
+    def recent_commits(self, inherited=()) -> list[float]:
+        """Wall-clock times of the last hour's commits, counting `inherited` (a previous session's); [] if unlimited."""
+        return []
+
     def publish_final(self, local_dir: Path) -> str:
         """Put a finished job's ``final/`` folder into the store in one step; returns where it is."""
         raise StoreError(f"{self.describe()} cannot hold a final/ folder")

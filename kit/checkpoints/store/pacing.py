@@ -5,6 +5,10 @@ queued one. The lease heartbeat never waits (a late heartbeat lets another sessi
 it is paced by its interval instead, and counted here like any commit, so checkpoints get what
 the heartbeats leave.
 
+The hour is the repo's, not the process's: a session that starts minutes after another was cut
+inherits that one's commits, which each lease heartbeat carries (`recent`, then `seed` in the
+next session; kit.checkpoints.lease). Times are wall-clock, as they cross machines.
+
 Example:
     >>> pacer = CommitPacer(per_hour=128)
     >>> pacer.note(); pacer.wait_s()
@@ -13,7 +17,6 @@ Example:
 
 from __future__ import annotations
 
-import collections
 import threading
 import time
 
@@ -23,26 +26,41 @@ WINDOW_S = 3600.0
 
 
 class CommitPacer:
-    def __init__(self, per_hour: float = HUB_COMMITS_PER_HOUR, clock=time.monotonic):
+    def __init__(self, per_hour: float = HUB_COMMITS_PER_HOUR, clock=time.time):
         self.per_hour, self.clock = per_hour, clock
-        self._times: collections.deque[float] = collections.deque()
+        self._own: list[float] = []  # this process's commits
+        self._inherited: set[float] = set()  # another session's, as its lease record told them (to the ms)
         self._lock = threading.Lock()
 
     def note(self) -> None:
         """Count one commit that just landed."""
         with self._lock:
-            self._times.append(self.clock())
+            self._own.append(self.clock())
+
+    def seed(self, times) -> None:
+        """Count commits another session made (their wall-clock times, told once or many times over)."""
+        with self._lock:
+            self._inherited.update(round(float(t), 3) for t in times if isinstance(t, (int, float)))
+
+    def recent(self) -> list[float]:
+        """The times of the commits in the last hour, oldest first."""
+        with self._lock:
+            return self._in_window(self.clock())
+
+    def _in_window(self, now: float) -> list[float]:
+        self._own = [t for t in self._own if now - t < WINDOW_S]
+        self._inherited = {t for t in self._inherited if now - t < WINDOW_S}
+        return sorted([round(t, 3) for t in self._own] + list(self._inherited))
 
     def wait_s(self) -> float:
         """Seconds until a deferrable commit (a checkpoint) fits in the hour's budget; 0 when it does now."""
         with self._lock:
             now = self.clock()
-            while self._times and now - self._times[0] >= WINDOW_S:
-                self._times.popleft()
+            times = self._in_window(now)
             allowed = max(1, int(self.per_hour) - RESERVE)
-            if len(self._times) < allowed:
+            if len(times) < allowed:
                 return 0.0
-            return max(0.0, self._times[len(self._times) - allowed] + WINDOW_S - now)
+            return max(0.0, times[len(times) - allowed] + WINDOW_S - now)
 
 
 def checkpoint_rate_warning(save_steps: int, step_s: float, heartbeat_s: float,
