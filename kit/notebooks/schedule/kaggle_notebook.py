@@ -5,7 +5,8 @@ folder holds as the version's output. The cells, in order:
 
 1. the token check: no `HF_TOKEN` (a secret attached in the web UI stays attached to later
    versions; a push cannot attach one) fails the session in seconds, before any install;
-2. kit at the pinned commit: cloned from `repo`, installed only where kit is not importable;
+2. kit at the pinned commit: fetched from `repo` (that commit alone, no history), installed only
+   where kit is not importable;
 3. the config (its YAML text), the script rendered for this machine, and training, exactly as
    `notebooks/resume.ipynb` runs it;
 4. `kit-outcome.json`: the outcome line, the session record and the log tail, for the scheduler.
@@ -57,9 +58,10 @@ _KIT_CELL = '''\
 import importlib.util, subprocess, sys
 
 SRC = WORK / "kit-src"
-if not SRC.is_dir():
-    subprocess.run(["git", "clone", "--quiet", KIT_REPO, str(SRC)], check=True)
-    subprocess.run(["git", "-C", str(SRC), "checkout", "--quiet", KIT_COMMIT], check=True)
+if not SRC.is_dir():  # that one commit only, not the history (GitHub serves a fetch by sha)
+    subprocess.run(["git", "init", "--quiet", str(SRC)], check=True)
+    subprocess.run(["git", "-C", str(SRC), "fetch", "--quiet", "--depth", "1", KIT_REPO, KIT_COMMIT], check=True)
+    subprocess.run(["git", "-C", str(SRC), "checkout", "--quiet", "FETCH_HEAD"], check=True)
 if importlib.util.find_spec("kit") is None:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", f"{SRC}[train]"], check=True)
 '''
