@@ -138,6 +138,9 @@ class HubServer:
         self._link_free: dict[str, float] = {}
         self.requests: list[tuple[str, str, int]] = []  # (method, path, status) log
         self.commit_delay_s = 0.0  # sleep inside the commit lock: widens race windows in tests
+        # A threading.Barrier that commits wait at before they are applied: a race test sets it to
+        # Barrier(2), so two writers that both read the head are sure to commit against it (one 412s).
+        self.commit_gate: threading.Barrier | None = None
         # Files of at least this size are answered "lfs" at preupload (the client must then run with
         # HF_HUB_DISABLE_XET=1) and are PUT as raw bytes; None keeps everything "regular" (base64).
         self.lfs_threshold: int | None = None
@@ -305,6 +308,11 @@ class HubServer:
 
     def apply_commit(self, repo: Repo, lines: list[dict]) -> Commit:
         header = lines[0]["value"]
+        if self.commit_gate is not None:
+            try:
+                self.commit_gate.wait(timeout=10)
+            except threading.BrokenBarrierError:  # the other writer never came: apply this one anyway
+                pass
         with self.lock:
             if self.commit_delay_s:
                 time.sleep(self.commit_delay_s)

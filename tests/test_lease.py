@@ -101,7 +101,7 @@ def test_context_manager_and_default_holder(store_factory):
 
 
 def test_two_racers_on_the_hub_exactly_one_wins(hub):
-    hub.commit_delay_s = 0.3  # both read the same head before either commit lands
+    hub.commit_gate = threading.Barrier(2)  # both read the same head before either commit lands
     results, barrier = {}, threading.Barrier(2)
 
     def race(name):
