@@ -137,7 +137,6 @@ class HubServer:
         self.throttle_bps: float | None = None  # shared by all connections, per direction
         self._link_free: dict[str, float] = {}
         self.requests: list[tuple[str, str, int]] = []  # (method, path, status) log
-        self.commit_delay_s = 0.0  # sleep inside the commit lock: widens race windows in tests
         # A threading.Barrier that commits wait at before they are applied: a race test sets it to
         # Barrier(2), so two writers that both read the head are sure to commit against it (one 412s).
         self.commit_gate: threading.Barrier | None = None
@@ -314,8 +313,6 @@ class HubServer:
             except threading.BrokenBarrierError:  # the other writer never came: apply this one anyway
                 pass
         with self.lock:
-            if self.commit_delay_s:
-                time.sleep(self.commit_delay_s)
             head = repo.head
             parent = header.get("parentCommit")
             if parent and not head.sha.startswith(parent):

@@ -89,22 +89,22 @@ def test_a_session_taking_over_a_cut_one_inherits_its_hour_of_hub_commits(hub):
     lease = Lease(first, "cut-host pid 1", ttl_s=0.3).acquire()
     for i in range(3):
         first.write_text(f"note-{i}", "x")
-    lease.heartbeat()  # its last heartbeat, which carries the lease's, 3 records' and its own commit times
-    carried = len(first.recent_commits())
+    lease.heartbeat()  # its last heartbeat: the lease's and 3 records' commit times, and its own time
+    carried = len(first.pacer.recent())
     assert carried == 5
     time.sleep(0.5)  # then it is cut: no release, the lease goes stale
 
     fresh = HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url)
-    assert fresh.recent_commits() == [] and fresh.commit_wait_s() == 0.0  # a new process knows nothing
+    assert fresh.pacer.recent() == [] and fresh.pacer.wait_s() == 0.0  # a new process knows nothing
     nxt = HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url)
     nxt.pacer.per_hour = RESERVE + carried  # so the inherited commits alone fill the checkpoint budget
     taken = Lease(nxt, "next-host pid 2").acquire()
     assert taken.took_over is not None
-    assert len(nxt.recent_commits()) == carried + 1  # the cut session's, and this takeover's commit
-    assert nxt.commit_wait_s() > 3500  # the next checkpoint waits for the hour to move on
+    assert len(nxt.pacer.recent()) == carried + 1  # the cut session's, and this takeover's commit
+    assert nxt.pacer.wait_s() > 3500  # the next checkpoint waits for the hour to move on
     taken.release()
     # A released lease carries the hour too: the session after this one inherits both sessions' commits
     # (the cut one's 5, the takeover and the release), then makes its own two (acquire, release).
     after = HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url)
     Lease(after, "third-host pid 3").acquire().release()
-    assert len(after.recent_commits()) == carried + 2 + 2
+    assert len(after.pacer.recent()) == carried + 2 + 2

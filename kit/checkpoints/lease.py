@@ -94,17 +94,17 @@ class Lease:
 
     def _record(self) -> dict:
         now = time.time()
-        # The store's commits of the last hour, this record's own included (the Hub's limit is the
-        # repo's): the session after this one counts them.
-        commits = self.store.recent_commits() + ([round(now, 3)] if self.store.commits_per_hour() else [])
+        # The store's commits of the last hour (the Hub's limit is the repo's), for the next session;
+        # the commit of this record itself is its "heartbeat".
         return {"holder": self.holder, "id": self.id, "since": self.since or now, "heartbeat": now,
                 "ttl_s": self.ttl_s, "heartbeat_s": self.heartbeat_s, "progress": dict(self.progress),
-                "commits": commits}
+                "commits": self.store.pacer.recent()}
 
     def _judge(self, other: dict | None) -> bool:
         """True when ``other`` does not block us (absent, ours, released or stale); raises when it does."""
         if other and other.get("id") != self.id and isinstance(other.get("commits"), list):
-            self.store.recent_commits(other["commits"])  # the hour's budget another session spent here
+            # The hour's budget another session spent here: its commits, and the record's own.
+            self.store.pacer.seed([*other["commits"], other.get("heartbeat")])
         if not other or other.get("released") or other.get("id") == self.id:
             return True
         age = time.time() - float(other.get("heartbeat", 0))

@@ -178,7 +178,7 @@ class BackgroundSync:
                     return
                 # The store's commit budget (the Hub's ~128/h): hold the queued checkpoint back;
                 # a newer one submitted meanwhile supersedes it. The last one, at close, goes at once.
-                wait = 0.0 if self._closing else self.store.commit_wait_s()
+                wait = 0.0 if self._closing else self.store.pacer.wait_s()
                 if wait > 0:
                     if self._pending.step != self._paced_step:  # say it once per checkpoint held back
                         self._paced_step = self._pending.step

@@ -247,7 +247,7 @@ class Job:
             from kit.checkpoints.store.pacing import checkpoint_rate_warning
 
             ends = self._meter.step_ends
-            per_hour = self.store.commits_per_hour()
+            per_hour = self.store.pacer.per_hour
             words = per_hour and checkpoint_rate_warning(self.cfg.save_steps, (ends[-1] - ends[2]) / (len(ends) - 3),
                                                          self.cfg.lease_heartbeat_seconds, per_hour)
             if words:

@@ -22,6 +22,7 @@ from kit.retry import retry
 from kit.checkpoints.leftovers import owned_name
 from kit.checkpoints.manifest import MANIFEST_NAME, parse_manifest, read_manifest, verify_files
 from kit.checkpoints.store.leasing import LEASE_NAME
+from kit.checkpoints.store.pacing import NO_LIMIT, CommitPacer
 # The store's vocabulary lives in layout.py; importing it here keeps `store.base.X` working.
 from kit.checkpoints.store.layout import (  # noqa: F401
     CKPT_DIR, CKPT_RE, RECORDS_DIR, VANILLA_DIR, Candidate, Snapshot, StaleHead, TransientStoreError, Verdict,
@@ -37,6 +38,8 @@ FETCH_BACKOFF_S = (1.0, 2.0, 4.0)
 
 class Store(ABC):
     """A place that holds checkpoints. Use :func:`kit.checkpoints.store.open_store` to get one."""
+
+    pacer: CommitPacer = NO_LIMIT  # its commit budget (store/pacing.py): the Hub's is ~128 an hour
 
     # ---- backend primitives -------------------------------------------------------------------
     @abstractmethod
@@ -70,18 +73,6 @@ class Store(ABC):
 
     @abstractmethod
     def describe(self) -> str: ...
-
-    def commit_wait_s(self) -> float:
-        """Seconds to hold a checkpoint commit back so the store's own rate limit is kept (0: none)."""
-        return 0.0
-
-    def commits_per_hour(self) -> float | None:
-        """How many commits an hour this store takes; None: no such limit."""
-        return None
-
-    def recent_commits(self, inherited=()) -> list[float]:
-        """Wall-clock times of the last hour's commits, counting `inherited` (a previous session's); [] if unlimited."""
-        return []
 
     def publish_final(self, local_dir: Path) -> str:
         """Put a finished job's ``final/`` folder into the store in one step; returns where it is."""

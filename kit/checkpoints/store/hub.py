@@ -205,16 +205,6 @@ class HubStore(Store):
     def swap_lease(self, decide) -> None:  # compare-and-swap on parent_commit (store/leasing.py)
         leasing.hub_swap(self, decide)
 
-    def commit_wait_s(self) -> float:
-        return self.pacer.wait_s()
-
-    def commits_per_hour(self) -> float | None:
-        return self.pacer.per_hour
-
-    def recent_commits(self, inherited=()) -> list[float]:
-        self.pacer.seed(inherited)
-        return self.pacer.recent()
-
     def publish(self, local_ckpt_dir: Path, step: int, keep: int) -> None:
         """Upload ``local_ckpt_dir`` as ``checkpoints/checkpoint-{step}`` and prune, in ONE commit."""
         manifest, names = local_files(local_ckpt_dir, step)

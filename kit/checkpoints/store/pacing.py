@@ -7,7 +7,8 @@ the heartbeats leave.
 
 The hour is the repo's, not the process's: a session that starts minutes after another was cut
 inherits that one's commits, which each lease heartbeat carries (`recent`, then `seed` in the
-next session; kit.checkpoints.lease). Times are wall-clock, as they cross machines.
+next session; kit.checkpoints.lease). Times are wall-clock, as they cross machines. Every store
+has a pacer (`Store.pacer`); a store without a commit limit (a directory) has `NO_LIMIT`.
 
 Example:
     >>> pacer = CommitPacer(per_hour=128)
@@ -26,7 +27,7 @@ WINDOW_S = 3600.0
 
 
 class CommitPacer:
-    def __init__(self, per_hour: float = HUB_COMMITS_PER_HOUR, clock=time.time):
+    def __init__(self, per_hour: float | None = HUB_COMMITS_PER_HOUR, clock=time.time):
         self.per_hour, self.clock = per_hour, clock
         self._own: list[float] = []  # this process's commits
         self._inherited: set[float] = set()  # another session's, as its lease record told them (to the ms)
@@ -61,6 +62,25 @@ class CommitPacer:
             if len(times) < allowed:
                 return 0.0
             return max(0.0, times[len(times) - allowed] + WINDOW_S - now)
+
+
+class _NoLimit(CommitPacer):
+    """The pacer of a store that takes any number of commits: never waits, remembers nothing."""
+
+    def __init__(self):
+        super().__init__(per_hour=None)
+
+    def note(self) -> None:
+        pass
+
+    def seed(self, times) -> None:
+        pass
+
+    def wait_s(self) -> float:
+        return 0.0
+
+
+NO_LIMIT = _NoLimit()
 
 
 def checkpoint_rate_warning(save_steps: int, step_s: float, heartbeat_s: float,
