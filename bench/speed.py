@@ -186,8 +186,8 @@ def direct_row(a, model, data, work: Path, chat: dict | None) -> dict:
     argv = [sys.executable, str(ROOT / "bench" / "reference_unsloth.py"), "--model", str(model), "--data", str(data),
             "--seq-len", str(SEQ), "--batch", str(BATCH), "--steps", str(a.steps), "--out", str(result)]
     try:
-        run(argv + (["--chat"] if chat else []) + (["--probe"] if a.probe else []), work / "unsloth_direct.log",
-        a.timeout)
+        flags = (["--chat"] if chat else []) + (["--probe"] if a.probe else [])
+        run(argv + flags, work / "unsloth_direct.log", a.timeout)
     except SystemExit as e:
         print(f"[bench] unsloth_direct failed: {str(e)[-1500:]}", flush=True)
         return {"name": "unsloth_direct", "overrides": [], "error": str(e)[-1500:]}
