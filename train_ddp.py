@@ -76,6 +76,7 @@ SETTINGS = {
     'batching': 'auto',
     'kernels': 'auto',
     'activation_offloading': 'auto',
+    'compile': 'auto',
     'max_grad_norm': 1.0,
     'precision': 'auto',
     'gradient_checkpointing': 'off',
@@ -109,6 +110,7 @@ PLAN = {
     'batching': 'padding_free',
     'kernels': 'none',
     'activation_offloading': False,
+    'compile_layers': False,
 }
 
 
@@ -184,6 +186,8 @@ def main(argv: list[str]) -> int:
             # (Packed sequences stay rows of their own: kit.train.collate.)
             padding_free=plan.padding_free,
             use_liger_kernel=plan.kernels == "liger",  # Triton RMSNorm, SwiGLU and RoPE
+            # Compiled layers: inductor fuses the norms itself (Liger's RMSNorm kernel inside them warned).
+            liger_kernel_config={"rms_norm": False} if plan.compile_layers else None,
             # The layer inputs kept for backward wait in pinned CPU memory during the step.
             activation_offloading=plan.activation_offloading,
             **adapt.sampler_args(plan),  # batching "grouped": batches of rows of similar length
@@ -210,6 +214,8 @@ def main(argv: list[str]) -> int:
             callbacks=job.callbacks(model, dataset),  # saves, deadline, upload, speed and memory
         )
         modeling.settle_adapter_dtype(trainer.model, plan)  # fp16 loss scaling needs fp32 LoRA weights
+        if plan.compile_layers:  # torch.compile of each decoder layer, compiled at the first steps
+            job.log(f"compile: {modeling.compile_layers(trainer.model)} decoder layers through torch.compile")
         collate.settle(trainer, plan)  # packed sequences as rows, each under its own block-diagonal mask
         # A checkpoint the other strategy wrote resumes through a converted copy (same numbers).
         trainer.train(resume_from_checkpoint=sharding.resumable(trainer, job.resume_from, plan, ctx))

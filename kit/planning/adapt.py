@@ -66,6 +66,7 @@ class LaunchPlan:
     batching: str = "padded"     # padded | grouped | padding_free | packed
     kernels: str = "none"        # liger | none
     activation_offloading: bool = False  # TRL moves what autograd saves to pinned CPU memory
+    compile_layers: bool = False  # torch.compile of each decoder layer (kit.train.modeling.compile_layers)
     strategy: str = "ddp"        # single | ddp | fsdp | model_parallel (see kit.train.sharding)
     quantization: str | None = None  # "nf4" for a 4-bit base
 
@@ -162,9 +163,10 @@ def adapt(planned: dict, cfg, rank: RankFacts) -> LaunchPlan:
     strategy = _strategy(rank, cfg, planned, notes)
     quantization = "nf4" if cfg.method == "qlora" else planned.get("quantization")
     offloading = _offloading(cfg, rank, bool(planned.get("activation_offloading")), backend, notes)
+    compiled = _compiled(cfg, rank, bool(planned.get("compile_layers")), backend, strategy, notes)
     return LaunchPlan(precision, per_device, accum, global_batch, checkpointing, backend, optimizer, notes,
                       batching=batching, kernels=kernels, strategy=strategy, quantization=quantization,
-                      activation_offloading=offloading)
+                      activation_offloading=offloading, compile_layers=compiled)
 
 
 def plan_for(ctx, cfg, planned: dict) -> LaunchPlan:
@@ -201,6 +203,19 @@ def _offloading(cfg, rank: RankFacts, planned: bool, backend: str, notes: list) 
            "Unsloth offloads checkpointed activations its own way" if backend == "unsloth" else None)
     if why is not None:
         notes.append(f"activation offloading off: {why}")
+    return wanted and why is None
+
+
+def _compiled(cfg, rank: RankFacts, planned: bool, backend: str, strategy: str, notes: list) -> bool:
+    """torch.compile of the decoder layers where it was measured: a CUDA device, the plain backend,
+    one replica per GPU (kit.planning.speed.compile_layers)."""
+    wanted = planned if cfg.compile == "auto" else cfg.compile == "on"
+    why = (None if not wanted else "this rank runs on the CPU" if rank.device != "cuda" else
+           "Unsloth compiles its own decoder blocks" if backend == "unsloth" else
+           f"strategy {strategy}: measured with one replica per GPU only" if strategy not in ("single", "ddp")
+           else None)
+    if why is not None:
+        notes.append(f"compile off: {why}")
     return wanted and why is None
 
 

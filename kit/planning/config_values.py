@@ -33,13 +33,13 @@ _NON_NEGATIVE = {"warmup_steps", "weight_decay", "max_grad_norm", "learning_rate
 _CHOICES = {"method": METHODS, "backend": BACKENDS, "data.format": FORMATS, "optimizer": OPTIMIZERS,
             "precision": PRECISIONS, "lr_scheduler": SCHEDULERS, "gradient_checkpointing": CHECKPOINTING,
             "batching": BATCHINGS, "kernels": KERNELS, "strategy": STRATEGIES, "eval.metric": EVAL_METRICS,
-            "activation_offloading": CHECKPOINTING}
+            "activation_offloading": CHECKPOINTING, "compile": CHECKPOINTING}
 # Names people bring from other tools (HF TrainingArguments, TRL, axolotl).
 _ALIASES = {"lr": "learning_rate", "batch_size": "per_device_batch", "max_seq_length": "seq_len",
             "max_length": "seq_len", "model_name": "model", "num_train_epochs": "epochs",
             "gradient_accumulation_steps": "global_batch", "bf16": "precision", "fp16": "precision",
             "rank": "r", "lora_r": "r", "lora_alpha": "alpha", "lora_dropout": "dropout", "targets": "target_modules",
-            "dataset": "path", "data_path": "path"}
+            "dataset": "path", "data_path": "path", "torch_compile": "compile"}
 
 
 # Keys that name something kit decides itself, with where that decision is made.
@@ -85,7 +85,7 @@ def check_value(key: str, f: dataclasses.Field, value, source: str):
         if optional:
             return None
         raise UsageError(f"config key {key!r}{where} must not be null")
-    if key in ("gradient_checkpointing", "activation_offloading"):
+    if key in ("gradient_checkpointing", "activation_offloading", "compile"):
         # PyYAML reads on/off/yes/no/true/false as booleans: accept them all.
         if isinstance(value, bool):
             return "on" if value else "off"

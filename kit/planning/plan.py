@@ -43,6 +43,7 @@ class Plan:
     batching: str = "padded"        # padded | grouped | padding_free | packed (kit.planning.speed)
     kernels: str = "none"           # liger | none
     activation_offloading: bool = False  # checkpointed layer inputs kept in pinned CPU memory (kit.planning.speed)
+    compile_layers: bool = False    # torch.compile of each decoder layer (kit.planning.speed)
     quantization: str | None = None  # "nf4" for QLoRA / a bnb-4bit checkpoint
     memory: dict = field(default_factory=lambda: {"per_gpu_bytes": 0, "budget_bytes": 0, "terms": {}})
     reasons: list = field(default_factory=list)
@@ -158,6 +159,7 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
                               activation_offloading=True)
         plan.memory.update(per_gpu_bytes=est.total_bytes, allocated_bytes=est.allocated_bytes, terms=est.terms,
                            notes=est.notes)
+    plan.compile_layers = speed.compile_layers(cfg, gpu, plan.backend, strategy, plan.reasons)
     plan.launch = _launch(strategy, plan.nproc, usable, facts, gpu)
     if nodes > 1:
         run_id = "kit-" + "".join(ch if ch.isalnum() else "-" for ch in cfg.model.split("/")[-1].lower())
@@ -227,6 +229,7 @@ def _cpu_plan(facts, cfg, model, plan: Plan, nproc) -> Plan:
     ram = facts.ram_bytes or 8 * GIB  # ranks on a CPU share the machine's memory
     plan.batching = speed.batching(cfg, None, plan.reasons)
     speed.activation_offloading(cfg, None, "transformers", "single", False, plan.reasons)  # its reason; off here
+    speed.compile_layers(cfg, None, "transformers", "single", plan.reasons)  # its reason when configured; off here
     if cfg.optimizer == "adamw_torch_fused":
         plan.optimizer = "adamw_torch"  # the fused kernel is CUDA's
     found = fit(model, cfg, plan.precision, False, plan.optimizer, plan.nproc, ram // plan.nproc, device="cpu",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from kit.errors import CannotTrain
 from kit.machine import verdicts
-from kit.planning.speed import MEASURED
+from kit.planning.measured import MEASURED
 
 
 def choose(asked: str, device: str, vendor: str | None = None, capability: str | None = None,

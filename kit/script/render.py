@@ -17,7 +17,8 @@ from kit.files import write_atomic
 
 TEMPLATE = Path(__file__).parent / "templates" / "train_ddp.py.tmpl"
 PLAN_KEYS = ("precision", "strategy", "device", "nproc", "per_device_batch", "grad_accum", "global_batch",
-             "gradient_checkpointing", "backend", "optimizer", "batching", "kernels", "activation_offloading")
+             "gradient_checkpointing", "backend", "optimizer", "batching", "kernels", "activation_offloading",
+             "compile_layers")
 METHOD_WORDS = {"lora": "LoRA", "qlora": "QLoRA (4-bit nf4 base + LoRA)", "full": "full fine-tuning"}
 
 

@@ -113,6 +113,16 @@ def _prepare(model, tokenizer, plan) -> None:
         model.enable_input_require_grads()
 
 
+def compile_layers(model) -> int:
+    """torch.compile each decoder layer in place (`nn.Module.compile`), the unit that repeats, so one
+    compiled graph serves them all; the 4-bit matmuls inside are bitsandbytes' registered ops. It
+    compiles at the layers' first call. Returns how many layers."""
+    layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+    for layer in layers:
+        layer.compile()
+    return len(layers)
+
+
 def target_modules(cfg, model) -> list[str] | str:
     if cfg.lora.target_modules != "all-linear":
         return list(cfg.lora.target_modules)

@@ -1,0 +1,54 @@
+"""The H200 measurements behind kit's speed choices (kit.planning.speed), each with where it came from.
+
+Facts only: `kit.planning.speed` decides from them. Each figure is a ratio from one `python bench/speed.py`
+run (or the mean of the runs named), its results file in bench/results/.
+"""
+
+# The H200 measurements behind the "auto" choices (bench/results/speed_h200.json): Qwen3-8B shape,
+# QLoRA nf4, LoRA r16 all-linear, seq_len 2048 × micro-batch 4, gradient checkpointing.
+MEASURED = {
+    # Trained tokens/s on chat rows with LMSYS-Chat-1M's lengths, against padded batches (1,263/s,
+    # half the tokens computed were pad): padding-free 1,447/s and 8.3 GiB against 10.3 GiB.
+    "padding_free_vs_padded": 1.146,
+    # Packed sequences as rows (kit.train.collate), one run (bench/results/speed_h200_session7_chat.json):
+    # 4,061 trained tokens/s against padded 1,402, 10.25 GiB both; with Liger 3,842 (median step 1.00 s,
+    # 1.69 s when the same batches were one flattened sequence).
+    "packed_vs_padded": 2.896,
+    # Tokens/s on rows that fill seq_len: Liger 9,201/s and 9.65 GiB against 7,111/s and 10.11 GiB.
+    "liger_vs_plain": 1.294,
+    # Liger's loss curve against the plain one, same weights, data and seed, 40 steps
+    # (bench/results/loss_equivalence_h200.json): at most 0.105 % apart, 0.043 % on average, where
+    # the same run twice differs by up to 0.055 %. Tolerance fixed before the run: mean ≤ 1 %, every step ≤ 3 %.
+    "liger_loss_checked": True,
+    "liger_loss_max_rel_diff": 0.00105,
+    # adamw_torch_fused against adamw_torch, fill rows, 12 steps: 7,197 against 7,075 tokens/s, same
+    # memory (bench/results/speed_fused_adamw_h200.json): below FUSED_ADAMW_PAYS.
+    "fused_adamw_vs_adamw": 1.017,
+    "fp16_vs_bf16": 0.968,            # fp16 with loss scaling and fp32 adapters, same model and batch
+    # backend unsloth on the chat rows, one run (bench/results/speed_h200_session5.json): padding-free
+    # 1,867 trained tokens/s and 7.31 GiB against padded 1,434 and 8.32 GiB; per-step losses within 0.098 %.
+    "unsloth_padding_free_vs_padded": 1.302,
+    # TRL's activation_offloading on top of Liger, fill rows, three runs on three machines
+    # (bench/results/speed_h200_session6.json, speed_h200_session7_fill.json, speed_h200_session9_fill.json):
+    # 9,030 against 8,670, 8,763 against 9,120 and (30 steps) 8,584 against 9,022 tokens/s; 7.61 against
+    # 9.65 GiB every time; the losses the same to 4 digits.
+    "offload_vs_liger": 0.985,  # the three runs' mean (1.042, 0.961, 0.951)
+    "offload_saved_gib": 2.04,
+    # torch.compile of each decoder layer on top of Liger, same run: 9,231 tokens/s (1.065×) but 9.81 GiB
+    # and losses up to 1.8 % apart from Liger's alone (an inductor warning on Liger's RMSNorm).
+    "compile_vs_liger": 1.065,
+    # Liger (its RMSNorm left to inductor) + activation offloading + torch.compile of each decoder layer
+    # (`compile=on`), against Unsloth direct in the same run, 30 steps, two runs
+    # (bench/results/speed_h200_session9_fill_compile_patched.json, _fill_compile.json): 9,159 against
+    # 10,349 and 9,492 against 10,514 tokens/s; 7.56 against 7.95 GiB both; Liger alone 0.875× and
+    # 0.888× at 9.65 GiB. Its losses sit below Liger's from the second step on: 0.78 % and 0.77 % apart
+    # on average, 1.85 % at most, where Liger and the plain stack are 0.01 % apart.
+    "compile_offload_vs_unsloth": 0.894,  # the two runs' mean (0.885, 0.903)
+    "compile_offload_memory_vs_unsloth": 0.951,
+    "compile_loss_mean_rel_diff": 0.0078,
+    "compile_loss_max_rel_diff": 0.0185,
+    # torch.compile alone on the plain stack, same run: 10,163 tokens/s (0.967× Unsloth direct, 1.41×
+    # plain) at 10.22 GiB (1.29×), losses 1.13 % below plain's on average, 3.95 % at most.
+    "compile_alone_vs_unsloth": 0.967,
+    "compile_alone_loss_max_rel_diff": 0.0395,
+}
