@@ -76,7 +76,8 @@ def main() -> None:
     args = SFTConfig(output_dir="/tmp/reference-unsloth", dataset_text_field="text", max_length=a.seq_len,
                      per_device_train_batch_size=a.batch, **length,
                      gradient_accumulation_steps=1, learning_rate=1e-4, bf16=True, optim="adamw_torch",
-                     logging_steps=1, save_strategy="no", report_to="none", warmup_steps=0)
+                     logging_steps=1, save_strategy="no", report_to="none", warmup_steps=0,
+                     data_seed=42)  # kit's shuffle (its seed 42 as data_seed): the same batches in the same order
     trainer = SFTTrainer(model=model, processing_class=tokenizer, train_dataset=ds, args=args, callbacks=[timer])
     trained = None
     if a.chat:

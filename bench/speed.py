@@ -17,7 +17,8 @@ gradient checkpointing, one GPU, each configuration a fresh process, alone on th
   computed, from the batches that sampler forms over the same rows.
 
 `liger_offload` is Liger with `activation_offloading=on` (TRL's activation offloading, which kit's
-"auto" now picks where measured). A candidate kit does not choose runs through bench/patched_run.py
+"auto" now picks where measured); `liger_offload_compile_on` adds kit's `compile=on` (torch.compile of
+each decoder layer, Liger's RMSNorm left to inductor), `plain_compile_on` is compile alone. A candidate kit does not choose runs through bench/patched_run.py
 (fill: `liger_compile`, torch.compile of each decoder layer, on top of Liger).
 
 Losses: the per-step training losses of each run are kept; padded and padding_free see the same
@@ -51,6 +52,13 @@ def losses(log: Path) -> list[float]:
     return [float(x) for x in LOSS.findall(log.read_text(errors="replace"))]
 
 
+def probe_end(log: Path) -> dict | None:
+    """The `[probe] end` record of a run under --probe (bench/trainer_probe.py), None without one."""
+    ends = [line.split("[probe] end ", 1)[1] for line in log.read_text(errors="replace").splitlines()
+            if "[probe] end " in line]  # after a progress bar's carriage return, on the same line
+    return json.loads(ends[-1]) if ends else None
+
+
 def padding_fraction(lengths: list[int], batching: str, seed: int = 42) -> float:
     """Pad tokens / tokens computed over one epoch of the batches this sampler forms."""
     import torch
@@ -70,7 +78,8 @@ def padding_fraction(lengths: list[int], batching: str, seed: int = 42) -> float
 
 
 # Rows that measure a speed-up through bench/patched_run.py before the planner may choose it.
-PATCHED = {"liger_compile": "compile"}
+PATCHED = {"liger_compile": "compile", "liger_offload_compile": "compile",
+           "liger_offload_compile_nonorm": "compile_nonorm"}
 
 
 def main() -> int:
@@ -103,7 +112,11 @@ def main() -> int:
         configs = {"plain": [], "liger": ["kernels=liger"], "fused_adamw": ["optimizer=adamw_torch_fused"],
                    "fp16": ["precision=fp16"], "fp16_liger": ["precision=fp16", "kernels=liger"],
                    "unsloth": ["backend=unsloth"], "unsloth_direct": [],
-                   "liger_offload": ["kernels=liger", "activation_offloading=on"], "liger_compile": ["kernels=liger"]}
+                   "liger_offload": ["kernels=liger", "activation_offloading=on"], "liger_compile": ["kernels=liger"],
+                   "liger_offload_compile": ["kernels=liger", "activation_offloading=on"],
+                   "liger_offload_compile_nonorm": ["kernels=liger", "activation_offloading=on"],
+                   "liger_offload_compile_on": ["kernels=liger", "activation_offloading=on", "compile=on"],
+                   "plain_compile_on": ["compile=on"]}
         chat = None
     else:
         from transformers import AutoTokenizer
@@ -132,7 +145,7 @@ def main() -> int:
             "method=lora", "precision=fp32", "gradient_checkpointing=off"]
         configs = {k: v for k, v in configs.items() if not any("liger" in o or "fp16" in o or "fused" in o for o in v)}
     wanted = [n for n in (a.only.split(",") if a.only else configs)]
-    base_fixed = ["kernels=none", "optimizer=adamw_torch", "batching=padded", "activation_offloading=off"]
+    base_fixed = ["kernels=none", "optimizer=adamw_torch", "batching=padded", "activation_offloading=off", "compile=off"]
     rows_out = []
     started = time.monotonic()
     for name in wanted:
@@ -167,7 +180,7 @@ def main() -> int:
              "peak_allocated_gib": round(rec.get("peak_allocated_bytes", 0) / GIB, 2),
              "peak_reserved_gib": round(rec.get("peak_reserved_bytes", 0) / GIB, 2),
              "estimate_allocated_gib": round(plan["memory"]["allocated_bytes"] / GIB, 2),
-             "losses": losses(log)}
+             "losses": losses(log), "probe": probe_end(log)}
         if a.part == "fill":
             r["tokens_per_s"] = rec["tokens_per_s"]
         else:
@@ -175,7 +188,7 @@ def main() -> int:
             r["padding_fraction"] = padding_fraction(lengths, next(
                 o.split("=")[1] for o in configs[name] if o.startswith("batching=")))
         rows_out.append(r)
-        print(f"[bench] {json.dumps({k: v for k, v in r.items() if k != 'losses'})}", flush=True)
+        print(f"[bench] {json.dumps({k: v for k, v in r.items() if k not in ('losses', 'probe')})}", flush=True)
         write(a, chat, rows_out, torch)  # after every row: a run cut off at its time limit keeps what it had
     return 0
 
@@ -196,7 +209,8 @@ def direct_row(a, model, data, work: Path, chat: dict | None) -> dict:
          "step_s_median": rec["step_s"], "steps_run": rec["steps_run"], "total_step_s": rec["total_step_s"],
          "peak_allocated_gib": round(rec["peak_allocated_bytes"] / GIB, 2),
          "peak_reserved_gib": round(rec["peak_reserved_bytes"] / GIB, 2), "estimate_allocated_gib": None,
-         "padding_free": rec.get("padding_free"), "losses": rec.get("losses")}
+         "padding_free": rec.get("padding_free"), "losses": rec.get("losses"),
+         "probe": probe_end(work / "unsloth_direct.log")}
     if chat:
         # kit's count of trained tokens over the same rows, so the ratio to kit's rows is like for like;
         # the driver's own count (Unsloth's response masking of the chat template's text) beside it.
@@ -205,7 +219,7 @@ def direct_row(a, model, data, work: Path, chat: dict | None) -> dict:
         r["driver_trained_tokens_per_s"] = rec.get("trained_tokens_per_s")
     else:
         r["tokens_per_s"] = rec["tokens_per_s"]
-    print(f"[bench] {json.dumps({k: v for k, v in r.items() if k != 'losses'})}", flush=True)
+    print(f"[bench] {json.dumps({k: v for k, v in r.items() if k not in ('losses', 'probe')})}", flush=True)
     return r
 
 

@@ -8,8 +8,10 @@ speeds differ (issue #17: kit's Unsloth backend against Unsloth direct on chat r
   (padding_free, packing, remove_unused_columns, max_length, gradient_checkpointing), the collator
   and whether Unsloth wrapped it with packed-sequence lengths, the attention implementation, and
   whether anything was `gc.freeze()`-n;
-- after each step: its duration and the time Python's garbage collector ran during it;
-- at the end: every step's duration, the collector's total time and its generation-2 passes.
+- after each step: its duration, the time Python's garbage collector ran during it, and the shape of
+  each micro-batch's input_ids the model saw (a forward pre-hook; shapes only, so no device sync):
+  two runs whose shapes match step by step trained on the same batches;
+- at the end: every step's duration and shapes, the collector's total time and its generation-2 passes.
 
 It changes nothing the run does: a TrainerCallback added to every Trainer, and a gc callback.
 """
@@ -61,19 +63,29 @@ def install() -> None:
         def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):
             print(PREFIX, "trainer", json.dumps(_facts(args, model, train_dataloader)), flush=True)
             gc.callbacks.append(clock)
-            self.steps, self.gc_at, self.t = [], clock.total_s, time.perf_counter()
+            self.steps, self.shapes, self.seen = [], [], []
+            if model is not None:
+                model.register_forward_pre_hook(self._saw, with_kwargs=True)
+            self.gc_at, self.t = clock.total_s, time.perf_counter()
+
+        def _saw(self, module, args, kwargs):
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            if ids is not None and module.training:
+                self.seen.append(list(ids.shape))
 
         def on_step_end(self, args, state, control, **kwargs):
             now = time.perf_counter()
             took, gc_s = now - self.t, clock.total_s - self.gc_at
             self.steps.append(round(took, 4))
-            print(PREFIX, f"step {state.global_step} {took:.3f} s (gc {gc_s:.3f} s)", flush=True)
+            self.shapes.append(self.seen)
+            print(PREFIX, f"step {state.global_step} {took:.3f} s (gc {gc_s:.3f} s) input_ids {self.seen}", flush=True)
+            self.seen = []
             self.t, self.gc_at = now, clock.total_s
 
         def on_train_end(self, args, state, control, **kwargs):
             if clock in gc.callbacks:
                 gc.callbacks.remove(clock)
-            print(PREFIX, "end", json.dumps({"step_s": self.steps, "gc_s": round(clock.total_s, 3),
+            print(PREFIX, "end", json.dumps({"step_s": self.steps, "shapes": self.shapes, "gc_s": round(clock.total_s, 3),
                                               "gc_full_passes": clock.full_passes}), flush=True)
 
     init = CallbackHandler.__init__
