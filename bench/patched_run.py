@@ -6,6 +6,7 @@ only where the benchmark shows it pays"), so no product code is written for a sp
     python bench/patched_run.py compile kit_liger.py [script args]   # torch.compile each decoder layer
     python bench/patched_run.py compile_nonorm kit_liger.py            # the same, Liger's RMSNorm left out
     python bench/patched_run.py probe kit_unsloth.py [script args]   # bench/trainer_probe.py: prints only
+    KIT_GRADS_OUT=g.json python bench/patched_run.py grads kit.py    # bench/compile_grads.py: records only
 
 (TRL's activation offloading was measured here too, and is now kit's `activation_offloading`.)
 - compile: after `SFTTrainer` is built, `module.compile()` on every `*DecoderLayer` (the unit that
@@ -21,7 +22,7 @@ from __future__ import annotations
 import runpy
 import sys
 
-PATCHES = ("compile", "compile_nonorm", "probe")
+PATCHES = ("compile", "compile_nonorm", "probe", "grads")
 
 
 def _compile(script: str, liger_norm: bool = True) -> None:
@@ -54,11 +55,47 @@ def _probe(script: str) -> None:
     trainer_probe.install()
 
 
+def _grads(script: str) -> None:
+    """Before each optimizer step, each trainable tensor's gradient: its norm, its exact zeros and
+    its size, written to $KIT_GRADS_OUT as JSON when the process ends (bench/compile_grads.py)."""
+    import atexit
+    import json
+    import os
+
+    import torch
+    import transformers
+
+    steps: list[dict] = []
+    create = transformers.Trainer.create_optimizer
+
+    def patched(self, *args, **kwargs):
+        optimizer = create(self, *args, **kwargs)
+        names = {id(p): n for n, p in self.model.named_parameters() if p.requires_grad}
+
+        def record(opt, *_):
+            seen = {}
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        g = p.grad.detach().float()
+                        seen[names.get(id(p), str(id(p)))] = [g.norm().item(), int((g == 0).sum()), g.numel(),
+                                                              str(p.dtype)]
+            steps.append(seen)
+
+        optimizer.register_step_pre_hook(record)
+        return optimizer
+
+    transformers.Trainer.create_optimizer = patched
+    atexit.register(lambda: open(os.environ["KIT_GRADS_OUT"], "w").write(json.dumps({"steps": steps})))
+    del torch
+
+
 def main() -> None:
     if len(sys.argv) < 3 or sys.argv[1] not in PATCHES:
         raise SystemExit(f"usage: python bench/patched_run.py {{{'|'.join(PATCHES)}}} SCRIPT [ARGS]")
     patch, script = sys.argv[1], sys.argv[2]
-    {"compile": _compile, "compile_nonorm": lambda s: _compile(s, liger_norm=False), "probe": _probe}[patch](script)
+    {"compile": _compile, "compile_nonorm": lambda s: _compile(s, liger_norm=False), "probe": _probe,
+     "grads": _grads}[patch](script)
     sys.argv = [script, *sys.argv[3:]]
     runpy.run_path(script, run_name="__main__")
 
