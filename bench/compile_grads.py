@@ -11,7 +11,8 @@ This runs kit's own script (bench/speed.py's fill rows and shape) for --steps st
 `compile=off` and `compile=on`, each a fresh process with cold compile caches, and records before
 each optimizer step every trainable tensor's gradient norm, exact zeros and dtype
 (bench/patched_run.py `grads`; after clipping to max_grad_norm, so the log's grad_norm, before it,
-is kept too). Reported per step: the losses, the tensors whose gradient norms
+is kept too), and compares the first step's gradients tensor by tensor: cosine and sign agreement
+per projection (Adam's first step moves each weight by the learning rate in its gradient's sign). Reported per step: the losses, the tensors whose gradient norms
 differ most, and the zeros in each run (a gradient that is all zero in one run and not the other
 would be a path cut in one of them). On the CPU the planner runs compile=on eagerly, so a dry run
 checks the plumbing only.
@@ -47,11 +48,39 @@ def one(name: str, extra: list[str], a, model: Path, data: Path, work: Path) -> 
     script = work / f"kit_{name}.py"
     render(overrides, script, gpus="cpu" if a.dry_run else "1xH200")
     log = work / f"{name}.log"
-    os.environ["KIT_GRADS_OUT"] = str(grads)  # the run's environment is this one's (gpu_common.bench_env)
+    tensors = work / f"{name}_first_grads.pt"
+    # The run's environment is this one's (gpu_common.bench_env).
+    os.environ.update(KIT_GRADS_OUT=str(grads), KIT_GRADS_TENSORS=str(tensors))
     run([sys.executable, str(ROOT / "bench" / "patched_run.py"), "grads", str(script)], log, a.timeout)
     text = log.read_text(errors="replace")
     return {"losses": losses(log), "grad_norms": [float(x) for x in GRAD_NORM.findall(text)],
-            "steps": json.loads(grads.read_text())["steps"]}
+            "steps": json.loads(grads.read_text())["steps"], "tensors": tensors}
+
+
+def first_step_agreement(eager: Path, compiled: Path) -> dict:
+    """The first step's gradients, eager against compiled, by projection (q_proj, …, lora_A/lora_B):
+    cosine similarity, and the share of elements whose signs agree (Adam's first step moves each
+    weight by the learning rate in its gradient's sign, so that share is what the first update shares)."""
+    import torch
+
+    e, c = torch.load(eager), torch.load(compiled)
+    groups: dict[str, list] = {}
+    for name in sorted(set(e) & set(c)):
+        parts = name.split(".")
+        kind = ".".join(p for p in parts if p.endswith("_proj") or p in ("lora_A", "lora_B")) or name
+        a, b = e[name].flatten(), c[name].flatten()
+        both = (a != 0) | (b != 0)
+        groups.setdefault(kind, []).append((torch.nn.functional.cosine_similarity(a, b, dim=0).item()
+                                            if a.norm() > 0 and b.norm() > 0 else None,
+                                            ((a.sign() == b.sign()) & both).sum().item(), both.sum().item()))
+    out = {}
+    for kind, vals in groups.items():
+        cos = [v[0] for v in vals if v[0] is not None]
+        out[kind] = {"tensors": len(vals), "cosine_min": round(min(cos), 4) if cos else None,
+                     "cosine_mean": round(sum(cos) / len(cos), 4) if cos else None,
+                     "sign_agreement": round(sum(v[1] for v in vals) / nonzero, 4)
+                     if (nonzero := sum(v[2] for v in vals)) else None}  # None: all zero in both (lora_A at step 1)
+    return out
 
 
 def compare(eager: dict, compiled: dict, top: int = 12) -> list[dict]:
@@ -87,7 +116,8 @@ def main() -> int:
     result = {"what": __doc__.split("\n\n")[1].replace("\n", " "), "losses": {"eager": eager["losses"],
               "compiled": compiled["losses"]},
               "grad_norms_before_clipping": {"eager": eager["grad_norms"], "compiled": compiled["grad_norms"]},
-              "steps": compare(eager, compiled)}
+              "steps": compare(eager, compiled),
+              "first_step_by_projection": first_step_agreement(eager["tensors"], compiled["tensors"])}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
     for s in result["steps"]:
@@ -96,6 +126,8 @@ def main() -> int:
               f"most apart {s['most_apart'][0] if s['most_apart'] else None}")
     print(f"[bench] losses eager {eager['losses']} compiled {compiled['losses']}")
     print(f"[bench] grad_norm eager {eager['grad_norms']} compiled {compiled['grad_norms']}")
+    for kind, agreement in result["first_step_by_projection"].items():
+        print(f"[bench] first step {kind}: {agreement}")
     return 0
 
 

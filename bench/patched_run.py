@@ -57,7 +57,8 @@ def _probe(script: str) -> None:
 
 def _grads(script: str) -> None:
     """Before each optimizer step, each trainable tensor's gradient: its norm, its exact zeros and
-    its size, written to $KIT_GRADS_OUT as JSON when the process ends (bench/compile_grads.py)."""
+    its size, written to $KIT_GRADS_OUT as JSON when the process ends (bench/compile_grads.py);
+    with $KIT_GRADS_TENSORS, the first step's gradients themselves too (torch.save, on the CPU)."""
     import atexit
     import json
     import os
@@ -80,6 +81,10 @@ def _grads(script: str) -> None:
                         g = p.grad.detach().float()
                         seen[names.get(id(p), str(id(p)))] = [g.norm().item(), int((g == 0).sum()), g.numel(),
                                                               str(p.dtype)]
+            if not steps and os.environ.get("KIT_GRADS_TENSORS"):
+                torch.save({names.get(id(p), str(id(p))): p.grad.detach().float().cpu()
+                            for group in opt.param_groups for p in group["params"] if p.grad is not None},
+                           os.environ["KIT_GRADS_TENSORS"])
             steps.append(seen)
 
         optimizer.register_step_pre_hook(record)
@@ -87,7 +92,6 @@ def _grads(script: str) -> None:
 
     transformers.Trainer.create_optimizer = patched
     atexit.register(lambda: open(os.environ["KIT_GRADS_OUT"], "w").write(json.dumps({"steps": steps})))
-    del torch
 
 
 def main() -> None:
