@@ -74,12 +74,23 @@ def test_compile_layers_compiles_every_decoder_layer_in_place(lora_model):
     assert all(layer._compiled_call_impl is not None for layer in layers)
 
 
+def _inductor_builds_cpu_kernels() -> bool:
+    """Whether TorchInductor can build a kernel on this machine (a C++ compiler, Python's headers)."""
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        return False
+    try:
+        return torch.compile(lambda x: x * 2 + 1)(torch.ones(3)).tolist() == [3.0, 3.0, 3.0]
+    except (torch._dynamo.exc.TorchDynamoException, RuntimeError, OSError) as e:  # the build failed here
+        print(f"TorchInductor cannot build CPU kernels here: {type(e).__name__}: {str(e)[:200]}")
+        return False
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
-                    reason="TorchInductor on the CPU needs a C compiler")
 def test_compiled_layers_train_like_eager_ones_in_fp32():
     """compile=on changes how the layers run, not what they compute: in fp32 on the CPU, three AdamW
     steps with gradient checkpointing give the eager losses and gradient norms to 1e-5."""
+    if not _inductor_builds_cpu_kernels():
+        pytest.skip("TorchInductor cannot build CPU kernels on this machine (no C++ compiler or Python headers)")
     def run(compiled: bool) -> list[float]:
         torch.manual_seed(0)
         cfg = config.load(str(ROOT / "configs" / "default.yaml"), [])
