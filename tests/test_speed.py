@@ -299,12 +299,18 @@ def test_activation_offloading_configured_and_off_on_the_cpu():
 def test_launch_keeps_activation_offloading_only_where_it_can_run(rank, backend, want):
     planned = {"per_device_batch": 1, "global_batch": 1, "backend": backend, "activation_offloading": True,
                "gradient_checkpointing": True}
+    _settled_at_launch(planned, rank, "activation_offloading", "activation offloading off", want)
+
+
+def _settled_at_launch(planned: dict, rank, key: str, note: str, want: tuple) -> None:
+    """The launch keeps planned `key` on where it can run (want[0]), else turns it off with a note
+    that says why (want[1]); configured off, it stays off."""
     launch = adapt.adapt(planned, cfg("method=lora"), rank)
-    assert launch.activation_offloading == want[0]
-    notes = [n for n in launch.notes if n.startswith("activation offloading off")]
+    attr = "compile_layers" if key == "compile" else key
+    assert getattr(launch, attr) == want[0]
+    notes = [n for n in launch.notes if n.startswith(note)]
     assert (want[1] is None and not notes) or (want[1] is not None and want[1] in notes[0])
-    # What was configured off stays off.
-    assert not adapt.adapt(planned, cfg("method=lora", "activation_offloading=off"), rank).activation_offloading
+    assert not getattr(adapt.adapt(planned, cfg("method=lora", f"{key}=off"), rank), attr)
 
 
 def test_compile_auto_stays_off_with_the_measurement_and_how_to_turn_it_on():
@@ -342,11 +348,7 @@ def test_compile_on_is_kept_where_it_can_run_and_says_why_not_elsewhere(facts, e
 def test_launch_compiles_the_layers_only_where_it_was_measured(rank, backend, strategy, want):
     planned = {"per_device_batch": 1, "global_batch": rank.world_size, "backend": backend, "compile_layers": True,
                "strategy": strategy}
-    launch = adapt.adapt(planned, cfg("method=lora"), rank)
-    assert launch.compile_layers == want[0]
-    notes = [n for n in launch.notes if n.startswith("compile off")]
-    assert (want[1] is None and not notes) or (want[1] is not None and want[1] in notes[0])
-    assert not adapt.adapt(planned, cfg("method=lora", "compile=off"), rank).compile_layers
+    _settled_at_launch(planned, rank, "compile", "compile off", want)
 
 
 @pytest.mark.parametrize("value,want", [("on", "on"), (True, "on"), (False, "off"), ("AUTO", "auto")])
