@@ -7,15 +7,17 @@ On the H200 the loss with torch.compile of the decoder layers sits below the eag
 second step on (0.78 % on average with Liger, 3.95 % at most alone; bench/results/
 speed_h200_session9_summary.json) while the first step's loss is the same, so the first update
 differs. On the CPU, with and without a 4-bit base, the two agree to 1e-5 (tests/test_modeling.py).
-This runs kit's own script (bench/speed.py's fill rows and shape) for --steps steps, with
-`compile=off` and `compile=on`, each a fresh process with cold compile caches, and records before
-each optimizer step every trainable tensor's gradient norm, exact zeros and dtype
-(bench/patched_run.py `grads`; after clipping to max_grad_norm, so the log's grad_norm, before it,
-is kept too), and compares the first step's gradients tensor by tensor: cosine and sign agreement
-per projection (Adam's first step moves each weight by the learning rate in its gradient's sign). Reported per step: the losses, the tensors whose gradient norms
-differ most, and the zeros in each run (a gradient that is all zero in one run and not the other
-would be a path cut in one of them). On the CPU the planner runs compile=on eagerly, so a dry run
-checks the plumbing only.
+
+This runs kit's own script (bench/speed.py's fill rows and shape) for --steps steps: `compile=off`
+twice (the spread of the GPU's own nondeterminism) and `compile=on`, with gradient checkpointing on
+and off (where checkpointing's recompute meets the compiled graph), each a fresh process with cold
+compile caches. Before each optimizer step it records every trainable tensor's gradient norm,
+exact zeros and dtype (bench/patched_run.py `grads`; after clipping to max_grad_norm, so the log's
+grad_norm, from before it, is kept too), and it compares the first step's gradients tensor by
+tensor: cosine and sign agreement per projection (Adam's first step moves each weight by the
+learning rate in its gradient's sign). Also per step: the tensors whose gradient norms differ most
+and the all-zero tensors in each run (all zero in one run only would be a path cut). On the CPU the
+planner runs compile=on eagerly, so a dry run checks the plumbing only.
 """
 
 from __future__ import annotations
@@ -32,16 +34,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.gpu_common import ROOT, TOKENIZER, common_overrides, make_long_text, make_random_model, render  # noqa: E402
 from bench.speed import BATCH, losses  # noqa: E402
-
-GRAD_NORM = re.compile(r"['\"]grad_norm['\"]:\s*['\"]?([0-9.eE+-]+)")
 from bench.throughput import run  # noqa: E402
 
+GRAD_NORM = re.compile(r"['\"]grad_norm['\"]:\s*['\"]?([0-9.eE+-]+)")
 
-def one(name: str, extra: list[str], a, model: Path, data: Path, work: Path) -> dict:
+
+def one(name: str, extra: list[str], a, model: Path, data: Path, work: Path, gc: bool) -> dict:
     out, grads = work / name, work / f"{name}_grads.json"
     seq = 1024 if a.dry_run else 2048
     overrides = common_overrides(model, data, out, method="lora" if a.dry_run else "qlora", seq=seq, batch=BATCH,
-                                 gc=True, steps=a.steps)
+                                 gc=gc, steps=a.steps)
     overrides += ["kernels=none", "optimizer=adamw_torch", "batching=padded", "activation_offloading=off", *extra]
     if a.dry_run:
         overrides = [o for o in overrides if o != "precision=bf16"] + ["precision=fp32"]
@@ -57,13 +59,13 @@ def one(name: str, extra: list[str], a, model: Path, data: Path, work: Path) -> 
             "steps": json.loads(grads.read_text())["steps"], "tensors": tensors}
 
 
-def first_step_agreement(eager: Path, compiled: Path) -> dict:
+def first_step_agreement(first: Path, second: Path) -> dict:
     """The first step's gradients, eager against compiled, by projection (q_proj, …, lora_A/lora_B):
     cosine similarity, and the share of elements whose signs agree (Adam's first step moves each
     weight by the learning rate in its gradient's sign, so that share is what the first update shares)."""
     import torch
 
-    e, c = torch.load(eager), torch.load(compiled)
+    e, c = torch.load(first), torch.load(second)
     groups: dict[str, list] = {}
     for name in sorted(set(e) & set(c)):
         parts = name.split(".")
@@ -83,9 +85,10 @@ def first_step_agreement(eager: Path, compiled: Path) -> dict:
     return out
 
 
-def compare(eager: dict, compiled: dict, top: int = 12) -> list[dict]:
+def compare(first: dict, second: dict, top: int = 12) -> list[dict]:
+    """Step by step, two runs' gradient records (`one`): first's figures under "eager", second's under "compiled"."""
     out = []
-    for i, (e, c) in enumerate(zip(eager["steps"], compiled["steps"])):
+    for i, (e, c) in enumerate(zip(first["steps"], second["steps"])):
         rel = sorted(((abs(e[n][0] - c[n][0]) / (e[n][0] or 1e-30), n) for n in e if n in c), reverse=True)
         out.append({"step": i + 1,
                     "tensors": len(e), "only_in_one": sorted(set(e) ^ set(c)),
@@ -106,28 +109,34 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--timeout", type=float, default=400)
     p.add_argument("--out", required=True)
+    p.add_argument("--checkpointing", default="on,off", help="gradient checkpointing settings to compare under")
     p.add_argument("--dry-run", action="store_true", help="on the CPU: the tiny model, LoRA in fp32")
     a = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kit-compile-grads-"))
     model = TOKENIZER if a.dry_run else make_random_model("Qwen/Qwen3-8B", Path(a.models) / "qwen3-8b")
     data = make_long_text(Path(a.models) / "long.jsonl")
-    eager = one("eager", ["compile=off"], a, model, data, work)
-    compiled = one("compiled", ["compile=on"], a, model, data, work)
-    result = {"what": __doc__.split("\n\n")[1].replace("\n", " "), "losses": {"eager": eager["losses"],
-              "compiled": compiled["losses"]},
-              "grad_norms_before_clipping": {"eager": eager["grad_norms"], "compiled": compiled["grad_norms"]},
-              "steps": compare(eager, compiled),
-              "first_step_by_projection": first_step_agreement(eager["tensors"], compiled["tensors"])}
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
-    for s in result["steps"]:
-        print(f"[bench] step {s['step']}: norm {s['norm_eager']:.4g} vs {s['norm_compiled']:.4g}; all-zero tensors "
-              f"{s['all_zero_eager']} vs {s['all_zero_compiled']}; zeros {s['zeros_eager']} vs {s['zeros_compiled']}; "
-              f"most apart {s['most_apart'][0] if s['most_apart'] else None}")
-    print(f"[bench] losses eager {eager['losses']} compiled {compiled['losses']}")
-    print(f"[bench] grad_norm eager {eager['grad_norms']} compiled {compiled['grad_norms']}")
-    for kind, agreement in result["first_step_by_projection"].items():
-        print(f"[bench] first step {kind}: {agreement}")
+    result = {"what": __doc__.split("\n\n")[1].replace("\n", " ")}
+    for gc in [c == "on" for c in a.checkpointing.split(",")]:
+        tag = "checkpointing_" + ("on" if gc else "off")
+        runs = {name: one(f"{name}_{tag}", [f"compile={'on' if name == 'compiled' else 'off'}"], a, model, data, work, gc)
+                for name in ("eager", "eager_again", "compiled")}
+        result[tag] = {
+            "losses": {k: r["losses"] for k, r in runs.items()},
+            "grad_norms_before_clipping": {k: r["grad_norms"] for k, r in runs.items()},
+            # The same eager run twice: how far GPU kernels' own nondeterminism moves the gradients.
+            **{f"{x}_vs_{y}": {"steps": compare(runs[x], runs[y]),
+                               "first_step_by_projection": first_step_agreement(runs[x]["tensors"], runs[y]["tensors"])}
+               for x, y in (("eager", "eager_again"), ("eager", "compiled"))}}
+        for pair in ("eager_vs_eager_again", "eager_vs_compiled"):
+            for s in result[tag][pair]["steps"]:
+                print(f"[bench] {tag} {pair} step {s['step']}: norm {s['norm_eager']:.4g} vs {s['norm_compiled']:.4g}; "
+                      f"all-zero tensors {s['all_zero_eager']} vs {s['all_zero_compiled']}; most apart "
+                      f"{s['most_apart'][0] if s['most_apart'] else None}")
+            for kind, agreement in result[tag][pair]["first_step_by_projection"].items():
+                print(f"[bench] {tag} {pair} first step {kind}: {agreement}")
+        print(f"[bench] {tag} losses {result[tag]['losses']}; grad_norm {result[tag]['grad_norms_before_clipping']}")
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(result, indent=1) + "\n")  # after each setting: a cut run keeps it
     return 0
 
 
