@@ -211,9 +211,7 @@ def _compiled(cfg, rank: RankFacts, planned: bool, backend: str, strategy: str, 
     one replica per GPU (kit.planning.speed.compile_layers)."""
     wanted = planned if cfg.compile == "auto" else cfg.compile == "on"
     why = (None if not wanted else "this rank runs on the CPU" if rank.device != "cuda" else
-           "Unsloth compiles its own decoder blocks" if backend == "unsloth" else
-           f"strategy {strategy}: measured with one replica per GPU only" if strategy not in ("single", "ddp")
-           else None)
+           speed.compile_blocked(backend, strategy))
     if why is not None:
         notes.append(f"compile off: {why}")
     return wanted and why is None

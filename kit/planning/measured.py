@@ -29,7 +29,7 @@ MEASURED = {
     # 1,867 trained tokens/s and 7.31 GiB against padded 1,434 and 8.32 GiB; per-step losses within 0.098 %.
     "unsloth_padding_free_vs_padded": 1.302,
     # TRL's activation_offloading on top of Liger, fill rows, three runs on three machines
-    # (bench/results/speed_h200_session6.json, speed_h200_session7_fill.json, speed_h200_session9_fill.json):
+    # (bench/results/speed_h200_session6.json, speed_h200_session7_fill.json, speed_h200_session9_fill_offload.json):
     # 9,030 against 8,670, 8,763 against 9,120 and (30 steps) 8,584 against 9,022 tokens/s; 7.61 against
     # 9.65 GiB every time; the losses the same to 4 digits.
     "offload_vs_liger": 0.985,  # the three runs' mean (1.042, 0.961, 0.951)

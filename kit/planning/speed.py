@@ -231,6 +231,16 @@ def activation_offloading(cfg, gpu: dict | None, backend: str, strategy: str, ch
 OFFLOAD_PAYS = 0.97  # it is for memory: "auto" takes it where it costs no speed beyond the runs' spread
 
 
+def compile_blocked(backend: str, strategy: str) -> str | None:
+    """Why compiled layers stay off on a GPU with this backend and strategy; None where they can run.
+    The planner (`compile_layers`) and the launch (kit.planning.adapt) both ask."""
+    if backend == "unsloth":
+        return "Unsloth compiles its own decoder blocks"
+    if strategy not in ("single", "ddp"):
+        return f"strategy {strategy}: measured with one replica per GPU only"
+    return None
+
+
 def compile_layers(cfg, gpu: dict | None, backend: str, strategy: str, reasons: list) -> bool:
     """Whether the script runs each decoder layer through torch.compile (`compile`).
 
@@ -249,9 +259,7 @@ def compile_layers(cfg, gpu: dict | None, backend: str, strategy: str, reasons: 
     """
     if cfg.compile == "off":
         return False
-    why = ("on the CPU the script runs eagerly" if gpu is None else
-           "Unsloth compiles its own decoder blocks" if backend == "unsloth" else
-           f"strategy {strategy}: measured with one replica per GPU only" if strategy not in ("single", "ddp") else None)
+    why = "on the CPU the script runs eagerly" if gpu is None else compile_blocked(backend, strategy)
     if cfg.compile == "on":
         reasons.append("compile on as configured: each decoder layer runs through torch.compile (compiled once "
                        "per shape at the start)." + (f" Off here: {why}." if why else ""))
