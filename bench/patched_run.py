@@ -4,7 +4,6 @@ bench/speed.py measures a candidate this way before the planner may pick it (iss
 only where the benchmark shows it pays"), so no product code is written for a speed-up that loses:
 
     python bench/patched_run.py compile kit_liger.py [script args]   # torch.compile each decoder layer
-    python bench/patched_run.py compile_nonorm kit_liger.py            # the same, Liger's RMSNorm left out
     python bench/patched_run.py probe kit_unsloth.py [script args]   # bench/trainer_probe.py: prints only
     KIT_GRADS_OUT=g.json python bench/patched_run.py grads kit.py    # bench/compile_grads.py: records only
 
@@ -12,9 +11,8 @@ only where the benchmark shows it pays"), so no product code is written for a sp
 - compile: after `SFTTrainer` is built, `module.compile()` on every `*DecoderLayer` (the unit that
   repeats; the 4-bit matmuls are bitsandbytes' registered custom ops). The session record's step
   time is the median of the steps after the first two, so compilation is outside it.
-- compile_nonorm: compile, with Liger's RMSNorm kernel left out (`liger_kernel_config`), so inductor
-  fuses the norms itself: under compile, Liger's RMSNorm drew an inductor warning and the loss curve
-  moved 1.8 % from Liger's alone (session 6).
+  (Session 9's `compile_nonorm`, the same with Liger's RMSNorm left to inductor, is now kit's own
+  `compile=on`: bench/speed.py's `liger_offload_compile_on` row runs it through the script.)
 """
 
 from __future__ import annotations
@@ -22,18 +20,15 @@ from __future__ import annotations
 import runpy
 import sys
 
-PATCHES = ("compile", "compile_nonorm", "probe", "grads")
+PATCHES = ("compile", "probe", "grads")
 
 
-def _compile(script: str, liger_norm: bool = True) -> None:
+def _compile(script: str) -> None:
     import trl
 
     init = trl.SFTTrainer.__init__
 
     def patched(self, *args, **kwargs):
-        train_args = kwargs.get("args")
-        if not liger_norm and getattr(train_args, "use_liger_kernel", False):
-            train_args.liger_kernel_config = {"rms_norm": False}
         init(self, *args, **kwargs)
         layers = [m for m in self.model.modules() if type(m).__name__.endswith("DecoderLayer")]
         for layer in layers:
@@ -98,8 +93,7 @@ def main() -> None:
     if len(sys.argv) < 3 or sys.argv[1] not in PATCHES:
         raise SystemExit(f"usage: python bench/patched_run.py {{{'|'.join(PATCHES)}}} SCRIPT [ARGS]")
     patch, script = sys.argv[1], sys.argv[2]
-    {"compile": _compile, "compile_nonorm": lambda s: _compile(s, liger_norm=False), "probe": _probe,
-     "grads": _grads}[patch](script)
+    {"compile": _compile, "probe": _probe, "grads": _grads}[patch](script)
     sys.argv = [script, *sys.argv[3:]]
     runpy.run_path(script, run_name="__main__")
 

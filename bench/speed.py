@@ -17,9 +17,10 @@ gradient checkpointing, one GPU, each configuration a fresh process, alone on th
   computed, from the batches that sampler forms over the same rows.
 
 `liger_offload` is Liger with `activation_offloading=on` (TRL's activation offloading, which kit's
-"auto" now picks where measured); `liger_offload_compile_on` adds kit's `compile=on` (torch.compile of
-each decoder layer, Liger's RMSNorm left to inductor), `plain_compile_on` is compile alone. A candidate kit does not choose runs through bench/patched_run.py
-(fill: `liger_compile`, torch.compile of each decoder layer, on top of Liger).
+"auto" now picks where measured); `liger_offload_compile_on` adds kit's `compile=on` (torch.compile
+of each decoder layer, Liger's RMSNorm left to inductor); `plain_compile_on` is compile alone. A
+candidate kit does not choose runs through bench/patched_run.py (fill: `liger_compile` and
+`liger_offload_compile`, torch.compile of each decoder layer with Liger's RMSNorm kept).
 
 Losses: the per-step training losses of each run are kept; padded and padding_free see the same
 batches, so their curves are compared step by step; the others by their epoch mean.
@@ -78,8 +79,7 @@ def padding_fraction(lengths: list[int], batching: str, seed: int = 42) -> float
 
 
 # Rows that measure a speed-up through bench/patched_run.py before the planner may choose it.
-PATCHED = {"liger_compile": "compile", "liger_offload_compile": "compile",
-           "liger_offload_compile_nonorm": "compile_nonorm"}
+PATCHED = {"liger_compile": "compile", "liger_offload_compile": "compile"}
 
 
 def main() -> int:
@@ -114,7 +114,6 @@ def main() -> int:
                    "unsloth": ["backend=unsloth"], "unsloth_direct": [],
                    "liger_offload": ["kernels=liger", "activation_offloading=on"], "liger_compile": ["kernels=liger"],
                    "liger_offload_compile": ["kernels=liger", "activation_offloading=on"],
-                   "liger_offload_compile_nonorm": ["kernels=liger", "activation_offloading=on"],
                    "liger_offload_compile_on": ["kernels=liger", "activation_offloading=on", "compile=on"],
                    "plain_compile_on": ["compile=on"]}
         chat = None

@@ -39,7 +39,8 @@ MEASURED = {
     "compile_vs_liger": 1.065,
     # Liger (its RMSNorm left to inductor) + activation offloading + torch.compile of each decoder layer
     # (`compile=on`), against Unsloth direct in the same run, 30 steps, two runs
-    # (bench/results/speed_h200_session9_fill_compile_patched.json, _fill_compile.json): 9,159 against
+    # (bench/results/speed_h200_session9_fill_compile_patched.json, through bench/patched_run.py before
+    # kit had `compile`, and _fill_compile.json, through kit's script): 9,159 against
     # 10,349 and 9,492 against 10,514 tokens/s; 7.56 against 7.95 GiB both; Liger alone 0.875× and
     # 0.888× at 9.65 GiB. Its losses sit below Liger's from the second step on: 0.78 % and 0.77 % apart
     # on average, 1.85 % at most, where Liger and the plain stack are 0.01 % apart.
