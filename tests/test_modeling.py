@@ -86,17 +86,27 @@ def _inductor_builds_cpu_kernels() -> bool:
 
 
 @pytest.mark.slow
-def test_compiled_layers_train_like_eager_ones_in_fp32():
-    """compile=on changes how the layers run, not what they compute: in fp32 on the CPU, three AdamW
-    steps with gradient checkpointing give the eager losses and gradient norms to 1e-5."""
+@pytest.mark.parametrize("dtype,rel", [
+    (torch.float32, 1e-5),
+    # bf16: the same numbers as eager. Without inductor's eager rounding (emulate_precision_casts) the
+    # tiny model's first loss moves by 9e-6 here, and Qwen3-8B's QLoRA losses by up to 4 % on the H200.
+    (torch.bfloat16, 3e-6),
+])
+def test_compiled_layers_train_like_eager_ones(dtype, rel):
+    """compile=on changes how the layers run, not what they compute: on the CPU, three AdamW steps
+    with gradient checkpointing give the eager losses and gradient norms, in fp32 and in bf16."""
     if not _inductor_builds_cpu_kernels():
         pytest.skip("TorchInductor cannot build CPU kernels on this machine (no C++ compiler or Python headers)")
     def run(compiled: bool) -> list[float]:
         torch.manual_seed(0)
+        torch._dynamo.reset()  # no graph of the other run's
         cfg = config.load(str(ROOT / "configs" / "default.yaml"), [])
-        model = AutoModelForCausalLM.from_pretrained(ROOT / "models" / "tiny-qwen3", dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(ROOT / "models" / "tiny-qwen3", dtype=dtype)
         lora = LoraConfig(r=8, lora_alpha=16, target_modules=modeling.target_modules(cfg, model), task_type="CAUSAL_LM")
         model = modeling.add_lora(model, cfg, SimpleNamespace(backend="transformers"), lora)
+        for param in model.parameters():
+            if param.requires_grad:
+                param.data = param.data.to(dtype)  # as TRL leaves LoRA weights on a 16-bit base
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
         model.train()
@@ -108,12 +118,12 @@ def test_compiled_layers_train_like_eager_ones_in_fp32():
         for _ in range(3):
             loss = model(input_ids=x, labels=x).loss
             loss.backward()
-            seen += [loss.item(), torch.norm(torch.stack([p.grad.norm() for p in model.parameters()
+            seen += [loss.item(), torch.norm(torch.stack([p.grad.float().norm() for p in model.parameters()
                                                           if p.grad is not None])).item()]
             opt.step()
             opt.zero_grad()
         return seen
 
     eager, compiled = run(False), run(True)
-    assert compiled == pytest.approx(eager, rel=1e-5)
+    assert compiled == pytest.approx(eager, rel=rel)
     assert eager[0] > eager[4]  # it trained
