@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import re
 import statistics
@@ -80,6 +81,10 @@ def padding_fraction(lengths: list[int], batching: str, seed: int = 42) -> float
 
 # Rows that measure a speed-up through bench/patched_run.py before the planner may choose it.
 PATCHED = {"liger_compile": "compile", "liger_offload_compile": "compile"}
+# Rows run under an environment of their own: `_casts`, inductor rounding each fused intermediate to
+# bf16 as eager does (its emulate_precision_casts), to tell a rounding difference from a wrong graph.
+ENVS = {"plain_compile_on_casts": {"TORCHINDUCTOR_EMULATE_PRECISION_CASTS": "1"},
+        "liger_offload_compile_on_casts": {"TORCHINDUCTOR_EMULATE_PRECISION_CASTS": "1"}}
 
 
 def main() -> int:
@@ -115,7 +120,9 @@ def main() -> int:
                    "liger_offload": ["kernels=liger", "activation_offloading=on"], "liger_compile": ["kernels=liger"],
                    "liger_offload_compile": ["kernels=liger", "activation_offloading=on"],
                    "liger_offload_compile_on": ["kernels=liger", "activation_offloading=on", "compile=on"],
-                   "plain_compile_on": ["compile=on"]}
+                   "plain_compile_on": ["compile=on"],
+                   "plain_compile_on_casts": ["compile=on"],
+                   "liger_offload_compile_on_casts": ["kernels=liger", "activation_offloading=on", "compile=on"]}
         chat = None
     else:
         from transformers import AutoTokenizer
@@ -136,6 +143,7 @@ def main() -> int:
                    "padding_free": ["batching=padding_free"], "packed": ["batching=packed"],
                    "padding_free_liger": ["batching=padding_free", "kernels=liger"],
                    "packed_liger": ["batching=packed", "kernels=liger"],
+                   "padding_free_liger_compile_on": ["batching=padding_free", "kernels=liger", "compile=on"],
                    "unsloth": ["backend=unsloth", "batching=padded"],
                    "unsloth_padding_free": ["backend=unsloth", "batching=padding_free"],
                    "unsloth_packed": ["backend=unsloth", "batching=packed"], "unsloth_direct": []}
@@ -167,12 +175,16 @@ def main() -> int:
         argv = [sys.executable, str(script)] if patch is None else [
             sys.executable, str(ROOT / "bench" / "patched_run.py"), patch, str(script)]
         try:
+            os.environ.update(ENVS.get(name, {}))  # the run's environment is this one's (gpu_common.bench_env)
             run(argv, log, a.timeout)
         except SystemExit as e:  # one configuration failing (a kernel that does not load) is a result too
             rows_out.append({"name": name, "overrides": configs[name], "error": str(e)[-1500:]})
             print(f"[bench] {name} failed: {str(e)[-1500:]}", flush=True)
             write(a, chat, rows_out, torch)
             continue
+        finally:
+            for key in ENVS.get(name, {}):
+                os.environ.pop(key, None)
         rec = session_record(out)
         r = {"name": name, "overrides": configs[name], "step_s_median": rec.get("step_s"),
              "steps_run": rec.get("steps_run"), "total_step_s": rec.get("total_step_s"),
