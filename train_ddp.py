@@ -150,6 +150,9 @@ def main(argv: list[str]) -> int:
         job.evaluate_before(model, tokenizer, dataset)  # the baseline: once per job, kept in the store
         # Padding-free batches for short rows only; packed ones where that folds gradient accumulation.
         dataset, notes = data.settle_batching(plan, cfg, dataset)
+        max_steps = job.max_steps(len(dataset.train))
+        # Compiled layers ("auto") only where the job is long enough to repay compiling them.
+        notes += adapt.settle_compile(plan, cfg, max_steps - job.decision.step)
         for note in notes:
             job.log(note)
 
@@ -161,7 +164,7 @@ def main(argv: list[str]) -> int:
 
         training_args = SFTConfig(
             output_dir=cfg.output_dir,
-            max_steps=job.max_steps(len(dataset.train)),
+            max_steps=max_steps,
             per_device_train_batch_size=plan.per_device_batch,
             per_device_eval_batch_size=plan.per_device_batch,
             gradient_accumulation_steps=plan.grad_accum,
@@ -215,7 +218,9 @@ def main(argv: list[str]) -> int:
         )
         modeling.settle_adapter_dtype(trainer.model, plan)  # fp16 loss scaling needs fp32 LoRA weights
         if plan.compile_layers:  # torch.compile of each decoder layer, compiled at the first steps
-            job.log(f"compile: {modeling.compile_layers(trainer.model)} decoder layers through torch.compile")
+            compiled = modeling.compile_layers(trainer.model)  # rounding as eager does, so the same losses
+            job.log(f"compile: {compiled} decoder layers through torch.compile" if compiled else
+                    "compile off: this torch's inductor cannot round as eager does (emulate_precision_casts)")
         collate.settle(trainer, plan)  # packed sequences as rows, each under its own block-diagonal mask
         # A checkpoint the other strategy wrote resumes through a converted copy (same numbers).
         trainer.train(resume_from_checkpoint=sharding.resumable(trainer, job.resume_from, plan, ctx))

@@ -74,6 +74,13 @@ def test_compile_layers_compiles_every_decoder_layer_in_place(lora_model):
     assert all(layer._compiled_call_impl is not None for layer in layers)
 
 
+def test_compile_layers_compiles_nothing_where_inductor_cannot_round_as_eager(lora_model, monkeypatch):
+    """An older torch without emulate_precision_casts: compiled layers would move the loss curve, so none."""
+    monkeypatch.setattr(modeling, "_inductor_rounds_as_eager", lambda: False)
+    assert modeling.compile_layers(lora_model) == 0
+    assert not [m for m in lora_model.modules() if getattr(m, "_compiled_call_impl", None) is not None]
+
+
 def _inductor_builds_cpu_kernels() -> bool:
     """Whether TorchInductor can build a kernel on this machine (a C++ compiler, Python's headers)."""
     if shutil.which("c++") is None and shutil.which("g++") is None:

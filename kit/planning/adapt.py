@@ -109,6 +109,16 @@ def fold_batch(plan: LaunchPlan, cfg, mean_tokens: float, rows_per_sequence: flo
     return note
 
 
+def settle_compile(plan: LaunchPlan, cfg, steps_left: int) -> list[str]:
+    """With the job's length in hand: "auto" runs a job too short to repay compiling (`steps_left`
+    optimizer steps of grad_accum micro-batches each) eagerly (kit.planning.speed.compile_unpaid); the notes."""
+    why = speed.compile_unpaid(cfg, steps_left * plan.grad_accum) if plan.compile_layers else None
+    if why is None:
+        return []
+    plan.compile_layers = False
+    return [f"compile off: {why}; compile=on compiles anyway"]
+
+
 def sampler_args(plan) -> dict:
     """SFTConfig arguments for length-grouped batches, in the spelling of the installed transformers.
 

@@ -8,8 +8,8 @@ padding-free batches on NVIDIA GPUs (a T4 by the same SDPA path, unmeasured ther
 fused AdamW measured 1.017× (LoRA's optimizer step is a sliver of the step), under the 2 % that
 would be worth a choice, so it is not chosen; TRL's activation offloading (2 GiB less with
 checkpointing within the speed spread of three runs, `activation_offloading`); torch.compile of the decoder
-layers (`compile`) 1.41× over the plain stack, with Liger and offloading 0.89× Unsloth direct at 0.95× its memory, but a loss
-curve up to 1.85 % below the eager one, so "auto" leaves it off and `compile=on` takes it;
+layers (`compile`) 1.41× over the plain stack, with Liger and offloading 0.89× Unsloth direct at 0.95× its memory, the
+loss curve within 0.04 % of eager's, on bf16-native NVIDIA GPUs for jobs long enough to repay compiling;
 padding-free batches under Unsloth's trainer too (1.30× padded, bench/results/speed_h200_session5.json).
 Where nothing was measured (ROCm, the CPU) the choice is TRL's default and the reason says so.
 
@@ -241,21 +241,21 @@ def compile_blocked(backend: str, strategy: str) -> str | None:
     return None
 
 
+COMPILE_REPAID = 300  # micro-batches: compiling's 20-45 s measured repaid after ~40 (full rows), ~180 (chat rows)
+
+
 def compile_layers(cfg, gpu: dict | None, backend: str, strategy: str, reasons: list) -> bool:
     """Whether the script runs each decoder layer through torch.compile (`compile`).
 
     Inductor fuses each layer's elementwise work (norms, rotary embedding, residual adds, the LoRA
-    sums) into fewer kernels; it compiles once per shape in the first steps (about 10 s more for
-    Qwen3-8B on the H200). Measured there (MEASURED), with Liger and activation offloading: 0.89×
-    Unsloth direct's tokens/s at 0.95× its memory (two runs), where without compile the plain
-    backend was 0.88× at 1.21× (Liger) or 0.82× at 0.96× (Liger and offloading); compile alone 0.97×
-    at 1.29×. "auto" leaves it off: with it the loss curve sits below the eager one from the second
-    step on, 0.78 % on average and 1.85 % at most with Liger (3.95 % at most alone), where Liger's
-    kernels move it 0.01 %. The first step's loss is the same, so the forward pass is; the shift
-    comes with the first update, and on a tiny model without a 4-bit base compile and eager agree to
-    1e-5 (tests/test_modeling.py), so the 4-bit layers' backward under compile is the suspect, not yet
-    settled. `compile=on` takes it on the plain backend, one replica per GPU; with Liger, inductor
-    takes the RMSNorm over from Liger's kernel.
+    sums) into fewer kernels, rounding each intermediate to bf16 as eager does
+    (kit.train.modeling.compile_layers), so the loss curve stays eager's. Measured on the H200
+    (MEASURED), Qwen3-8B QLoRA: with Liger and activation offloading 0.89× Unsloth direct's tokens/s
+    at 0.95× its memory on full-length rows (without compile 0.82×), and 1.17× eager from the third
+    step on chat-length rows, whose changing lengths cost a second compile. Compiling takes 20-45 s
+    in the first steps, so "auto" compiles on bf16-native NVIDIA GPUs with the plain backend and one
+    replica per GPU, and the script runs eagerly a job of fewer than COMPILE_REPAID micro-batches
+    (kit.planning.adapt.settle_compile). With Liger, inductor takes the RMSNorm over from Liger's kernel.
     """
     if cfg.compile == "off":
         return False
@@ -264,15 +264,29 @@ def compile_layers(cfg, gpu: dict | None, backend: str, strategy: str, reasons: 
         reasons.append("compile on as configured: each decoder layer runs through torch.compile (compiled once "
                        "per shape at the start)." + (f" Off here: {why}." if why else ""))
         return why is None
+    if why is None and not (gpu["vendor"] == "nvidia" and verdicts.bf16_native(gpu["vendor"], gpu["capability"])):
+        why = f"measured on an H200 only, not on {verdicts.arch_name(gpu['vendor'], gpu['capability'])}"
     if why is None:
-        reasons.append(f"compile off: torch.compile of the decoder layers measured "
-                       f"{MEASURED['compile_offload_vs_unsloth']:.2f}× Unsloth direct's tokens/s at "
-                       f"{MEASURED['compile_offload_memory_vs_unsloth']:.2f}× its memory with Liger and activation "
-                       f"offloading (H200, Qwen3-8B QLoRA, two runs), but its loss curve sits "
-                       f"{100 * MEASURED['compile_loss_mean_rel_diff']:.2f} % below the eager one on average "
-                       f"({100 * MEASURED['compile_loss_max_rel_diff']:.2f} % at most), a shift not yet explained; "
-                       "compile=on turns it on.")
+        reasons.append(f"compile on: each decoder layer runs through torch.compile, rounding as eager does: with Liger "
+                       f"and activation offloading {MEASURED['compile_offload_vs_unsloth']:.2f}× Unsloth direct's "
+                       f"tokens/s at {MEASURED['compile_offload_memory_vs_unsloth']:.2f}× its memory on full-length "
+                       f"rows, {MEASURED['compile_chat_vs_eager']:.2f}× eager after the first steps on chat-length "
+                       f"rows, the loss curve within {100 * MEASURED['compile_loss_max_rel_diff']:.2f} % of eager's "
+                       f"(H200, Qwen3-8B QLoRA); compiling takes 20-45 s at the start, so a job of fewer than "
+                       f"{COMPILE_REPAID} micro-batches runs eagerly; compile=off turns it off.")
+        return True
+    if gpu is not None:
+        reasons.append(f"compile off ({why}); compile=on turns it on.")
     return False
+
+
+def compile_unpaid(cfg, micro_batches: int) -> str | None:
+    """Why "auto"'s compiled layers are not worth it for a job of `micro_batches` more micro-batches
+    (compiling's time would not come back); None where they are, or where compile was configured."""
+    if cfg.compile != "auto" or micro_batches >= COMPILE_REPAID:
+        return None
+    return (f"{micro_batches} micro-batch(es) to train, fewer than the {COMPILE_REPAID} that repay compiling "
+            "(20-45 s at the start)")
 
 
 FUSED_ADAMW_PAYS = 1.02  # a smaller gain is within the run-to-run spread of these step times

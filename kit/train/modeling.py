@@ -122,11 +122,20 @@ def compile_layers(model) -> int:
     (`emulate_precision_casts`). Without that it keeps them in fp32 inside a fused kernel, and on the
     H200 the QLoRA loss curve of Qwen3-8B fell up to 3.95 % below eager's from the first update on
     (the LoRA sums that bf16 rounds away in eager survived); with it the curves agree to 0.04 % at the
-    same speed (bench/results/speed_h200_session10_fill_casts.json)."""
+    same speed (bench/results/speed_h200_session10_fill_casts.json). A torch whose inductor cannot
+    round so compiles nothing: 0."""
+    if not _inductor_rounds_as_eager():
+        return 0
     layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
     for layer in layers:
         layer.compile(options={"emulate_precision_casts": True})
     return len(layers)
+
+
+def _inductor_rounds_as_eager() -> bool:
+    import torch._inductor.config
+
+    return hasattr(torch._inductor.config, "emulate_precision_casts")
 
 
 def target_modules(cfg, model) -> list[str] | str:
