@@ -224,6 +224,7 @@ def main(argv: list[str]) -> int:
         collate.settle(trainer, plan)  # packed sequences as rows, each under its own block-diagonal mask
         # A checkpoint the other strategy wrote resumes through a converted copy (same numbers).
         trainer.train(resume_from_checkpoint=sharding.resumable(trainer, job.resume_from, plan, ctx))
+        modeling.eager_layers(trainer.model)  # the final evaluation generates: eager, no compiling per length
         code = job.finish(trainer)  # rank 0: last upload, final evaluation, final/ and its push, closing lines
         ok = True
         return code

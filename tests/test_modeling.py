@@ -72,6 +72,8 @@ def test_compile_layers_compiles_every_decoder_layer_in_place(lora_model):
     assert layers and all(layer._compiled_call_impl is None for layer in layers)
     assert modeling.compile_layers(lora_model) == len(layers) == lora_model.config.num_hidden_layers
     assert all(layer._compiled_call_impl is not None for layer in layers)
+    modeling.eager_layers(lora_model)  # after training: the final evaluation generates eagerly
+    assert all(layer._compiled_call_impl is None for layer in layers)
 
 
 def test_compile_layers_compiles_nothing_where_inductor_cannot_round_as_eager(lora_model, monkeypatch):
