@@ -323,6 +323,15 @@ def test_compile_auto_is_on_where_measured_with_the_numbers_and_how_to_turn_it_o
     assert not make_plan(H200, cfg(*QWEN8_QLORA, *CHAT, "compile=off")).compile_layers
 
 
+def test_auto_on_the_h200_is_the_stack_measured_at_0_89_of_unsloth_direct():
+    """Issue #17's plain-backend row: Liger, activation offloading and compiled layers, all from "auto"
+    (bench/results/speed_h200_session10_fill_casts.json, liger_offload_compile_on_casts)."""
+    with_liger = {**H200, "packages": {**H200["packages"], "liger_kernel": "0.8.5"}}
+    plan = make_plan(with_liger, cfg(*QWEN8_QLORA, *CHAT))
+    assert plan.backend == "transformers" and plan.gradient_checkpointing
+    assert (plan.kernels, plan.activation_offloading, plan.compile_layers) == ("liger", True, True)
+
+
 @pytest.mark.parametrize("facts,extra,off_why", [
     (COLAB_T4, (), "measured on an H200 only, not on"),  # fp16 on sm_75: unmeasured
     (MI300X, (), "measured on an H200 only, not on"),
