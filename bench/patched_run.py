@@ -24,13 +24,16 @@ PATCHES = ("compile", "probe", "grads")
 
 
 def _compile(script: str) -> None:
+    """Compiled layers without kit's eager rounding: how sessions 6 and 9 measured compile."""
     import trl
+
+    from kit.train import modeling
 
     init = trl.SFTTrainer.__init__
 
     def patched(self, *args, **kwargs):
         init(self, *args, **kwargs)
-        layers = [m for m in self.model.modules() if type(m).__name__.endswith("DecoderLayer")]
+        layers = modeling.decoder_layers(self.model)
         for layer in layers:
             layer.compile()
         print(f"[bench] torch.compile on {len(layers)} decoder layers", flush=True)
