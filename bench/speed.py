@@ -18,9 +18,9 @@ gradient checkpointing, one GPU, each configuration a fresh process, alone on th
 
 `liger_offload` is Liger with `activation_offloading=on` (TRL's activation offloading, which kit's
 "auto" now picks where measured); `liger_offload_compile_on` adds kit's `compile=on` (torch.compile
-of each decoder layer, Liger's RMSNorm left to inductor); `plain_compile_on` is compile alone. The
-`_casts` rows ran them under TORCHINDUCTOR_EMULATE_PRECISION_CASTS=1 before kit's `compile` rounded
-as eager does itself (session 10); now they are the same runs as the rows without it. A
+of each decoder layer, Liger's RMSNorm left to inductor); `plain_compile_on` is compile alone.
+(Session 10's `_casts` rows, in speed_h200_session10_fill_casts.json, were these two under
+TORCHINDUCTOR_EMULATE_PRECISION_CASTS=1, before kit's `compile` rounded as eager does itself.) A
 candidate kit does not choose runs through bench/patched_run.py (fill: `liger_compile` and
 `liger_offload_compile`, torch.compile of each decoder layer with Liger's RMSNorm kept).
 
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import re
 import statistics
@@ -83,10 +82,6 @@ def padding_fraction(lengths: list[int], batching: str, seed: int = 42) -> float
 
 # Rows that measure a speed-up through bench/patched_run.py before the planner may choose it.
 PATCHED = {"liger_compile": "compile", "liger_offload_compile": "compile"}
-# Rows run under an environment of their own: `_casts`, inductor rounding each fused intermediate to
-# bf16 as eager does (its emulate_precision_casts), to tell a rounding difference from a wrong graph.
-ENVS = {"plain_compile_on_casts": {"TORCHINDUCTOR_EMULATE_PRECISION_CASTS": "1"},
-        "liger_offload_compile_on_casts": {"TORCHINDUCTOR_EMULATE_PRECISION_CASTS": "1"}}
 
 
 def main() -> int:
@@ -122,9 +117,7 @@ def main() -> int:
                    "liger_offload": ["kernels=liger", "activation_offloading=on"], "liger_compile": ["kernels=liger"],
                    "liger_offload_compile": ["kernels=liger", "activation_offloading=on"],
                    "liger_offload_compile_on": ["kernels=liger", "activation_offloading=on", "compile=on"],
-                   "plain_compile_on": ["compile=on"],
-                   "plain_compile_on_casts": ["compile=on"],
-                   "liger_offload_compile_on_casts": ["kernels=liger", "activation_offloading=on", "compile=on"]}
+                   "plain_compile_on": ["compile=on"]}
         chat = None
     else:
         from transformers import AutoTokenizer
@@ -177,16 +170,12 @@ def main() -> int:
         argv = [sys.executable, str(script)] if patch is None else [
             sys.executable, str(ROOT / "bench" / "patched_run.py"), patch, str(script)]
         try:
-            os.environ.update(ENVS.get(name, {}))  # the run's environment is this one's (gpu_common.bench_env)
             run(argv, log, a.timeout)
         except SystemExit as e:  # one configuration failing (a kernel that does not load) is a result too
             rows_out.append({"name": name, "overrides": configs[name], "error": str(e)[-1500:]})
             print(f"[bench] {name} failed: {str(e)[-1500:]}", flush=True)
             write(a, chat, rows_out, torch)
             continue
-        finally:
-            for key in ENVS.get(name, {}):
-                os.environ.pop(key, None)
         rec = session_record(out)
         r = {"name": name, "overrides": configs[name], "step_s_median": rec.get("step_s"),
              "steps_run": rec.get("steps_run"), "total_step_s": rec.get("total_step_s"),
