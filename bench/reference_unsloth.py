@@ -51,6 +51,9 @@ def main() -> None:
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--seed", type=int, default=42,
+                   help="LoRA init and data order (kit's default seed: with it the loss curves of kit's "
+                        "backend=unsloth and this driver can be compared step by step)")
     p.add_argument("--chat", action="store_true", help="one epoch of messages rows, loss on the responses only")
     p.add_argument("--probe", action="store_true", help="print what the trainer settled and each step's time")
     a = p.parse_args()
@@ -65,7 +68,7 @@ def main() -> None:
     model = FastLanguageModel.get_peft_model(
         model, r=16, lora_alpha=32, lora_dropout=0, bias="none", use_gradient_checkpointing="unsloth",
         target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        random_state=3407)
+        random_state=a.seed)  # Unsloth's notebooks use 3407; kit passes its seed
     ds = load_dataset("json", data_files=a.data, split="train")
     if a.chat:
         ds = ds.map(lambda row: {"text": tokenizer.apply_chat_template(row["messages"], tokenize=False)},
@@ -77,7 +80,7 @@ def main() -> None:
                      per_device_train_batch_size=a.batch, **length,
                      gradient_accumulation_steps=1, learning_rate=1e-4, bf16=True, optim="adamw_torch",
                      logging_steps=1, save_strategy="no", report_to="none", warmup_steps=0,
-                     data_seed=42)  # kit's shuffle (its seed 42 as data_seed): the same batches in the same order
+                     seed=a.seed, data_seed=a.seed)  # kit's shuffle: the same batches in the same order
     trainer = SFTTrainer(model=model, processing_class=tokenizer, train_dataset=ds, args=args, callbacks=[timer])
     trained = None
     if a.chat:

@@ -2,6 +2,8 @@
 
     python bench/speed.py --part fill --out bench/results/speed_h200_fill.json
     python bench/speed.py --part chat --out bench/results/speed_h200_chat.json
+    python bench/speed.py --part chat --rows 320 --probe --repeat 3 --only unsloth_padding_free,unsloth_direct \
+        --out bench/results/speed_h200_chat_pairs.json    # then: bench/ratios.py FILE --to unsloth_direct --from-step 2
 
 Qwen3-8B shape (random weights), QLoRA nf4, LoRA r16 all-linear, seq_len 2048, micro-batch 4,
 gradient checkpointing, one GPU, each configuration a fresh process, alone on the GPU.
@@ -97,6 +99,9 @@ def main() -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--probe", action="store_true",
                    help="print what each run's trainer settled and every step's time (bench/trainer_probe.py)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="run the rows this many times, every second pass in reverse order (rows `NAME@2`, ...): "
+                        "whichever runs first in a fresh machine compiles kernels from cold caches")
     p.add_argument("--dry-run", action="store_true",
                    help="on the CPU: the tiny model, LoRA in fp32, only the rows that need no GPU (checks the bench)")
     a = p.parse_args()
@@ -147,37 +152,42 @@ def main() -> int:
             "method=lora", "precision=fp32", "gradient_checkpointing=off"]
         configs = {k: v for k, v in configs.items() if not any("liger" in o or "fp16" in o or "fused" in o for o in v)}
     wanted = [n for n in (a.only.split(",") if a.only else configs)]
+    unknown = [n for n in wanted if n not in configs]
+    if unknown:
+        raise SystemExit(f"no row {unknown[0]!r} in --part {a.part}: it has {', '.join(configs)}")
+    runs = [(n, k) for k in range(1, a.repeat + 1) for n in (wanted if k % 2 else wanted[::-1])]
     base_fixed = ["kernels=none", "optimizer=adamw_torch", "batching=padded", "activation_offloading=off", "compile=off"]
     rows_out = []
     started = time.monotonic()
-    for name in wanted:
+    for config, k in runs:
+        name = config if k == 1 else f"{config}@{k}"
         if a.budget_s and time.monotonic() - started > a.budget_s - 60:
             print(f"[bench] {name} skipped: less than a run's time left of --budget-s {a.budget_s:.0f}", flush=True)
             continue
-        out = work / name
-        if name == "unsloth_direct":
-            rows_out.append(direct_row(a, model, data, work, chat))
+        out = work / name.replace("@", "_pass")
+        if config == "unsloth_direct":
+            rows_out.append(direct_row(a, model, data, work, chat, name))
             write(a, chat, rows_out, torch)
             continue
         overrides = [o if not o.startswith("output_dir=") else f"output_dir={out}" for o in base]
-        overrides += base_fixed + configs[name]
-        if any(o.startswith("precision=") for o in configs[name]):
+        overrides += base_fixed + configs[config]
+        if any(o.startswith("precision=") for o in configs[config]):
             overrides = [o for o in overrides if o != "precision=bf16"]
-        script = work / f"kit_{name}.py"  # never unsloth.py: the script's folder comes first on sys.path
+        script = work / f"kit_{out.name}.py"  # never unsloth.py: the script's folder comes first on sys.path
         plan = render(overrides, script, gpus="cpu" if a.dry_run else "1xH200")
-        log = work / f"{name}.log"
-        patch = PATCHED.get(name) or ("probe" if a.probe else None)  # bench/patched_run.py
+        log = work / f"{out.name}.log"
+        patch = PATCHED.get(config) or ("probe" if a.probe else None)  # bench/patched_run.py
         argv = [sys.executable, str(script)] if patch is None else [
             sys.executable, str(ROOT / "bench" / "patched_run.py"), patch, str(script)]
         try:
             run(argv, log, a.timeout)
         except SystemExit as e:  # one configuration failing (a kernel that does not load) is a result too
-            rows_out.append({"name": name, "overrides": configs[name], "error": str(e)[-1500:]})
+            rows_out.append({"name": name, "overrides": configs[config], "error": str(e)[-1500:]})
             print(f"[bench] {name} failed: {str(e)[-1500:]}", flush=True)
             write(a, chat, rows_out, torch)
             continue
         rec = session_record(out)
-        r = {"name": name, "overrides": configs[name], "step_s_median": rec.get("step_s"),
+        r = {"name": name, "overrides": configs[config], "step_s_median": rec.get("step_s"),
              "steps_run": rec.get("steps_run"), "total_step_s": rec.get("total_step_s"),
              "peak_allocated_gib": round(rec.get("peak_allocated_bytes", 0) / GIB, 2),
              "peak_reserved_gib": round(rec.get("peak_reserved_bytes", 0) / GIB, 2),
@@ -188,31 +198,32 @@ def main() -> int:
         else:
             r["trained_tokens_per_s"] = round(chat["trained_tokens"] / rec["total_step_s"], 1)
             r["padding_fraction"] = padding_fraction(lengths, next(
-                o.split("=")[1] for o in configs[name] if o.startswith("batching=")))
+                o.split("=")[1] for o in configs[config] if o.startswith("batching=")))
         rows_out.append(r)
         print(f"[bench] {json.dumps({k: v for k, v in r.items() if k not in ('losses', 'probe')})}", flush=True)
         write(a, chat, rows_out, torch)  # after every row: a run cut off at its time limit keeps what it had
     return 0
 
 
-def direct_row(a, model, data, work: Path, chat: dict | None) -> dict:
+def direct_row(a, model, data, work: Path, chat: dict | None, name: str = "unsloth_direct") -> dict:
     """Unsloth driven directly (bench/reference_unsloth.py) on the same model and rows."""
-    result = work / "unsloth_direct.json"
+    slug = name.replace("@", "_pass")
+    result = work / f"{slug}.json"
     argv = [sys.executable, str(ROOT / "bench" / "reference_unsloth.py"), "--model", str(model), "--data", str(data),
             "--seq-len", str(SEQ), "--batch", str(BATCH), "--steps", str(a.steps), "--out", str(result)]
     try:
         flags = (["--chat"] if chat else []) + (["--probe"] if a.probe else [])
-        run(argv + flags, work / "unsloth_direct.log", a.timeout)
+        run(argv + flags, work / f"{slug}.log", a.timeout)
     except SystemExit as e:
-        print(f"[bench] unsloth_direct failed: {str(e)[-1500:]}", flush=True)
-        return {"name": "unsloth_direct", "overrides": [], "error": str(e)[-1500:]}
+        print(f"[bench] {name} failed: {str(e)[-1500:]}", flush=True)
+        return {"name": name, "overrides": [], "error": str(e)[-1500:]}
     rec = json.loads(result.read_text())
-    r = {"name": "unsloth_direct", "overrides": [], "driver": "bench/reference_unsloth.py" + (" --chat" if chat else ""),
+    r = {"name": name, "overrides": [], "driver": "bench/reference_unsloth.py" + (" --chat" if chat else ""),
          "step_s_median": rec["step_s"], "steps_run": rec["steps_run"], "total_step_s": rec["total_step_s"],
          "peak_allocated_gib": round(rec["peak_allocated_bytes"] / GIB, 2),
          "peak_reserved_gib": round(rec["peak_reserved_bytes"] / GIB, 2), "estimate_allocated_gib": None,
          "padding_free": rec.get("padding_free"), "losses": rec.get("losses"),
-         "probe": probe_end(work / "unsloth_direct.log")}
+         "probe": probe_end(work / f"{slug}.log")}
     if chat:
         # kit's count of trained tokens over the same rows, so the ratio to kit's rows is like for like;
         # the driver's own count (Unsloth's response masking of the chat template's text) beside it.
