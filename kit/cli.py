@@ -122,6 +122,30 @@ def _main(argv: list[str] | None = None) -> Outcome:
         # own flush at exit does not raise again (the recipe in Python's signal docs).
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return Outcome(1)
+    except (OSError, UnicodeError, MemoryError, RecursionError) as e:
+        # What a command did not foresee about its input files (a folder where a file was expected,
+        # a full disk, bytes that are not UTF-8, an input too big to hold): still one line, exit 2.
+        return _unforeseen(e, EXIT_USAGE, "")
+    except Exception as e:  # a bug in kit: one line (the traceback with KIT_DEBUG=1), never a token
+        return _unforeseen(e, 1, " (a bug in kit: please report it with KIT_DEBUG=1's traceback)")
+
+
+def _unforeseen(e: BaseException, code: int, tail: str) -> Outcome:
+    """Report an exception no command turned into a KitError: one redacted line, or with KIT_DEBUG=1
+    the whole traceback (redacted too: stderr is redacting while a command runs)."""
+    if os.environ.get("KIT_DEBUG"):
+        import traceback
+
+        traceback.print_exception(e)
+    if isinstance(e, OSError) and e.strerror:
+        where = f" {e.filename}" if e.filename is not None else ""
+        what = f"{e.strerror}:{where}" if where else e.strerror
+    elif isinstance(e, MemoryError):
+        what = "out of memory reading the input: is a file or a value far larger than it should be?"
+    else:
+        what = f"{type(e).__name__}: {e}"
+    print(f"error: {what.splitlines()[0] if what else type(e).__name__}{tail}", file=sys.stderr)
+    return Outcome(code)
 
 
 def finish_in_script(outcome: Outcome, namespace: dict) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import uuid
 from pathlib import Path
 
@@ -55,12 +56,72 @@ def write_atomic(path, data: str | bytes, *, fsync: bool = False, mode: int | No
     return path
 
 
-def read_text(path, what: str) -> str:
-    """The UTF-8 text of `path`, or a one-line UsageError naming `what` ("config", "data file") and the cause."""
+MAX_INPUT_BYTES = 64 * 2**20  # a config, a facts file, a notebook, a record: far below this
+
+
+def regular_file(path, what: str) -> Path | None:
+    """`path` when it is a regular file, None when nothing is there; a UsageError for anything else.
+
+    `what` starts the message ("cannot read config x.yaml", "-o out.py"). A FIFO, a device or a folder
+    where kit expects a file would hang a read (`mkfifo train_ddp.py`) or never end (`--config
+    /dev/zero`): they are refused by name before any byte is read.
+    """
+    path = Path(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except UnicodeDecodeError as e:
-        raise UsageError(f"{what} {path} is not UTF-8 text (byte {e.start}): save it as UTF-8") from None
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise UsageError(f"{what}: {e.strerror or e}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"{what}: is a directory, not a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise UsageError(f"{what}: not a regular file (a pipe, socket or device)")
+    return path
+
+
+def read_text(path, what: str, max_bytes: int = MAX_INPUT_BYTES) -> str:
+    """The UTF-8 text of `path`, or a one-line UsageError naming `what` ("config", "data file") and the cause."""
+    if regular_file(path, f"cannot read {what} {path}") is None:
+        raise UsageError(f"cannot read {what} {path}: no such file")
+    try:
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)
     except OSError as e:
         raise UsageError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    if len(data) > max_bytes:
+        raise UsageError(f"{what} {path} is over {max_bytes // 2**20} MiB: not a file kit reads")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{what} {path} is not UTF-8 text (byte {e.start}): save it as UTF-8") from None
+
+
+def same_content(path, text: str, what: str) -> bool | None:
+    """Whether the file at `path` holds exactly `text` (None: no file there). Bytes are compared, so a
+    file that is not UTF-8 is simply different; a folder, FIFO or device there is a UsageError."""
+    if regular_file(path, f"{what} {path}") is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_INPUT_BYTES + 1)
+    except OSError as e:
+        raise UsageError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    return data == text.encode("utf-8")
+
+
+def check_output(path, flag: str, example: str) -> Path:
+    """Refuse an output path that cannot take a file, before any work: a folder, a FIFO or device, a
+    missing or unwritable folder. `flag` names the option (`-o`), `example` a good file name."""
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"{flag} {path}: is a directory: give a file name such as {path / example}")
+    if path.exists() or path.is_symlink():
+        regular_file(path, f"{flag} {path}")
+    parent = path.parent
+    if not parent.is_dir():
+        state = "is not a directory" if parent.exists() else "does not exist"
+        raise UsageError(f"{flag} {path}: folder {parent} {state}: create it first or choose another {flag}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: folder {parent} is not writable: choose another {flag}")
+    return path

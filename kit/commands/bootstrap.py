@@ -14,6 +14,7 @@ from pathlib import Path
 from kit.machine import probe
 from kit.report import text as report
 from kit.errors import CannotTrain, KitError
+from kit.files import same_content
 from kit.machine.verdicts import judge
 
 
@@ -93,7 +94,7 @@ def _plan_and_write(args, facts):
     out = Path(args.output)
     note = f"wrote {out}"
     backup = None
-    if out.exists() and out.read_text() != text:
+    if same_content(out, text, "-o") is False:
         # Never lose a script the user may have edited: keep the previous one beside it, numbered
         # so that a second bootstrap does not overwrite the first backup.
         backup = _free_backup_name(out)

@@ -37,7 +37,7 @@ def run(args) -> int:
 
     from kit.planning import nodes
 
-    nodes.check_nodes(args.nodes, args.node_rank)
+    nodes.check_nodes(args.nodes, args.node_rank, args.rdzv_endpoint)
     if args.rdzv_endpoint is not None:
         nodes.check_endpoint(args.rdzv_endpoint)
     cfg = config.from_args(args)
@@ -64,6 +64,7 @@ def _next(args, cfg, facts, plan) -> str:
     from pathlib import Path
 
     from kit.commands.render import machine_args, render_for
+    from kit.files import same_content
     from kit.script.render import rerender_command
 
     script = Path("train_ddp.py")
@@ -74,7 +75,7 @@ def _next(args, cfg, facts, plan) -> str:
         text, _ = render_for(cfg, args.config, facts, args.gpus, args=args)
     except CannotTrain:  # a plan the script template cannot run yet (e.g. sharded): no script to name
         return plan.launch
-    if script.is_file() and script.read_text() == text:
+    if script.is_file() and same_content(script, text, "the script"):
         return plan.launch
     state = "is another config's or machine's script" if script.exists() else "does not exist yet"
     return f"{render_it}  (./train_ddp.py {state}), then: {plan.launch}"

@@ -89,19 +89,15 @@ def run(args) -> int:
 
 
 def check_output(out: Path) -> None:
-    """Refuse an -o that cannot take a script (a folder, a missing or unwritable folder), before any work."""
-    import os
+    """Refuse an -o that cannot take a script (a folder, a FIFO or device, a missing or unwritable
+    folder), before any work."""
+    from kit.files import check_output as check
 
-    if out.is_dir():
-        raise UsageError(f"-o {out}: is a directory: give a file name such as {out / 'train_ddp.py'}")
-    parent = out.parent
-    if not parent.is_dir():
-        what = "is not a directory" if parent.exists() else "does not exist"
-        raise UsageError(f"-o {out}: folder {parent} {what}: create it first or choose another -o")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"-o {out}: folder {parent} is not writable: choose another -o")
+    check(out, "-o", "train_ddp.py")
 
 
 def launch_for(plan, script: Path) -> str:
     """The plan's launch command for the script written at `script` (not always ./train_ddp.py)."""
-    return plan.launch.replace("train_ddp.py", Path(script).as_posix())
+    import shlex
+
+    return plan.launch.replace("train_ddp.py", shlex.quote(Path(script).as_posix()))
