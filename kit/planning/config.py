@@ -166,8 +166,28 @@ def parse_overrides(overrides) -> list[tuple[str, Any]]:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw  # an unparseable scalar is kept as the literal string
+        _check_size(value, f"override {key.strip()!r}")
         pairs.append((key.strip(), value))
     return pairs
+
+
+MAX_NODES = 10_000  # values in one config, YAML aliases expanded: a real one has about a hundred
+
+
+def _check_size(data, what: str) -> None:
+    """Refuse a value that YAML aliases blow up (`&a [*b, *b, …]` nested: a billion strings from a few
+    lines) before anything walks or prints it expanded."""
+    count, todo = 0, [data]
+    while todo:
+        item = todo.pop()
+        count += 1
+        if count > MAX_NODES:
+            raise UsageError(f"{what} expands to over {MAX_NODES:,} values (YAML aliases?): not a kit config")
+        if isinstance(item, dict):
+            todo.extend(item.keys())
+            todo.extend(item.values())
+        elif isinstance(item, list):
+            todo.extend(item)
 
 
 def load(path: str | None = None, overrides=()) -> RunConfig:
@@ -186,6 +206,7 @@ def load(path: str | None = None, overrides=()) -> RunConfig:
             raise UsageError(f"malformed YAML in {path}{line}: {problem}") from None
         if not isinstance(data, dict):
             raise UsageError(f"config {path} must be a mapping of keys to values, got {type(data).__name__}")
+        _check_size(data, f"config {path}")
     cfg = from_dict(data, source=path or "")
     for key, value in parse_overrides(overrides):
         set_value(cfg, key, value, source="command line")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 
 from kit.errors import UsageError
 
@@ -29,6 +30,7 @@ _POSITIVE = {"seq_len", "per_device_batch", "global_batch", "epochs", "max_steps
              "save_steps", "save_every_minutes", "keep_checkpoints", "lease_heartbeat_seconds", "time_budget_minutes",
              "logging_steps", "eval_steps", "lora.r", "lora.alpha", "eval.subset", "eval.min_rows",
              "eval.max_new_tokens"}
+_NON_EMPTY = {"model", "output_dir", "data.path", "data.split", "store", "revision", "resume"}
 _NON_NEGATIVE = {"warmup_steps", "weight_decay", "max_grad_norm", "learning_rate", "eval.samples", "squash_history_every"}
 _CHOICES = {"method": METHODS, "backend": BACKENDS, "data.format": FORMATS, "optimizer": OPTIMIZERS,
             "precision": PRECISIONS, "lr_scheduler": SCHEDULERS, "gradient_checkpointing": CHECKPOINTING,
@@ -116,6 +118,8 @@ def check_value(key: str, f: dataclasses.Field, value, source: str):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise UsageError(f"config key {key!r}{where} must be a number, got {value!r}")
         value = float(value)
+        if not math.isfinite(value):  # YAML's .nan/.inf: a NaN learning rate trains nothing, silently
+            raise UsageError(f"config key {key!r}{where} must be a finite number, got {value!r}")
     elif ann.startswith("bool"):
         if not isinstance(value, bool):
             raise UsageError(f"config key {key!r}{where} must be true or false, got {value!r}")
@@ -127,6 +131,10 @@ def check_value(key: str, f: dataclasses.Field, value, source: str):
         if isinstance(value, (dict, list, bool)):
             raise UsageError(f"config key {key!r}{where} must be a string, got {value!r}")
         value = str(value)
+        if any(ord(c) < 32 for c in value):  # a newline or NUL in a path or a name breaks every file it goes into
+            raise UsageError(f"config key {key!r}{where} holds a control character (newline, tab, NUL): {value!r}")
+        if not value.strip() and key in _NON_EMPTY:
+            raise UsageError(f"config key {key!r}{where} must not be empty")
     if key in _CHOICES and value not in _CHOICES[key]:
         close = difflib.get_close_matches(str(value).lower(), _CHOICES[key], n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -135,6 +143,8 @@ def check_value(key: str, f: dataclasses.Field, value, source: str):
         raise UsageError(f"config key {key!r}{where} must be > 0, got {value!r}")
     if key in _NON_NEGATIVE and value < 0:
         raise UsageError(f"config key {key!r}{where} must be >= 0, got {value!r}")
+    if key == "seed" and not 0 <= value < 2**32:  # numpy's and CUDA's generators take 32-bit seeds
+        raise UsageError(f"config key {key!r}{where} must be in [0, 2**32), got {value!r}")
     if key == "lora.dropout" and not 0 <= value < 1:
         raise UsageError(f"config key {key!r}{where} must be in [0, 1), got {value!r}")
     if key in ("data.eval_fraction", "data.max_duplicate_fraction") and not 0 <= value < 1:

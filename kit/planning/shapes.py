@@ -131,6 +131,8 @@ def from_table(name: str) -> ModelFacts | None:
 
 def from_config_dict(name: str, cfg: dict, source: str) -> ModelFacts:
     """Facts from a transformers config.json dict (multimodal configs: their text_config)."""
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("text_config") or cfg, dict):
+        raise UsageError(f"{name}: config.json is not a JSON object of model settings")
     text = cfg.get("text_config") or cfg
     try:
         hidden = int(text["hidden_size"])
@@ -139,15 +141,23 @@ def from_config_dict(name: str, cfg: dict, source: str) -> ModelFacts:
         pre = _prequantized(name)
         if quant.get("load_in_4bit") or quant.get("bnb_4bit_quant_type"):
             pre = "bnb-4bit"
-        return ModelFacts(
+        facts = ModelFacts(
             name=name, source=source, model_type=str(text.get("model_type") or cfg.get("model_type") or "unknown"),
             layers=int(text["num_hidden_layers"]), hidden=hidden, intermediate=int(text["intermediate_size"]),
             heads=heads, kv_heads=int(text.get("num_key_value_heads") or heads),
             head_dim=int(text.get("head_dim") or hidden // heads), vocab=int(text["vocab_size"]),
             tied_embeddings=bool(text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", True))),
             max_position=int(text.get("max_position_embeddings") or 0), prequantized=pre)
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError) as e:
         raise UsageError(f"{name}: config.json lacks a decoder-only shape ({e}); kit plans causal LMs only") from None
+    sizes = {"num_hidden_layers": facts.layers, "hidden_size": facts.hidden, "intermediate_size": facts.intermediate,
+             "num_attention_heads": facts.heads, "num_key_value_heads": facts.kv_heads, "head_dim": facts.head_dim,
+             "vocab_size": facts.vocab}
+    bad = [f"{k} {v}" for k, v in sizes.items() if v < 1]
+    if bad or facts.heads % facts.kv_heads:
+        why = ", ".join(bad) or f"num_attention_heads {facts.heads} is not a multiple of num_key_value_heads {facts.kv_heads}"
+        raise UsageError(f"{name}: config.json has {why}: not a model that can be built")
+    return facts
 
 
 def _from_hub(name: str, revision: str | None) -> tuple[ModelFacts | None, str]:
