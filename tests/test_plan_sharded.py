@@ -119,7 +119,12 @@ def test_two_nodes_get_a_torchrun_command_each_and_the_batch_spans_all_ranks():
 
 
 @pytest.mark.parametrize("args,words", [
-    (["--nodes", "0"], "error: --nodes 0: a job runs on at least 1 node"),
+    (["--nodes", "0"], "error: --nodes 0: a job runs on 1 to 1024 nodes"),
+    (["--nodes", "5000"], "error: --nodes 5000: a job runs on 1 to 1024 nodes"),
+    (["--node-rank", "0"], "error: --node-rank is for a job over several machines: add --nodes N"),
+    (["--rdzv-endpoint", "10.0.0.1:29500"], "error: --rdzv-endpoint is for a job over several machines"),
+    (["--nproc", "0"], "error: --nproc 0: use at least 1 process"),
+    (["--nproc=-3"], "error: --nproc -3: use at least 1 process"),
     (["--nodes", "2", "--rdzv-endpoint", "10.0.0.1"], "is not HOST:PORT"),
     (["--nodes", "2", "--rdzv-endpoint", "node0:http"], "is not HOST:PORT"),
     (["--nodes", "2", "--node-rank", "2"], "error: --node-rank 2: node ranks run from 0 to 1 for --nodes 2"),

@@ -44,6 +44,9 @@ PACKAGES = {"transformers": "5.17.0", "trl": "1.15.0", "peft": "0.18.0", "bitsan
             "unsloth": None, "accelerate": "1.12.0", "datasets": "4.4.0", "huggingface_hub": "1.2.0"}
 
 
+MAX_GPUS = 16  # in one machine (an HGX board has 8; a few servers 16)
+
+
 def parse_gpus(spec: str) -> list[str]:
     """`2xT4` → ["T4", "T4"]; `T4+L4` → mixed; `cpu` → []."""
     if spec.strip().lower() in ("cpu", "0", "none"):
@@ -55,11 +58,14 @@ def parse_gpus(spec: str) -> list[str]:
             raise UsageError(f"--gpus {spec!r}: expected COUNTxNAME, e.g. 2xT4 (known: {', '.join(GPUS)})")
         count, name = int(m.group(1) or 1), m.group(2).upper()
         name = ALIASES.get(name, name)
-        if count < 1:
-            raise UsageError(f"--gpus {spec!r}: the count must be at least 1, got {count}")
+        if not 1 <= count <= MAX_GPUS:
+            raise UsageError(f"--gpus {spec!r}: the count must be 1 to {MAX_GPUS} (GPUs in one machine; "
+                             f"more machines: --nodes), got {count}")
         if name not in GPUS:
             raise UsageError(f"--gpus {spec!r}: unknown GPU {m.group(2)!r}; known: {', '.join(GPUS)}, cpu")
         out += [name] * count
+    if len(out) > MAX_GPUS:
+        raise UsageError(f"--gpus {spec!r}: {len(out)} GPUs; one machine has at most {MAX_GPUS} (more machines: --nodes)")
     return out
 
 

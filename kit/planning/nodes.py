@@ -32,9 +32,19 @@ def check_endpoint(endpoint: str) -> str:
     return endpoint
 
 
-def check_nodes(nodes: int, node_rank: int | None = None) -> None:
-    if nodes < 1:
-        raise UsageError(f"--nodes {nodes}: a job runs on at least 1 node")
+MAX_NODES = 1024
+
+
+def check_nodes(nodes: int, node_rank: int | None = None, endpoint: str | None = None,
+                nproc: int | None = None) -> None:
+    """Refuse a node count, node rank, endpoint or processes per node that cannot start a job."""
+    if nproc is not None and (isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1):
+        raise UsageError(f"--nproc {nproc}: use at least 1 process")
+    if not 1 <= nodes <= MAX_NODES:
+        raise UsageError(f"--nodes {nodes}: a job runs on 1 to {MAX_NODES} nodes")
+    if nodes == 1 and (node_rank is not None or endpoint is not None):
+        flag = "--node-rank" if node_rank is not None else "--rdzv-endpoint"
+        raise UsageError(f"{flag} is for a job over several machines: add --nodes N (N >= 2), or leave it out")
     if node_rank is not None and not 0 <= node_rank < nodes:
         raise UsageError(f"--node-rank {node_rank}: node ranks run from 0 to {nodes - 1} for --nodes {nodes}")
 

@@ -70,7 +70,7 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
         CannotTrain: the hardware cannot run it or it does not fit (`.plan` holds the "none" plan).
         UsageError: the model is unknown, the batch sizes do not divide, nproc exceeds the GPUs.
     """
-    nodes_mod.check_nodes(nodes)
+    nodes_mod.check_nodes(nodes, nproc=nproc)
     endpoint = nodes_mod.check_endpoint(rdzv_endpoint or f"$MASTER_ADDR:{nodes_mod.DEFAULT_PORT}")
     facts = _as_facts(facts)
     model = shapes.model_facts(cfg.model, cfg.revision)
@@ -215,6 +215,8 @@ def _cpu_plan(facts, cfg, model, plan: Plan, nproc) -> Plan:
                       "use a GPU machine (Kaggle T4×2, Colab T4) or a model under 1B")
     if cfg.method == "qlora" or model.prequantized:
         _refuse(plan, "4-bit QLoRA needs a GPU (bitsandbytes): use method=lora on the CPU")
+    if cfg.backend == "unsloth":  # the script would refuse it too (kit.planning.adapt)
+        _refuse(plan, "backend=unsloth needs a CUDA GPU: use backend=auto (or transformers) on the CPU")
     try:
         plan.precision, _ = precision.choose(cfg.precision, "cpu")
     except CannotTrain as e:
