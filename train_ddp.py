@@ -22,6 +22,7 @@ from transformers import BitsAndBytesConfig, set_seed
 from trl import SFTConfig, SFTTrainer
 
 try:  # the mechanics (store sync, resume, lease, deadline, smoke checks) are kit's tested modules
+    from kit.auth import redact_tracebacks
     from kit.errors import KitError
     from kit.planning import adapt
     from kit.script import arguments
@@ -34,7 +35,7 @@ except ModuleNotFoundError as e:
           "checkout), or `pip install -e PATH_TO_KIT`", file=sys.stderr)
     sys.exit(2)
 
-CONFIG_PATH = "configs/default.yaml"
+CONFIG_PATH = 'configs/default.yaml'
 
 # The settings of configs/default.yaml, resolved by kit 0.1.0. `--config FILE` replaces them and
 # `key=value` arguments override them.
@@ -235,6 +236,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    redact_tracebacks()  # a crash prints its traceback, but never the HF token
     try:
         sys.exit(main(sys.argv[1:]))
     except KitError as e:  # bad config, data, store or hardware: one line and its exit code

@@ -175,3 +175,26 @@ class redacted_output:
     def __exit__(self, *exc):
         sys.stdout, sys.stderr = self._saved
         return False
+
+
+def redact_tracebacks() -> None:
+    """Make the tracebacks of uncaught exceptions (main thread and threads) show a token as ``***``.
+
+    For the generated script: a crash still prints its whole traceback, for debugging, but a value in
+    it (an environment variable, a path, a server's reply) never shows the token.
+    """
+    import threading
+    import traceback
+
+    def report(exc_type, exc, tb):
+        sys.stderr.write(redact("".join(traceback.format_exception(exc_type, exc, tb))))
+
+    def report_thread(args):
+        if args.exc_type is SystemExit:
+            return
+        name = getattr(args.thread, "name", "?")
+        sys.stderr.write(f"Exception in thread {name}:\n")
+        report(args.exc_type, args.exc_value, args.exc_traceback)
+
+    sys.excepthook = report
+    threading.excepthook = report_thread

@@ -110,3 +110,40 @@ def test_the_script_says_in_one_line_how_to_get_kit_when_it_is_not_importable(tm
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().splitlines() == ["error: the kit package is not importable: run this script from the "
                                              "folder that holds kit/ (the kit checkout), or `pip install -e PATH_TO_KIT`"]
+
+
+def test_paths_and_values_with_quotes_backslashes_and_spaces_still_give_a_script_that_parses(tmp_path):
+    """A config name, an -o name or an override holding `\"\"\"`, `\\N` or a space: the docstring and
+    the literals escape them, the script parses, CONFIG_PATH is the path, and the printed next
+    command can be pasted into a shell as is."""
+    import shlex
+
+    cfg = tmp_path / 'we"""ird\\N dir'
+    cfg.mkdir()
+    config = cfg / "c.yaml"
+    config.write_text((ROOT / "configs" / "default.yaml").read_text())
+    out = tmp_path / 'o"""\\N x.py'
+    r = kit("render", "--config", str(config), "--gpus", "cpu", "-o", str(out), 'output_dir=o"""x\\')
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    tree = ast.parse(text)
+    doc = ast.get_docstring(tree)
+    assert str(config) in doc and "output_dir=o\"\"\"x\\" in doc  # the docstring reads as the real names
+    consts = {t.targets[0].id: t.value.value for t in tree.body
+              if isinstance(t, ast.Assign) and isinstance(t.value, ast.Constant) and isinstance(t.targets[0], ast.Name)}
+    assert consts["CONFIG_PATH"] == str(config)
+    next_line = r.stdout.splitlines()[-1]
+    assert shlex.split(next_line.removeprefix("next: ")) == ["python", str(out)]
+
+
+def test_the_script_redacts_the_token_from_a_crash_traceback(tmp_path):
+    """A crash still shows its traceback, in the main thread and in a thread, never the token."""
+    token = "hf_" + "crashTRACEBACKtoken" + "0123456789ab"
+    code = ("import os, threading\nfrom kit.auth import redact_tracebacks\nredact_tracebacks()\n"
+            "t = threading.Thread(target=lambda: 1 / int(os.environ['HF_TOKEN'][:0] or 'x' + os.environ['HF_TOKEN']))\n"
+            "t.start(); t.join()\nraise RuntimeError('bad ' + os.environ['HF_TOKEN'])\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       env={"PATH": "/usr/bin:/bin", "HF_TOKEN": token, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 1
+    assert "RuntimeError: bad ***" in r.stderr and "Exception in thread" in r.stderr and "ValueError" in r.stderr
+    assert r.stderr.count("Traceback") == 2 and token not in r.stderr

@@ -13,7 +13,7 @@ from kit import __version__
 from kit.machine.command import launch_command
 from kit.planning import config
 from kit.errors import UsageError
-from kit.files import write_atomic
+from kit.files import check_output, same_content, write_atomic
 
 TEMPLATE = Path(__file__).parent / "templates" / "train_ddp.py.tmpl"
 PLAN_KEYS = ("precision", "strategy", "device", "nproc", "per_device_batch", "grad_accum", "global_batch",
@@ -71,21 +71,29 @@ def render(cfg: config.RunConfig, plan: dict, config_path: str, machine: str, re
     backend = kept.get("backend")
     unsloth_import = ("import unsloth  # noqa: F401  (first: Unsloth patches transformers and trl on import)\n"
                       if backend == "unsloth" else "")
+    words = {  # text from the user (paths, names, overrides) that lands in the docstring and comments
+        "model": cfg.model, "method_words": METHOD_WORDS[cfg.method], "config_path": Path(config_path).as_posix(),
+        "strategy_words": _strategy_words(plan), "plan_machine": machine,
+        "rerender": rerender or rerender_command(config_path),
+    }
     return Template(TEMPLATE.read_text()).substitute(
-        model=cfg.model,
-        method_words=METHOD_WORDS[cfg.method],
-        config_path=Path(config_path).as_posix(),
+        {k: _in_docstring(v) for k, v in words.items()},
+        config_path_literal=repr(Path(config_path).as_posix()),
         nproc=kept.get("nproc", 1),
         launch=f"{_launch_line(kept):<52} ",
         launch_bare=_launch_line(kept),
-        strategy_words=_strategy_words(plan),
         unsloth_import=unsloth_import,
         kit_version=__version__,
         settings=_literal(config.to_dict(cfg)),
         plan=_literal(kept),
-        plan_machine=machine,
-        rerender=rerender or rerender_command(config_path),
     )
+
+
+def _in_docstring(text: str) -> str:
+    """`text` as it may stand in the script's docstring or a comment: a backslash, a quote or a newline
+    in a path (`we"ird\\N.yaml`) shown escaped, so the script still parses and reads the same."""
+    text = str(text).replace("\\", "\\\\").replace('"', '\\"')
+    return "".join(c if ord(c) >= 32 else repr(c)[1:-1] for c in text)
 
 
 def write(text: str, out: Path, force: bool) -> None:
@@ -95,15 +103,9 @@ def write(text: str, out: Path, force: bool) -> None:
     out = Path(out)
     # The last gate before disk: whatever put it there (a setting, a --config path), no token is written.
     refuse_token(text, f"the script for {out}")
-    if out.is_dir():
-        raise UsageError(f"-o {out}: is a directory: give a file name such as {out / 'train_ddp.py'}")
-    if not out.parent.is_dir():
-        raise UsageError(f"-o {out}: folder {out.parent} does not exist or is not a directory")
-    try:
-        if out.exists() and not force and out.read_text() != text:
-            raise UsageError(f"{out} exists and differs; pass --force to overwrite it")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"cannot write {out}: {getattr(e, 'strerror', None) or e}") from None
+    check_output(out, "-o", "train_ddp.py")
+    if not force and same_content(out, text, "-o") is False:
+        raise UsageError(f"{out} exists and differs; pass --force to overwrite it")
     try:
         write_atomic(out, text, mode=0o644)
     except OSError as e:

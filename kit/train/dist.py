@@ -49,8 +49,20 @@ class Context:
 
 
 def _env_int(name: str, default: int) -> int:
+    """An integer that torchrun (or the user) set in the environment; a UsageError when it is not one."""
     value = os.environ.get(name)
-    return default if value in (None, "") else int(value)
+    if value in (None, ""):
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if number < 0:
+        from kit.errors import UsageError
+
+        raise UsageError(f"environment variable {name}={value!r} is not a whole number >= 0: torchrun sets it; "
+                         f"unset it to run one process")
+    return number
 
 
 def init(timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> Context:
@@ -58,6 +70,11 @@ def init(timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> Context:
     rank = _env_int("RANK", 0)
     local_rank = _env_int("LOCAL_RANK", 0)
     world_size = _env_int("WORLD_SIZE", 1)
+    if world_size < 1 or not 0 <= rank < world_size:
+        from kit.errors import UsageError
+
+        raise UsageError(f"environment: RANK {rank} is not a rank of WORLD_SIZE {world_size}: torchrun sets both; "
+                         "unset them to run one process")
     if torch.cuda.is_available():
         # Pin before anything touches CUDA, or every rank opens a context on GPU 0.
         torch.cuda.set_device(local_rank)

@@ -152,9 +152,24 @@ def _inductor_rounds_as_eager() -> bool:
 
 
 def target_modules(cfg, model) -> list[str] | str:
-    if cfg.lora.target_modules != "all-linear":
-        return list(cfg.lora.target_modules)
+    """The module names LoRA wraps: the config's list (each checked against the model), or every linear
+    projection of the decoder for "all-linear"."""
     present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    wanted = cfg.lora.target_modules
+    if wanted != "all-linear":
+        wanted = [wanted] if isinstance(wanted, str) else list(wanted)
+        # PEFT matches a name against the end of each module's path; a name matching nothing would stop
+        # the run in get_peft_model with a traceback, after the model loaded.
+        missing = [t for t in wanted if t not in present and not any(n.endswith("." + t) for n, _ in
+                                                                       model.named_modules())]
+        if missing:
+            import torch
+
+            linear = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules()
+                             if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] != "lm_head"})
+            raise UsageError(f"lora.target_modules: {', '.join(missing)} is no module of {cfg.model}; its linear "
+                             f"layers are {', '.join(linear)} (or use all-linear)")
+        return wanted
     found = [m for m in ALL_LINEAR if m in present]
     return found or "all-linear"  # unknown architecture: let PEFT find the linear layers
 
