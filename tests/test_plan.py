@@ -267,6 +267,10 @@ def test_cli_does_not_fit_prints_plan_and_exits_3():
     assert out.stderr.count("\n") == 1 and "method=qlora" in out.stderr
     out = kit_plan("--gpus", "2xP100")
     assert out.returncode == 3 and "sm_60" in out.stderr
+    # The refused plan's header names the machine the error names.
+    out = kit_plan("--gpus", "2xT4", "seq_len=1000000000000")
+    assert out.returncode == 3 and "does not fit on 2× Tesla T4" in out.stderr
+    assert out.stdout.splitlines()[0] == "plan for models/tiny-qwen3 on 2× Tesla T4"
 
 
 @pytest.mark.parametrize("setup,args,needle", [

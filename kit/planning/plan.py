@@ -99,7 +99,7 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
         raise UsageError(f"nproc {nproc}: this machine has {len(usable)} usable GPU(s)")
     usable = usable[: nproc or len(usable)]
     gpu, n = usable[0], len(usable)
-    plan.gpu = gpu["name"]
+    plan.gpu, plan.gpus = gpu["name"], n  # the GPUs it was planned for, also when it is refused
     plan.precision = _precision(cfg, gpu, plan.reasons, plan)
     if quantized:
         plan.quantization = "nf4"
