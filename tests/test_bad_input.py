@@ -221,6 +221,9 @@ CLI_CASES = [
     ("facts-memory-text", {"f.json": facts(gpus=[{**T4X2["gpus"][0], "memory_total_bytes": "16GB"}], gpu_count=1)},
      ["render", "--config", "configs/default.yaml", "--facts", "f.json", "-o", "r.py"], 2, "memory_total_bytes"),
     ("facts-schema", {"f.json": facts(schema=2)}, ["plan", "--facts", "f.json"], 2, "schema 2"),
+    ("facts-gpu-name-null", {"f.json": facts(gpus=[{**T4X2["gpus"][0], "name": None}], gpu_count=1)},
+     ["bootstrap", "--facts", "f.json", "--config", "configs/default.yaml", "-o", "t.py"], 2,
+     "gpus\\[0\\].name = None; expected a string"),
     # secrets: refused, never echoed
     ("token-max-steps", {}, ["plan", f"max_steps={TOKEN}"], 2, "'max_steps'.*looks like a Hugging Face token"),
     ("token-store-render", {}, ["render", "--config", "configs/default.yaml", "--gpus", "cpu", "-o", "t.py",

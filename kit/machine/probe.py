@@ -214,7 +214,7 @@ def _check_types(d: dict) -> None:
             raise ValueError(f"has torch.{key} = {d['torch'][key]!r}; expected {names[kind]}")
     for i, gpu in enumerate(d["gpus"]):
         for key, kind in _GPU_TYPES.items():
-            if _wrong(gpu.get(key), kind):
+            if _wrong(gpu.get(key), kind) or (key in ("index", "name") and gpu.get(key) is None):
                 raise ValueError(f"has gpus[{i}].{key} = {gpu[key]!r}; expected {names[kind]}")
     if d["gpu_count"] != len(d["gpus"]):
         raise ValueError(f"has gpu_count {d['gpu_count']} but lists {len(d['gpus'])} GPUs")
