@@ -80,16 +80,19 @@ def regular_file(path, what: str) -> Path | None:
     return path
 
 
-def read_text(path, what: str, max_bytes: int = MAX_INPUT_BYTES) -> str:
-    """The UTF-8 text of `path`, or a one-line UsageError naming `what` ("config", "data file") and the cause."""
+def read_text(path, what: str, max_bytes: int | None = MAX_INPUT_BYTES) -> str:
+    """The UTF-8 text of `path`, or a one-line UsageError naming `what` ("config", "data file") and the cause.
+
+    `max_bytes`: refuse a larger file (None: no limit, for training data, which may be gigabytes).
+    """
     if regular_file(path, f"cannot read {what} {path}") is None:
         raise UsageError(f"cannot read {what} {path}: no such file")
     try:
         with open(path, "rb") as f:
-            data = f.read(max_bytes + 1)
+            data = f.read() if max_bytes is None else f.read(max_bytes + 1)
     except OSError as e:
         raise UsageError(f"cannot read {what} {path}: {e.strerror or e}") from None
-    if len(data) > max_bytes:
+    if max_bytes is not None and len(data) > max_bytes:
         raise UsageError(f"{what} {path} is over {max_bytes // 2**20} MiB: not a file kit reads")
     try:
         return data.decode("utf-8")

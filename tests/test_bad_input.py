@@ -295,6 +295,7 @@ SCRIPT_CASES = [
     ("script-bad-override", {}, ["max_steps=0"], 2, "'max_steps' in command line must be > 0"),
     ("script-token", {}, [f"store={TOKEN}"], 2, "'store'.*token"),
     ("script-unknown-flag", {}, ["--smokee"], 2, "unrecognized arguments"),
+    ("data-is-a-device", {}, ["data.path=/dev/zero"], 2, "data file /dev/zero \\(data.path\\): not a regular file"),
     ("lora-targets-missing", {}, ["lora.target_modules=[q_proj, nope_proj]", "max_steps=1"], 2,
      "nope_proj is no module of models/tiny-qwen3; its linear layers are down_proj, gate_proj"),
 ]

@@ -43,3 +43,30 @@ def test_read_text_errors_are_one_line(tmp_path):
         read_text(bad, "config")
     with pytest.raises(UsageError, match="cannot read config"):
         read_text(tmp_path / "missing.yaml", "config")
+
+
+def test_only_regular_files_are_read_and_each_other_kind_is_named(tmp_path):
+    from kit.files import check_output, regular_file, same_content
+
+    fifo = tmp_path / "train_ddp.py"
+    os.mkfifo(fifo)  # reading it would block for ever
+    for call in (lambda: read_text(fifo, "config"), lambda: same_content(fifo, "x", "-o"),
+                 lambda: check_output(fifo, "-o", "t.py")):
+        with pytest.raises(UsageError, match="not a regular file"):
+            call()
+    with pytest.raises(UsageError, match="cannot read config .*: is a directory"):
+        read_text(tmp_path, "config")
+    with pytest.raises(UsageError, match="no such file"):
+        read_text(tmp_path / "none.yaml", "config")
+    assert regular_file(tmp_path / "none.yaml", "config") is None
+    assert same_content(tmp_path / "none.py", "x", "-o") is None
+    (tmp_path / "b.py").write_bytes(b"\xff\xfe")
+    assert same_content(tmp_path / "b.py", "x", "-o") is False  # not UTF-8: simply different
+
+
+def test_inputs_are_capped_except_training_data(tmp_path):
+    big = tmp_path / "big.jsonl"
+    big.write_bytes(b'{"text": "a"}\n' * 5_000_000)  # 70 MB: over the 64 MiB a config or facts file may be
+    with pytest.raises(UsageError, match="is over 64 MiB"):
+        read_text(big, "config")
+    assert read_text(big, "data file", max_bytes=None).count("\n") == 5_000_000

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from kit.train.data_checks import as_messages, explain_mixed_types, row_problem, scan_json_lines
 from kit.errors import UsageError
+from kit.files import regular_file
 
 FORMATS = {
     "messages": ("messages",),
@@ -79,7 +80,7 @@ def _load_located(data_cfg):
             raise UsageError(f"data folder {path} could not be read: {str(e).splitlines()[0]}") from e
         locate = lambda i: f"data folder {path} row {i + 1}"  # noqa: E731
     elif path.suffix in LOCAL_TYPES or path.exists():
-        if not path.is_file():
+        if regular_file(path, f"data file {path} (data.path)") is None:
             raise UsageError(f"data file {path} does not exist (data.path)")
         if path.suffix not in LOCAL_TYPES:
             raise UsageError(f"data file {path}: unknown type {path.suffix!r}; use {', '.join(LOCAL_TYPES)}")

@@ -30,7 +30,7 @@ def scan_json_lines(path: Path) -> list[int] | None:
 
     A `.json` file that holds one JSON array (not lines) is checked as a whole and gets None.
     """
-    text = read_text(path, "data file")
+    text = read_text(path, "data file", max_bytes=None)
     if path.suffix == ".json" and text.lstrip().startswith("["):
         try:
             rows = json.loads(text)
