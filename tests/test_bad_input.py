@@ -333,11 +333,14 @@ def test_script_bad_input(sandbox, capfd, files, argv, code, want):
     ({"WORLD_SIZE": TOKEN}, r"WORLD_SIZE='\*\*\*' is not a whole number"),
     ({"RANK": "0", "WORLD_SIZE": "0"}, "RANK 0 is not a rank of WORLD_SIZE 0"),
 ])
-def test_script_refuses_a_broken_torchrun_environment(sandbox, capfd, monkeypatch, env, want):
+@pytest.mark.parametrize("own_config", [False, True], ids=["settings", "own-config"])
+def test_script_refuses_a_broken_torchrun_environment(sandbox, capfd, monkeypatch, env, want, own_config):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     before = snapshot(sandbox)
-    got = run_script_in_process(sandbox, ["output_dir=outputs/bad"])
+    # --config FILE plans again for this machine, reading WORLD_SIZE before the process group starts.
+    got = run_script_in_process(sandbox, ["output_dir=outputs/bad", *(["--config", "configs/default.yaml"]
+                                                                       if own_config else [])])
     out, err = capfd.readouterr()
     check_contract(sandbox, before, got, out, err, 2, want, one_line_stderr=False)
 

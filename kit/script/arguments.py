@@ -12,7 +12,6 @@ tiny model's micro-batch or checkpointing choice.
 from __future__ import annotations
 
 import argparse
-import os
 
 from kit.planning import config
 
@@ -48,7 +47,9 @@ def replan(cfg: config.RunConfig, source: str) -> dict:
     from kit.machine import probe
     from kit.planning.plan import make_plan
 
-    world = int(os.environ.get("WORLD_SIZE") or 1)
+    from kit.train.dist import env_int
+
+    world = env_int("WORLD_SIZE", 1)
     facts = probe.gather()
     # Under torchrun the plan is for the processes started; one process may plan every GPU (model parallel).
     plan = make_plan(facts, cfg, nproc=world if world > 1 else None)

@@ -48,7 +48,7 @@ class Context:
         return self.world_size > 1
 
 
-def _env_int(name: str, default: int) -> int:
+def env_int(name: str, default: int) -> int:
     """An integer that torchrun (or the user) set in the environment; a UsageError when it is not one."""
     value = os.environ.get(name)
     if value in (None, ""):
@@ -67,9 +67,9 @@ def _env_int(name: str, default: int) -> int:
 
 def init(timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> Context:
     """Read RANK/LOCAL_RANK/WORLD_SIZE, pin this rank's device and start the process group."""
-    rank = _env_int("RANK", 0)
-    local_rank = _env_int("LOCAL_RANK", 0)
-    world_size = _env_int("WORLD_SIZE", 1)
+    rank = env_int("RANK", 0)
+    local_rank = env_int("LOCAL_RANK", 0)
+    world_size = env_int("WORLD_SIZE", 1)
     if world_size < 1 or not 0 <= rank < world_size:
         from kit.errors import UsageError
 
@@ -107,7 +107,7 @@ def local_main_first():
     cache; the others read it from there. Every rank passes one barrier, so it is safe in any
     world size, one node or many.
     """
-    local_rank = _env_int("LOCAL_RANK", 0)
+    local_rank = env_int("LOCAL_RANK", 0)
     if local_rank != 0:
         barrier()
     yield  # no barrier after a failure: the failed rank exits and torchrun ends the job
@@ -117,7 +117,7 @@ def local_main_first():
 
 def multi_node() -> bool:
     """More ranks in the job than on this node (torchrun sets LOCAL_WORLD_SIZE)."""
-    return _env_int("WORLD_SIZE", 1) > _env_int("LOCAL_WORLD_SIZE", _env_int("WORLD_SIZE", 1))
+    return env_int("WORLD_SIZE", 1) > env_int("LOCAL_WORLD_SIZE", env_int("WORLD_SIZE", 1))
 
 
 def share_folder(src: str, dest: str) -> list[str]:
@@ -132,7 +132,7 @@ def share_folder(src: str, dest: str) -> list[str]:
         return []
     from pathlib import Path
 
-    rank, local_rank = tdist.get_rank(), _env_int("LOCAL_RANK", 0)
+    rank, local_rank = tdist.get_rank(), env_int("LOCAL_RANK", 0)
     src_p, dest_p = Path(src), Path(dest)
     files = broadcast(sorted(p.relative_to(src_p).as_posix() for p in src_p.rglob("*") if p.is_file())
                       if rank == 0 else None)
