@@ -4,6 +4,7 @@ one line, the right exit code, nothing written. The adapter is a real PEFT adapt
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -201,6 +202,115 @@ def test_export_bad_input_is_one_line_exit_2(adapter, tmp_path, capsys, case, wo
     assert cli.main(args) == 2
     assert words in _error(capsys)
     assert (out / "mine.txt").read_text() == "keep" if case == "exists" else not out.exists()
+
+
+@pytest.fixture
+def no_merge(monkeypatch):
+    """Every refusal below comes before any work: a merge (or a download) would be a failure."""
+    def fail(*args, **kwargs):
+        raise AssertionError("the merge ran before the input was checked")
+    monkeypatch.setattr(export, "merge", fail)
+    monkeypatch.setattr(export, "resolve_base", fail)
+
+
+def _broken_copy(adapter, tmp_path, name: str, content) -> Path:
+    moved = tmp_path / "adapter"
+    shutil.copytree(adapter, moved)
+    target = moved / name
+    if content is None:
+        target.unlink()
+    elif content == "dir":
+        target.unlink()
+        target.mkdir()
+    else:
+        target.write_bytes(content)
+    return moved
+
+
+@pytest.mark.parametrize("name, content, words", [
+    ("adapter_config.json", b"{bad", "adapter config"),
+    ("adapter_config.json", b"{bad", "is not valid JSON"),
+    ("adapter_config.json", b"\xff\xfe", "is not UTF-8 text"),
+    ("adapter_config.json", b"[1, 2]", "holds a JSON list, not an object"),
+    ("adapter_config.json", b'{"base_model_name_or_path": 5}', "base_model_name_or_path is 5, not a string"),
+    ("adapter_config.json", b'{"base_model_name_or_path": "x/y", "revision": []}', "revision is [], not a string"),
+    ("adapter_config.json", "dir", "adapter_config.json: is a directory"),
+    ("adapter_model.safetensors", None, "has no adapter_model.safetensors: the adapter's weights are missing"),
+    ("adapter_model.safetensors", "dir", "adapter_model.safetensors: is a directory"),
+    ("adapter_model.safetensors", b"\x05", "is not a readable safetensors file"),
+    ("adapter_model.safetensors", b"\xff" * 16, "is not a readable safetensors file"),
+    ("tokenizer_config.json", None, "has no tokenizer"),
+    ("kit_run.json", b"{bad", "run record"),
+    ("kit_run.json", b'{"base_revision": 5}', "base_revision is 5, not a string"),
+    ("eval_results.json", b"{bad", "eval results"),
+    ("README.md", b"\xff", "model card"),
+])
+def test_a_corrupt_adapter_folder_is_one_line_exit_2(adapter, tmp_path, capsys, no_merge, name, content, words):
+    moved = _broken_copy(adapter, tmp_path, name, content)
+    if name == "tokenizer_config.json":
+        (moved / "tokenizer.json").unlink()
+    assert cli.main(["export", "--adapter", str(moved), "-o", str(tmp_path / "merged")]) == 2
+    assert words in _error(capsys)
+    assert not (tmp_path / "merged").exists()
+
+
+def test_an_adapter_that_is_a_file_or_missing_is_named(tmp_path, capsys, no_merge):
+    (tmp_path / "file").write_text("x")
+    for adapter, words in [(tmp_path / "file", "is not a folder"), (tmp_path / "gone", "does not exist")]:
+        assert cli.main(["export", "--adapter", str(adapter), "-o", str(tmp_path / "merged")]) == 2
+        assert f"--adapter {adapter} {words}" in _error(capsys)
+
+
+def test_an_output_that_cannot_be_a_new_folder_is_refused_first(adapter, tmp_path, capsys, no_merge):
+    (tmp_path / "afile").write_text("keep")
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "link").symlink_to(tmp_path / "afile")
+    cases = [(tmp_path / "afile", "exists and is not a folder"), (tmp_path / "fifo", "exists and is not a folder"),
+             (tmp_path / "link", "exists and is not a folder"), (tmp_path / "afile" / "m", "afile is not a folder"),
+             (Path("/proc/kit-merged"), "cannot write in /proc")]
+    for out, words in cases:
+        assert cli.main(["export", "--adapter", str(adapter), "-o", str(out)]) == 2
+        assert words in _error(capsys), out
+    assert (tmp_path / "afile").read_text() == "keep"
+
+
+@pytest.mark.parametrize("base, words", [
+    ("/nonexistent", "--base /nonexistent: folder /nonexistent does not exist: give a local model folder"),
+    ("./nope", "--base ./nope: folder nope does not exist"),
+    ("~/kit-no-such-model", "--base ~/kit-no-such-model: folder "),
+    ("a/b/c", "--base a/b/c: folder a/b/c does not exist"),
+    ("FILE", "is not a folder"),
+])
+def test_a_base_path_that_is_no_folder_is_named_as_base(adapter, tmp_path, capsys, no_merge, base, words):
+    (tmp_path / "file").write_text("x")
+    base = str(tmp_path / "file") if base == "FILE" else base
+    assert cli.main(["export", "--adapter", str(adapter), "-o", str(tmp_path / "m"), "--base", base]) == 2
+    line = _error(capsys)
+    assert words in line and "Hub" not in line.split(":")[1] and "the adapter's base model" not in line
+
+
+def test_an_adapter_whose_base_folder_moved_says_pass_base(adapter, tmp_path, capsys, no_merge):
+    moved = _broken_copy(adapter, tmp_path, "adapter_config.json", json.dumps(
+        {**json.loads((adapter / "adapter_config.json").read_text()),
+         "base_model_name_or_path": "/gone/tiny"}).encode())
+    assert cli.main(["export", "--adapter", str(moved), "-o", str(tmp_path / "m")]) == 2
+    assert "the adapter's base model '/gone/tiny': folder /gone/tiny does not exist: pass --base" in _error(capsys)
+
+
+def test_a_base_with_a_corrupt_safetensors_header_is_one_line(adapter, tmp_path, capsys):
+    base = tmp_path / "base"
+    shutil.copytree(TINY, base)
+    (base / "model.safetensors").write_bytes(b"\x08" + b"\x00" * 7 + b"{not json")
+    assert cli.main(["export", "--adapter", str(adapter), "-o", str(tmp_path / "m"), "--base", str(base),
+                     "--force"]) == 2
+    assert "model.safetensors is not a readable safetensors file" in _error(capsys)
+
+
+@pytest.mark.parametrize("push", ["hf://bad!!/x", "hf://a/b/c", "hf://", "hf://-x/y"])
+def test_a_bad_push_target_is_refused_before_any_work(adapter, tmp_path, capsys, monkeypatch, push):
+    monkeypatch.setattr(export, "prepare", lambda *a, **k: pytest.fail("prepared before --push was checked"))
+    assert cli.main(["export", "--adapter", str(adapter), "-o", str(tmp_path / "m"), "--push", push]) == 2
+    assert f"--push {push}: not a valid Hub repo id" in _error(capsys)
 
 
 def test_gguf_types_are_llama_cpp_names():

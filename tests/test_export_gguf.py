@@ -98,3 +98,12 @@ def test_llama_cpp_dir_comes_from_the_flag_alone_when_given(tmp_path, monkeypatc
     # A wrong --llama-cpp is an error even where $LLAMA_CPP_DIR would do: it is not quietly replaced.
     with pytest.raises(kit.errors.UsageError, match=f"not found in {tmp_path / 'nowhere'}"):
         gguf.find_llama_cpp(str(tmp_path / "nowhere"))
+
+
+def test_a_k_quant_without_llama_quantize_is_refused_before_the_merge(adapter, tmp_path, capsys, monkeypatch):  # noqa: F811
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    out = tmp_path / "merged"
+    code = cli.main(["export", "--adapter", str(adapter), "-o", str(out), "--gguf", "Q4_K_M",
+                     "--llama-cpp", str(_llama(tmp_path, fail=False))])
+    assert code == 2 and "has no built llama-quantize" in _error_line(capsys)
+    assert not out.exists(), "refused before the merge"

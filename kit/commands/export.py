@@ -32,15 +32,15 @@ def run(args) -> int:
     from kit.deliver import export, gguf
     from kit.errors import KitError
 
+    if args.push:
+        check_push(args.push)  # before any work: a typo must not cost a merge
     cfg = config.from_args(args)
     adapter = Path(args.adapter or Path(cfg.output_dir) / "final")
     out = Path(args.output or Path(cfg.output_dir) / "merged")
     qtype = gguf.check_type(args.gguf) if args.gguf else None
     llama = gguf.find_llama_cpp(args.llama_cpp) if qtype else None  # refused before any work
-    if args.push and not args.push.startswith("hf://"):
-        from kit.errors import UsageError
-
-        raise UsageError(f"--push {args.push}: give a Hub repo as hf://owner/name")
+    if qtype:
+        gguf.check_tools(qtype, llama)
     plan = export.prepare(adapter, out, base=args.base, dtype=args.dtype, force=args.force,
                           gguf_type=qtype)
     for w in plan.warnings:
@@ -69,3 +69,17 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(result, indent=1))
     return 0
+
+
+def check_push(spec: str) -> None:
+    """`--push` must name a Hub repo, hf://owner/name, in the Hub's own spelling rules."""
+    from kit.checkpoints.store.hub import parse_repo_id
+    from kit.errors import UsageError
+
+    if not spec.startswith("hf://"):
+        raise UsageError(f"--push {spec}: give a Hub repo as hf://owner/name")
+    try:
+        parse_repo_id(spec)
+    except UsageError:
+        raise UsageError(f"--push {spec}: not a valid Hub repo id: give hf://owner/name (letters, digits, "
+                         "'-', '_', '.')") from None

@@ -21,19 +21,19 @@ import gc
 import json
 import os
 import shutil
-import struct
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kit.deliver import merge_check
+from kit.deliver.export_inputs import base_location, check_out_dir, prompt_texts, read_adapter, sixteen_bit_bytes
 from kit.errors import CannotTrain, UsageError
+from kit.files import read_text
 from kit.evaluation import identity
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 SHARD = "2GB"  # small shards: each is written (and later read) without a second copy of the model
 MARGIN = 256 << 20  # tokenizer, config, card, filesystem slack
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 FALLBACK_PROMPTS = ["Hello, how are you?", "Write one sentence about the sea.",
                     "List three things a good recipe says before the steps begin, and why each matters."]
 
@@ -63,28 +63,7 @@ def free_bytes(path) -> int:
     return shutil.disk_usage(p).free
 
 
-def read_adapter(adapter_dir) -> tuple[dict, dict]:
-    """(adapter_config.json, kit_run.json or {}) of an adapter folder."""
-    folder = Path(adapter_dir)
-    cfg_path = folder / "adapter_config.json"
-    if not cfg_path.is_file():
-        what = "a full model (nothing to merge)" if (folder / "config.json").is_file() else "not an adapter"
-        raise UsageError(f"{folder} has no adapter_config.json: {what}; give --adapter a final/ or checkpoint-N folder "
-                         "of a LoRA/QLoRA job")
-    adapter_cfg = json.loads(cfg_path.read_text())
-    run = {}
-    for candidate in (folder / identity.RUN_LOCAL, folder.parent / identity.RUN_LOCAL):
-        if candidate.is_file():
-            run = json.loads(candidate.read_text())
-            break
-    if not run:  # a checkpoint folder: its manifest keeps the revision
-        extra = json.loads((folder / "kit_manifest.json").read_text()).get("extra", {}) \
-            if (folder / "kit_manifest.json").is_file() else {}
-        run = {k: v for k, v in extra.items() if v}
-    return adapter_cfg, run
-
-
-def resolve_base(name: str, revision: str | None) -> Path:
+def resolve_base(name: str, revision: str | None, what: str = "the base model") -> Path:
     """A local folder holding the base's config, tokenizer and weights (the Hub cache for a Hub id).
 
     Raises:
@@ -104,28 +83,7 @@ def resolve_base(name: str, revision: str | None) -> Path:
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError) as e:
         how = ("it is not in the Hugging Face cache and HF_HUB_OFFLINE is set: run once with HF_HUB_OFFLINE=0, "
                "or pass --base PATH to a local copy") if offline else f"{str(e).splitlines()[0][:200]}"
-        raise UsageError(f"the adapter's base model {name!r} is not available: {how}") from None
-
-
-def sixteen_bit_bytes(base_dir: Path) -> int:
-    """Bytes of the base's weights stored in 16 bits, from the safetensors headers (no tensor is read)."""
-    total = 0
-    files = sorted(Path(base_dir).glob("*.safetensors"))
-    if not files:
-        raise UsageError(f"{base_dir} has no .safetensors weights: kit export reads safetensors only")
-    for path in files:
-        with open(path, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(n))
-        for key, t in header.items():
-            if key == "__metadata__":
-                continue
-            numel = 1
-            for d in t["shape"]:
-                numel *= d
-            size = _DTYPE_BYTES.get(t["dtype"], 2)
-            total += numel * (2 if t["dtype"] in ("F32", "F64", "F16", "BF16") else size)
-    return total
+        raise UsageError(f"{what} is not available: {how}") from None
 
 
 def prepare(adapter_dir, out_dir, *, base: str | None = None, dtype: str = "bf16", gguf_type: str | None = None,
@@ -134,18 +92,15 @@ def prepare(adapter_dir, out_dir, *, base: str | None = None, dtype: str = "bf16
     adapter_cfg, run = read_adapter(adapter_dir)
     if adapter_cfg.get("use_dora"):
         raise UsageError(f"{adapter_dir} is a DoRA adapter: kit export merges plain LoRA only")
-    name = base or adapter_cfg.get("base_model_name_or_path")
-    if not name:
-        raise UsageError(f"{adapter_dir}/adapter_config.json names no base model: pass --base")
-    base_dir = resolve_base(name, adapter_cfg.get("revision"))
+    name, what = base_location(base, adapter_cfg, adapter_dir)
+    out = Path(out_dir)
+    check_out_dir(out)  # before the base is looked up or downloaded
+    base_dir = resolve_base(name, adapter_cfg.get("revision"), what)
     current = identity.base_revision(str(base_dir)) if Path(name).is_dir() else f"hub:{base_dir.name}"
     warnings = []
     warning = identity.check_same_base(run.get("base_revision"), current, f"adapter {adapter_dir}", force)
     if warning:
         warnings.append(warning)
-    out = Path(out_dir)
-    if out.exists() and any(out.iterdir()):
-        raise UsageError(f"{out} exists and is not empty: export writes a new folder; pick another -o")
     sixteen = sixteen_bit_bytes(base_dir)
     need = sixteen * (2 if dtype == "fp32" else 1) + MARGIN
     if gguf_type:
@@ -162,13 +117,7 @@ def prepare(adapter_dir, out_dir, *, base: str | None = None, dtype: str = "bf16
 
 def prompts_for(adapter_dir, tokenizer, n: int = 3) -> list[list[int]]:
     """A few held-out prompts from the job's eval_results.json, else fixed sentences; as token ids."""
-    path = Path(adapter_dir) / "eval_results.json"
-    texts = []
-    if path.is_file():
-        doc = json.loads(path.read_text())
-        for side in ("final", "baseline"):
-            texts += [s["prompt"] for s in (((doc.get(side) or {}).get("result") or {}).get("samples") or [])]
-    texts = [t for t in texts if t][:n] or FALLBACK_PROMPTS
+    texts = prompt_texts(adapter_dir, n) or FALLBACK_PROMPTS
     return [tokenizer(t, add_special_tokens=False)["input_ids"] or [0] for t in texts]
 
 
@@ -215,7 +164,7 @@ def _card(adapter: Path, out: Path) -> None:
     """The job's model card, now for plain transformers weights."""
     card = adapter / "README.md"
     if card.is_file():
-        text = card.read_text().replace("library_name: peft", "library_name: transformers", 1)
+        text = read_text(card, "model card").replace("library_name: peft", "library_name: transformers", 1)
         (out / "README.md").write_text(text.replace("- peft\n", "- merged\n", 1))
 
 

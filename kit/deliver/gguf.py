@@ -59,6 +59,12 @@ def find_llama_cpp(explicit: str | None) -> Path:
     raise UsageError(f"GGUF needs llama.cpp's {CONVERTER}, not found{where}: {HOW_TO} (or set LLAMA_CPP_DIR)")
 
 
+def check_tools(qtype: str, llama: Path) -> None:
+    """Before the merge: a K-quant also needs a built llama-quantize (the merge takes minutes to hours)."""
+    if qtype not in OUTTYPES:
+        _quantizer(llama)
+
+
 def _quantizer(llama: Path) -> str:
     for cand in (llama / "build" / "bin" / "llama-quantize", llama / "llama-quantize"):
         if cand.is_file():
