@@ -4,7 +4,9 @@ refusal branch through the real CLI, and the converted tiny notebook under real 
 from __future__ import annotations
 
 import ast
+import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -270,7 +272,7 @@ def test_bad_paths(tmp_path, capsys):
     (tmp_path / "broken.ipynb").write_text("{not json")
     (tmp_path / "other.json").write_text('{"a": 1}')
     (tmp_path / "script.py").write_text("print(1)\n")
-    for path, message in [(tmp_path / "missing.ipynb", "no such notebook file"), (tmp_path, "no such notebook"),
+    for path, message in [(tmp_path / "missing.ipynb", "no such notebook file"), (tmp_path, "is a directory, not a file"),
                           (tmp_path / "broken.ipynb", "not valid JSON"), (tmp_path / "other.json", "not a Jupyter"),
                           (tmp_path / "script.py", "not valid JSON")]:
         code, _, err = cli([str(path), "-o", str(out)], capsys)
@@ -297,6 +299,87 @@ def test_existing_output_needs_force(tmp_path, capsys):
     lines = stdout.splitlines()
     assert lines[0].startswith("kit convert: tiny_cpu_sft.ipynb -> ") and "changes, 0 to review" in lines[0]
     assert all(line.startswith("  cell ") for line in lines[1:])
+
+
+def _raw_nb(tmp_path: Path, edit, name: str = "raw.ipynb") -> Path:
+    """A training notebook whose JSON `edit(raw)` changes before it is written (for shapes nbformat won't write)."""
+    nb = json.loads(make_nb(tmp_path, TRAIN, "base.ipynb").read_text())
+    edit(nb)
+    path = tmp_path / name
+    path.write_text(json.dumps(nb))
+    return path
+
+
+def _set_source(value):
+    return lambda nb: nb["cells"][0].__setitem__("source", value)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (_set_source(5), "cell 1's source is 5, not text or a list of lines"),
+    (_set_source(["x = 1\n", 2]), "cell 1's source is [\"x = 1\\n\", 2], not text"),
+    (_set_source(None), "cell 1's source is null"),
+    (lambda nb: nb["cells"].insert(1, "x = 1"), "cell 2 is a JSON str, not an object"),
+    (lambda nb: nb["cells"][1].pop("cell_type"), "cell 2 has no cell_type string"),
+    (_set_source("x = '\0'\n"), "cell 1, line 1: contains a NUL byte"),
+    (_set_source("a = 1\nx = " + "(" * 300 + "1" + ")" * 300 + "  # " + "y" * 4000),
+     "cell 1, line 2: too many nested parentheses in 'x = (((("),
+])
+def test_malformed_cells_are_one_line_errors(tmp_path, capsys, edit, message):
+    out = tmp_path / "train_ddp.py"
+    code, _, err = cli([str(_raw_nb(tmp_path, edit)), "-o", str(out)], capsys)
+    assert code == 2 and message in err and err.startswith("error: ") and err.count("\n") == 1, err
+    assert len(err) < 400, "echoed source is cut short"
+    assert not out.exists()
+
+
+def test_cells_without_ids_convert_without_nbformat_warning(tmp_path, capsys, recwarn):
+    def no_ids(nb):
+        nb["nbformat_minor"] = 5
+        for cell in nb["cells"]:
+            cell.pop("id", None)
+    code, _, err = cli([str(_raw_nb(tmp_path, no_ids)), "-o", str(tmp_path / "x.py")], capsys)
+    assert code == 0 and err == "", err
+    assert not [w for w in recwarn if "missing an id" in str(w.message)]
+
+
+def test_unwritable_output_is_refused_before_or_at_the_write(tmp_path, capsys):
+    nb = make_nb(tmp_path, TRAIN)
+    code, _, err = cli([str(nb), "-o", "/proc/kit_x.py"], capsys)
+    assert code == 2 and "-o /proc/kit_x.py" in err and err.count("\n") == 1, err
+    fifo = tmp_path / "fifo.py"
+    os.mkfifo(fifo)
+    code, _, err = cli([str(nb), "-o", str(fifo), "--force"], capsys)
+    assert code == 2 and "not a regular file" in err and err.count("\n") == 1, err
+    (tmp_path / "file").write_text("keep")
+    code, _, err = cli([str(nb), "-o", str(tmp_path / "file" / "x.py")], capsys)
+    assert code == 2 and "is not a directory" in err and (tmp_path / "file").read_text() == "keep"
+    code, _, err = cli([str(nb), "-o", str(tmp_path / "x.py"), "--dry-run", "--dry-run-data", str(tmp_path)], capsys)
+    assert code == 2 and "is a directory" in err
+
+
+@pytest.mark.parametrize("name", ['q"""\\N.py', "a b\\.py", 'e"nd.py', "tab\there.py", "cr\r.py", "\\x.py"])
+def test_user_names_are_escaped_in_the_generated_script(tmp_path, capsys, name):
+    nb = make_nb(tmp_path, ["!pip install a \\\n  b", *TRAIN], name='n"""b\\u.ipynb')
+    out = tmp_path / name
+    code, _, err = cli([str(nb), "-o", str(out)], capsys)
+    assert code == 0, err
+    doc = ast.get_docstring(ast.parse(out.read_text()), clean=False)
+    assert f"python {shlex.quote(name)}" in doc and shlex.quote(nb.name) in doc
+
+
+def test_docstring_reads_back_as_its_text():
+    from kit.notebooks.convert.script import docstring
+
+    for text in ["plain\n", "a\\d\n", 'q"""\\N', '""""', 'ends"', "x\\", "a\rb\x00c\u2028"]:
+        assert ast.literal_eval(docstring(text)) == text, text
+    assert docstring("a\\d\n").startswith('r"""'), "a backslash alone stays readable"
+
+
+def test_notebook_launcher_keeps_a_lambda_whole(tmp_path):
+    nb = make_nb(tmp_path, ["from accelerate import notebook_launcher",
+                            "def train(n):\n    " + TRAIN[1].replace("\n", "\n    "),
+                            "notebook_launcher(lambda n: train(n), args=(2,), num_processes=2)"])
+    assert "(lambda n: train(n))(*(2,))" in convert_notebook(nb).source
 
 
 # --- the converted tiny notebook, for real --------------------------------------------------------

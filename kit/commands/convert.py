@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kit.errors import UsageError
-from kit.files import write_atomic
+from kit.files import check_output, regular_file, write_atomic
 
 
 def add_arguments(parser) -> None:
@@ -28,21 +28,17 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     """Convert, write the script atomically, print the change list; 0 on success."""
-    out = Path(args.output)
+    out = check_output(args.output, "-o", "train_ddp.py")  # a folder, FIFO, missing folder: before any work
     # Checked before converting, so a refused run never touches an existing file.
-    if out.is_dir():
-        raise UsageError(f"-o {out}: is a directory: give a file name such as {out / 'train_ddp.py'}")
     if out.exists() and Path(args.notebook).exists() and out.resolve() == Path(args.notebook).resolve():
         raise UsageError(f"-o {out}: that is the notebook itself: write the script to another file")
     if out.exists() and not args.force:
         raise UsageError(f"-o {out}: exists: pass --force to overwrite it, or choose another -o")
-    if not out.parent.is_dir():
-        raise UsageError(f"-o {out}: folder {out.parent} does not exist: create it first")
     if (args.dry_run_model or args.dry_run_data) and not args.dry_run:
         raise UsageError("--dry-run-model/--dry-run-data only make sense with --dry-run: add it")
     if args.dry_run_model is not None and not (args.dry_run_model / "config.json").is_file():
         raise UsageError(f"--dry-run-model {args.dry_run_model}: no config.json there: give a local model folder")
-    if args.dry_run_data is not None and not args.dry_run_data.is_file():
+    if args.dry_run_data is not None and regular_file(args.dry_run_data, f"--dry-run-data {args.dry_run_data}") is None:
         raise UsageError(f"--dry-run-data {args.dry_run_data}: no such file: give a chat-format .jsonl file")
     try:
         from kit.notebooks.convert import convert_notebook, format_changes
@@ -58,6 +54,14 @@ def run(args) -> int:
     # A notebook cell may hold a literal token (`login("hf_…")`): it must not land in a script.
     refuse_token(conversion.source, f"the script converted from {args.notebook}")
     # Temp file + rename in the same folder: a crash never leaves half a script behind.
-    write_atomic(out, conversion.source)
+    _write(out, conversion.source)
     print(format_changes(conversion, Path(args.notebook).name, str(out)))
     return 0
+
+
+def _write(out: Path, source: str) -> None:
+    """The script, atomically; a folder that refuses it (read-only, full) is a one-line error, nothing left."""
+    try:
+        write_atomic(out, source)
+    except OSError as e:
+        raise UsageError(f"-o {out}: cannot write the script there ({e.strerror or e}): choose another -o") from None

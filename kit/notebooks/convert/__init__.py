@@ -21,6 +21,7 @@ Cell numbers are 1-based positions among all of the notebook's cells, markdown i
 from __future__ import annotations
 
 import ast
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from kit.notebooks.convert.ranks import Guard, writes_file, barrier_statement, r
 from kit.notebooks.convert.refusals import check_convertible, check_written_script
 from kit.machine.command import launch_command
 from kit.notebooks.convert.script import (DOCSTRING, DRY_NOTE, RANK_BLOCK, TOKEN_CHECK, TRY_TEMPLATE, BlankLines,
-                                          dropped_note, is_future_import, merge_main_blocks)
+                                          docstring, dropped_note, is_future_import, merge_main_blocks)
 from kit.notebooks.convert.syntax import Change, comments
 from kit.errors import KitError, UsageError
 
@@ -152,10 +153,10 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
     body = cst.Module(body=[flag, try_stmt]).visit(BlankLines()).code
     flags = "".join([f" --precision {precision}" if precision != "auto" else "",
                      " --keep-global-batch" if keep_global_batch else "", " --dry-run" if dry_run else ""])
-    head = DOCSTRING.format(notebook=Path(path).name, script=script_name, flags=flags,
-                            multi=launch_command(2, script=script_name), single=launch_command(1, script=script_name),
-                            dry=DRY_NOTE if dry_run else "", dropped=dropped_note(dropped),
-                            raw="r" if any("\\" in d for d in dropped) else "")
+    notebook, script = shlex.quote(Path(path).name), shlex.quote(script_name)  # shell words in the commands shown
+    head = docstring(DOCSTRING.format(notebook=notebook, script=script, flags=flags,
+                                      multi=launch_command(2, script=script), single=launch_command(1, script=script),
+                                      dry=DRY_NOTE if dry_run else "", dropped=dropped_note(dropped)))
     if future:
         head += "\n" + "".join(cst.Module(body=[]).code_for_node(s).lstrip("\n") for s in future)
     rank_block = RANK_BLOCK.format(imports=imports, seeds=seeds,

@@ -66,6 +66,12 @@ def _secret_lookup(name_node: cst.BaseExpression) -> str:
     return f"os.environ.get({code(name_node)})"
 
 
+def _atom(node: cst.BaseExpression) -> str:
+    """The notebook's expression as code that stays one operand when called or starred (`lambda: f()` in parens)."""
+    simple = isinstance(node, (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Tuple, cst.List)) or node.lpar
+    return code(node) if simple else f"({code(node)})"
+
+
 class CellRewriter(cst.CSTTransformer):
     """Rewrites the calls inside one statement; `notes` say what changed and why.
 
@@ -193,9 +199,9 @@ class CellRewriter(cst.CSTTransformer):
                 and kwarg(updated, "random_state") is None:
             return self._seed(updated, name, "random_state")
         elif name == "notebook_launcher" and updated.args:
-            fn = code(updated.args[0].value)
-            args = code(updated.args[1].value) if len(updated.args) > 1 and updated.args[1].keyword is None \
-                else (code(kwarg(updated, "args").value) if kwarg(updated, "args") else "()")
+            fn = _atom(updated.args[0].value)
+            args = _atom(updated.args[1].value) if len(updated.args) > 1 and updated.args[1].keyword is None \
+                else (_atom(kwarg(updated, "args").value) if kwarg(updated, "args") else "()")
             self.note(f"notebook_launcher({fn}, …) → {fn}(*{args}): torchrun starts the processes, one per GPU")
             return cst.parse_expression(f"{fn}(*{args})")
         return updated

@@ -14,6 +14,7 @@ import ast
 import json
 import re
 import shlex
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import libcst as cst
 
 from kit.notebooks.convert.syntax import Change
 from kit.errors import UsageError
+from kit.files import read_text, regular_file
 
 # Cell magics whose body is still Python; the body of any other (%%bash, %%writefile…) is not.
 PYTHON_BODY_MAGICS = {"capture", "time", "timeit", "prun", "memit", "debug"}
@@ -40,24 +42,55 @@ class Cells:
 
 def read_code_cells(path: str | Path) -> list[tuple[int, str]]:
     """(cell number, source) of each code cell; UsageError if `path` is not a readable notebook."""
-    import nbformat  # only `kit convert` needs it
-
     p = Path(path)
-    if not p.is_file():
+    if regular_file(p, f"notebook {p}") is None:  # a folder, FIFO or device is refused by name
         raise UsageError(f"{p}: no such notebook file: give the path of an .ipynb file")
     try:
-        raw = json.loads(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raw = json.loads(read_text(p, "notebook"))
+    except json.JSONDecodeError as e:
         raise UsageError(f"{p}: not valid JSON ({e}): is this really an .ipynb notebook?") from None
     # nbformat 3 keeps its cells under "worksheets"; nbformat.reads upgrades it to 4.
     if not isinstance(raw, dict) or "nbformat" not in raw or not (
             isinstance(raw.get("cells"), list) or isinstance(raw.get("worksheets"), list)):
         raise UsageError(f"{p}: JSON, but not a Jupyter notebook (no 'cells'/'nbformat'): give an .ipynb file")
-    try:
-        nb = nbformat.reads(json.dumps(raw), as_version=4)
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise UsageError(f"{p}: nbformat cannot read this notebook ({e}): re-save it from Jupyter") from None
+    if "cells" in raw:
+        check_cells(raw["cells"], p)
+    nb = _nbformat_reads(raw, p)
+    check_cells(nb.cells, p)  # nbformat 3's cells, once upgraded
     return [(i, c.source) for i, c in enumerate(nb.cells, 1) if c.cell_type == "code"]
+
+
+def _nbformat_reads(raw: dict, p: Path):
+    """nbformat's version-4 notebook, without its warning about cell ids: kit never writes the notebook back."""
+    import nbformat  # only `kit convert` needs it
+    from nbformat.warnings import MissingIDFieldWarning
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=MissingIDFieldWarning)
+        try:
+            return nbformat.reads(json.dumps(raw), as_version=4)
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise UsageError(f"{p}: nbformat cannot read this notebook ({clip(str(e))}): re-save it from "
+                             "Jupyter") from None
+
+
+def check_cells(cells: list, p: Path) -> None:
+    """Each cell a JSON object with a string `cell_type` and a `source` that is text or a list of lines."""
+    for i, cell in enumerate(cells, 1):
+        if not isinstance(cell, dict):
+            raise UsageError(f"{p}: cell {i} is a JSON {type(cell).__name__}, not an object: re-save the "
+                             "notebook from Jupyter")
+        if not isinstance(cell.get("cell_type"), str):
+            raise UsageError(f"{p}: cell {i} has no cell_type string: re-save the notebook from Jupyter")
+        source = cell.get("source")
+        if not (isinstance(source, str) or isinstance(source, list) and all(isinstance(x, str) for x in source)):
+            raise UsageError(f"{p}: cell {i}'s source is {clip(json.dumps(source), 40)}, not text or a list of "
+                             "lines: re-save the notebook from Jupyter")
+
+
+def clip(text: str, limit: int = 80) -> str:
+    """`text` cut to about `limit` characters, for echoing a user's source in a one-line error."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
 
 
 def read_cells(path: str | Path, changes: list[Change]) -> Cells:
@@ -144,17 +177,37 @@ def strip_magics(source: str, cell: int, changes: list[Change], cells: Cells | N
 
 def parse_cell(source: str, cell: int) -> tuple[ast.Module, cst.Module]:
     """Both trees of a cell (ast for checks, libcst for rewrites); UsageError with the line if invalid."""
+    if "\0" in source:
+        line = source[:source.index("\0")].count("\n") + 1
+        raise UsageError(f"cell {cell}, line {line}: contains a NUL byte, which Python source cannot hold: "
+                         "remove it in the notebook and convert again")
     try:
         tree = ast.parse(source)
-    except SyntaxError as e:
-        text = (e.text or "").strip()
-        raise UsageError(f"cell {cell}, line {e.lineno}: {e.msg} in {text!r} (after removing magics): "
-                         "fix that line in the notebook and convert again") from None
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
+        raise UsageError(f"cell {cell}{_where(e)}: {_reason(e)} (after removing magics): fix that line in the "
+                         "notebook and convert again") from None
     try:
         return tree, cst.parse_module(source)
-    except cst.ParserSyntaxError as e:
-        raise UsageError(f"cell {cell}, line {e.raw_line}: libcst cannot parse this cell ({e.message}): "
-                         "simplify that line and convert again") from None
+    except (cst.ParserSyntaxError, RecursionError) as e:
+        line = f", line {e.raw_line}" if isinstance(e, cst.ParserSyntaxError) else ""
+        why = clip(e.message if isinstance(e, cst.ParserSyntaxError) else "nested too deeply")
+        raise UsageError(f"cell {cell}{line}: libcst cannot parse this cell ({why}): simplify that line and "
+                         "convert again") from None
+
+
+def _where(e: Exception) -> str:
+    return f", line {e.lineno}" if getattr(e, "lineno", None) else ""
+
+
+def _reason(e: Exception) -> str:
+    """Python's complaint, with the offending source line cut short (a generated line may be kilobytes)."""
+    if isinstance(e, RecursionError):
+        return "nested too deeply for Python's parser"
+    if isinstance(e, MemoryError):
+        return "too large or too deeply nested for Python's parser"
+    msg = getattr(e, "msg", None) or str(e)
+    text = (getattr(e, "text", None) or "").strip()
+    return f"{clip(msg)} in {clip(text)!r}" if text else clip(msg)
 
 
 def is_comment_only(source: str) -> bool:

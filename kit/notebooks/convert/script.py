@@ -3,12 +3,16 @@ libcst helpers that lay the converted statements into them."""
 
 from __future__ import annotations
 
+import ast
+import re
+import warnings
+
 import libcst as cst
 
 TRIPLE = '"' * 3  # would end the script's docstring early
 
 DOCSTRING = '''\
-{raw}"""Rank-aware training script made by `kit convert` from {notebook}.
+Rank-aware training script made by `kit convert` from {notebook}.
 
 One process per GPU on this machine (2 for Kaggle's T4 x2; use your GPU count):
 
@@ -22,7 +26,6 @@ or one process, on one GPU or the CPU:
 Every rank runs the notebook's code up to its last train/evaluate call, with saves, pushes, prints and
 other side effects on rank 0 alone; after it, the other ranks leave and rank 0 runs the rest alone.
 Made again with: kit convert {notebook} -o {script} --force{flags}
-"""
 '''
 
 DRY_NOTE = '''\
@@ -103,6 +106,36 @@ def merge_main_blocks(stmts: list[cst.BaseStatement]) -> list[cst.BaseStatement]
 
 def is_main_if(s) -> bool:
     return isinstance(s, cst.If) and isinstance(s.test, cst.Name) and s.test.value == "is_main" and s.orelse is None
+
+
+def docstring(text: str) -> str:
+    """`text` as the script's docstring: verbatim where Python allows, escaped where it must be.
+
+    The text holds what the user typed (the notebook's and the script's names, shell lines): a `\\N`,
+    three quotes, a carriage return or a trailing backslash there must not end the docstring early or
+    break the script.
+    """
+    plain = all(c == "\n" or c.isprintable() for c in text)  # no control character to show as an escape
+    for literal in (f"{TRIPLE}{text}{TRIPLE}", f"r{TRIPLE}{text}{TRIPLE}"):
+        if plain and _reads_as(literal, text):
+            return literal + "\n"
+    return f"{TRIPLE}{''.join(map(_escape, text))}{TRIPLE}\n"
+
+
+def _escape(char: str) -> str:
+    """One character for a non-raw triple-quoted string: every quote escaped, so no run of three survives."""
+    if char == "\\" or char == '"':
+        return "\\" + char
+    return char if char == "\n" or char.isprintable() else repr(char)[1:-1]
+
+
+def _reads_as(literal: str, text: str) -> bool:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an invalid escape (`\\d`) warns now and fails in a later Python
+        try:
+            return ast.literal_eval(literal) == text
+        except (SyntaxError, ValueError, Warning):
+            return False
 
 
 def dropped_note(dropped: list[str]) -> str:
