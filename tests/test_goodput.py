@@ -62,6 +62,15 @@ def test_already_complete_runs_and_missing_facts_do_not_count_or_crash():
     assert goodput.words(goodput.ledger([], max_steps=10, latest_step=None)) is None
 
 
+def test_fields_of_the_wrong_type_count_as_missing_not_as_a_crash():
+    """kit status skips such records (kit.checkpoints.session_records); the ledger stays total for other callers."""
+    bad = {**rec(0, 100, 0, 90), "gpu_count": "x", "world_size": None, "setup_s": float("nan"),
+           "stored_step": "80", "step_s": 10**400}
+    row = goodput.ledger([bad, {**rec(200, 100, 90, 100), "start_step": "90"}], max_steps=100,
+                         latest_step=100)["sessions"][0]
+    assert row["weight"] == 1 and row["setup_s"] is None and row["steps_lost"] == 0 and row["steps_done"] == 90
+
+
 JOB = ["max_steps=150", "save_steps=10", "keep_checkpoints=2", "lease_heartbeat_seconds=0.3", *FAST]
 
 

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -81,6 +82,7 @@ def test_cli_json_and_plot(tmp_path):
         json.dumps(r) + "\n" for r in sessions((0, 40, "paused"), (40, 40, "killed"), (40, 130, "paused"),
                                                (130, 200, "complete"))))
     png = tmp_path / "plots" / "progress.png"
+    png.parent.mkdir()  # --plot creates no folder (a typo'd path is refused, not made)
     r = kit(["status", f"output_dir={out}", "max_steps=200", "--json", "--plot", str(png)])
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)
@@ -158,3 +160,165 @@ def test_status_sees_the_store_checkpoints(tmp_path):
     s = status.gather(cfg)
     assert s["checkpoints"] == [10, 20] and s["latest_step"] == 10 and s["max_steps"] == 20
     assert s["complete"] is False and s["progress"] == 0.5
+
+
+# -- bad input: one `error:` line, exit 2, nothing written or lost -------------------------------------
+def in_process(args, capsys) -> tuple[int, str, str]:
+    from kit import cli
+
+    code = cli.main(["status", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _one_error_line(err: str, *words: str) -> None:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for w in words:
+        assert w in lines[0], err
+
+
+def _plot_target(tmp_path, kind):
+    """Where --plot points, for each way it can be wrong; returns (path, words in the error)."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes")
+    if kind == "directory":
+        (tmp_path / "pics").mkdir()
+        return tmp_path / "pics", "is a directory"
+    if kind == "missing folder":
+        return tmp_path / "nonexist" / "p.png", "does not exist"
+    if kind == "folder is a file":
+        return notes / "p.png", "is not a directory"
+    if kind == "not a .png name":
+        return notes, "ending in .png"
+    if kind == "a .png that is not a PNG":
+        fake = tmp_path / "mine.png"
+        fake.write_text("not an image")
+        return fake, "not a PNG"
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind", ["directory", "missing folder", "folder is a file", "not a .png name",
+                                  "a .png that is not a PNG"])
+def test_plot_target_refused_before_anything_is_written(tmp_path, kind, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "kit_sessions.jsonl").write_text(json.dumps(sessions((0, 40, "paused"))[0]) + "\n")
+    target, words = _plot_target(tmp_path, kind)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    code, _, err = in_process([f"output_dir={out}", "--plot", str(target)], capsys)
+    assert code == 2
+    _one_error_line(err, "--plot", words)
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before  # nothing lost or added
+    assert not (tmp_path / "nonexist").exists()
+
+
+def test_plot_replaces_only_an_earlier_png(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "kit_sessions.jsonl").write_text(json.dumps(sessions((0, 40, "paused"))[0]) + "\n")
+    png = tmp_path / "p.png"
+    png.write_bytes(PNG + b"an earlier plot")
+    code, _, err = in_process([f"output_dir={out}", "--plot", str(png)], capsys)
+    assert code == 0, err
+    assert png.read_bytes().startswith(PNG) and png.stat().st_size > 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
+def test_plot_into_a_folder_that_takes_no_files_is_exit_2(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "kit_sessions.jsonl").write_text(json.dumps(sessions((0, 40, "paused"))[0]) + "\n")
+    code, _, err = in_process([f"output_dir={out}", "--plot", "/proc/kit-plot.png"], capsys)
+    assert code == 2
+    _one_error_line(err, "/proc")
+
+
+BAD_RECORDS = [
+    (b"\xff\xfe not text", "is not UTF-8 text"),
+    (b'{"started": "abc", "ended": 5}', 'started="abc"'),
+    (b'{"ended": "x", "started": 5}', 'ended="x"'),
+    (b'{"started": 1796000000, "ended": 1796000100, "gpu_count": "x"}', 'gpu_count="x"'),
+    (b'{"started": NaN, "ended": 5}', "started=NaN"),
+    (b'{"started": 1e300, "ended": 1e301}', "started=1e+300"),
+    (b'{"started": 5, "end_step": 1' + b"0" * 400 + b"}", "end_step="),
+    (b'{"started": 5, "max_steps": 2.5}', "max_steps=2.5"),
+    (b'{"started": 5, "outcome": ["paused"]}', "outcome="),
+    (b'[1, 2]', "is not a JSON object"),
+    (b'{"host": "x", "sta', "is not valid JSON"),
+]
+
+
+def _jsonl_with_bad_lines() -> bytes:
+    good = [json.dumps(r).encode() for r in sessions((0, 40, "paused"), (40, 90, "paused"))]
+    return b"\n".join([good[1], *(line for line, _ in BAD_RECORDS), good[0]]) + b"\n"
+
+
+@pytest.mark.parametrize("where", ["local", "store"])
+def test_bad_session_records_are_skipped_with_one_warning_each(tmp_path, where, capsys, caplog):
+    out, store = tmp_path / "out", tmp_path / "store"
+    if where == "local":
+        out.mkdir()
+        (out / "kit_sessions.jsonl").write_bytes(_jsonl_with_bad_lines())
+        args = [f"output_dir={out}", "max_steps=200"]
+    else:
+        (store / "kit").mkdir(parents=True)
+        (store / "kit" / "sessions.jsonl").write_bytes(_jsonl_with_bad_lines())
+        (store / "kit" / "run.json").write_bytes(b'{"run_id": "\xff"}')
+        args = [f"store={store}", f"output_dir={out}", "max_steps=200"]
+    code, text, err = in_process(args, capsys)
+    assert code == 0, err
+    assert "sessions     2" in text and "40 → 90 of 200  paused" in text
+    for n, (_, words) in enumerate(BAD_RECORDS, 2):
+        assert any(f"line {n} " in w and words in w and w.endswith("ignoring it") for w in caplog.messages), words
+    code, text, err = in_process([*args, "--json", "--plot", str(tmp_path / "p.png")], capsys)
+    assert code == 0, err
+    facts = json.loads(text)
+    assert [s["end_step"] for s in facts["sessions"]] == [40, 90] and facts["goodput"]["gpu_hours"] > 0
+
+
+def test_bad_session_records_warn_in_one_line_each_on_the_terminal(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "kit_sessions.jsonl").write_bytes(_jsonl_with_bad_lines())
+    r = kit(["status", f"output_dir={out}", "max_steps=200"])
+    assert r.returncode == 0, r.stderr
+    warnings = r.stderr.strip().splitlines()
+    assert len(warnings) == len(BAD_RECORDS) and all(w.endswith("; ignoring it") for w in warnings), r.stderr
+
+
+def test_session_records_are_judged_once_for_every_reader():
+    from kit.checkpoints import session_records
+
+    said = []
+    recs = session_records.parse(_jsonl_with_bad_lines(), "f", warn=lambda *a: said.append(a[0] % a[1:]))
+    assert [r["end_step"] for r in recs] == [90, 40] and len(said) == len(BAD_RECORDS)
+    assert session_records.problem({"started": None, "host": None, "world_size": 2}) is None
+    assert session_records.problem({"world_size": True}) == "has world_size=true, not an integer"
+
+
+def test_a_checkpoints_trainer_state_with_other_types_is_left_out():
+    facts = status._trainer_state({"max_steps": "x", "log_history": [
+        {"step": 1, "loss": 2.0}, {"step": "2", "loss": 1.0}, {"step": 3, "loss": "low"}, "text", {"step": 4,
+                                                                                                  "loss": float("nan")}]},
+        "checkpoint-4/trainer_state.json")
+    assert facts["state_max_steps"] is None
+    assert [h["step"] for h in facts["log_history"]] == [1, 4]  # a NaN loss stays: a diverged run shows
+    assert status._trainer_state({"log_history": "abc", "max_steps": 20}, "x") == {"state_max_steps": 20,
+                                                                                     "log_history": []}
+
+
+def test_output_dir_that_is_a_file_is_exit_2(tmp_path, capsys):
+    afile = tmp_path / "passwd"
+    afile.write_text("root:x:0:0")
+    code, _, err = in_process([f"output_dir={afile}"], capsys)
+    assert code == 2
+    _one_error_line(err, f"output_dir {afile} is a file, not a folder")
+
+
+def test_a_folder_where_a_session_file_goes_is_refused_by_name(tmp_path, capsys):
+    out = tmp_path / "out"
+    (out / "kit_sessions.jsonl").mkdir(parents=True)
+    code, _, err = in_process([f"output_dir={out}"], capsys)
+    assert code == 2
+    _one_error_line(err, "kit_sessions.jsonl", "is a directory")

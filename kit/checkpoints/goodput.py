@@ -21,7 +21,11 @@ import math
 
 
 def _num(value) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """A finite number as a float; None for anything else (`kit.checkpoints.session_records` has already
+    skipped records with such fields: this keeps the ledger total for callers that did not)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**63 else None
 
 
 def session_ledger(rec: dict, next_rec: dict | None) -> dict:
@@ -32,15 +36,15 @@ def session_ledger(rec: dict, next_rec: dict | None) -> dict:
     start_step, end_step = _num(rec.get("start_step")) or 0, _num(rec.get("end_step"))
     done = int(end_step - start_step) if end_step is not None else None
     if next_rec is not None and _num(next_rec.get("start_step")) is not None and end_step is not None:
-        lost = max(0, int(end_step - next_rec["start_step"]))  # the next session redid them
+        lost = max(0, int(end_step - _num(next_rec["start_step"])))  # the next session redid them
     elif end_step is not None and _num(rec.get("stored_step")) is not None:
-        lost = max(0, int(end_step - rec["stored_step"]))  # no next session yet: what never reached the store
+        lost = max(0, int(end_step - _num(rec["stored_step"])))  # no next session yet: what never reached the store
     else:
         lost = 0
     train = span - setup if span is not None and setup is not None else span
     step_s = train / done if train is not None and done else _num(rec.get("step_s"))
     time_lost = lost * step_s if step_s else 0.0
-    weight = int(rec.get("gpu_count") or rec.get("world_size") or 1)
+    weight = int(_num(rec.get("gpu_count")) or _num(rec.get("world_size")) or 1)
     return {"span_s": span, "setup_s": setup, "train_s": train, "start_step": int(start_step),
             "end_step": int(end_step) if end_step is not None else None, "steps_done": done, "steps_lost": lost,
             "time_lost_s": time_lost, "step_s": step_s, "weight": weight, "outcome": rec.get("outcome"),

@@ -17,9 +17,10 @@ import logging
 import time
 from pathlib import Path
 
-from kit.checkpoints import goodput, resume
-from kit.errors import StoreError
-from kit.files import GIB
+from kit.checkpoints import goodput, resume, session_records
+from kit.checkpoints.session_records import is_integer, is_number
+from kit.errors import StoreError, UsageError
+from kit.files import GIB, regular_file
 
 log = logging.getLogger("kit.checkpoints.status")
 
@@ -73,19 +74,30 @@ def _from_store(cfg, now: float) -> dict:
     if latest is not None:
         raw = store.read_checkpoint_file(latest, "trainer_state.json")
         state = _json(raw, f"checkpoint-{latest}/trainer_state.json")
-    lease_raw, released_if_absent = store.read_lease()
-    run = _json(store.read_text("run.json"), "kit/run.json") or {}
+    try:
+        lease_raw, released_if_absent = store.read_lease()
+    except UnicodeDecodeError as err:  # not UTF-8: _json below says so and ignores it
+        lease_raw, released_if_absent = err.object, False
+    run = _json(_store_read(store, "run.json"), "kit/run.json") or {}
     return {
         "store": store.describe(),
-        "run_id": run.get("run_id"),
+        "run_id": _text_or_none(run.get("run_id")),
         "checkpoints": sorted({v.step for v in verdicts if v.cand.kind == "kit"}),
         "verified": _verified(verdicts),
         "latest_step": latest,
-        "state_max_steps": (state or {}).get("max_steps"),
-        "log_history": (state or {}).get("log_history") or [],
-        "sessions": _records(store.read_text(SESSIONS_STORE), f"the store's kit/{SESSIONS_STORE}"),
+        **_trainer_state(state, f"checkpoint-{latest}/trainer_state.json"),
+        "sessions": records(_store_read(store, SESSIONS_STORE), f"the store's kit/{SESSIONS_STORE}"),
         "lease": _lease(_json(lease_raw, "kit lease"), now, released_if_absent and lease_raw is None),
     }
+
+
+def _store_read(store, name: str) -> str | bytes | None:
+    """A job record from the store; its bytes when they are not all UTF-8, so that each line (or
+    the whole record) is judged, and skipped with a warning, where it is parsed."""
+    try:
+        return store.read_text(name)
+    except UnicodeDecodeError as err:
+        return err.object
 
 
 def _verified(verdicts) -> list[dict]:
@@ -99,6 +111,8 @@ def _from_output_dir(cfg, warnings: list) -> dict:
     from kit.checkpoints.store.base import Candidate, Verdict
 
     out = Path(cfg.output_dir)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"output_dir {out} is a file, not a folder: set output_dir to the job's folder")
     verdicts = [Verdict(Candidate(step, path.name, "kit", {}), *manifest.verify(path))
                 for step, path in resume.local_checkpoints(out)]
     latest_path = next((out / v.cand.prefix for v in verdicts if v.ok), None)
@@ -109,45 +123,61 @@ def _from_output_dir(cfg, warnings: list) -> dict:
     run = _json(_read(out / "kit_run.json"), "kit_run.json") or {}
     return {
         "store": None,
-        "run_id": run.get("run_id"),
+        "run_id": _text_or_none(run.get("run_id")),
         "checkpoints": sorted(v.step for v in verdicts),
         "verified": _verified(verdicts),
         "latest_step": latest,
-        "state_max_steps": (state or {}).get("max_steps"),
-        "log_history": (state or {}).get("log_history") or [],
-        "sessions": _records(_read(out / SESSIONS_LOCAL), str(out / SESSIONS_LOCAL)),
+        **_trainer_state(state, f"{latest_path.name if latest_path else ''}/trainer_state.json"),
+        "sessions": records(_read(out / SESSIONS_LOCAL), str(out / SESSIONS_LOCAL)),
         "lease": None,
     }
 
 
-def _read(path: Path) -> str | None:
+def _read(path: Path) -> bytes | None:
+    """A local job file's bytes (None when absent); a folder, pipe or device there is refused by name."""
     try:
-        return Path(path).read_text()
-    except FileNotFoundError:
-        return None
+        return path.read_bytes() if regular_file(path, f"cannot read {path}") else None
     except OSError as err:
         raise StoreError(f"cannot read {path}: {err.strerror or err}") from None
 
 
-def _json(raw, what: str) -> dict | None:
+def _json(raw: str | bytes | None, what: str) -> dict | None:
+    """The JSON object in `raw`; None, with a warning, for anything else (not UTF-8, not JSON, not an object)."""
     if raw is None:
         return None
     try:
-        data = json.loads(raw)
+        data = json.loads(raw)  # bytes that are not UTF-8 raise UnicodeDecodeError, a ValueError
     except ValueError:
         log.warning("%s is not valid JSON; ignoring it", what)
         return None
     return data if isinstance(data, dict) else None
 
 
-def _records(text: str | None, where: str = "sessions") -> list[dict]:
-    """Session records, oldest first; a torn last line (a cut write) is skipped, not fatal."""
-    out = []
-    for n, line in enumerate((text or "").splitlines(), 1):
-        rec = _json(line, f"{where} line {n}") if line.strip() else None
-        if rec is not None:
-            out.append(rec)
-    return sorted(out, key=lambda r: r.get("started") or 0)
+def _text_or_none(value) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _trainer_state(state: dict | None, what: str) -> dict:
+    """max_steps and the loss log of a checkpoint's trainer_state.json; entries of other types are left out."""
+    state = state or {}
+    top = state.get("max_steps")
+    history = state.get("log_history")
+    if not isinstance(history, list):
+        history = []
+    kept = [h for h in history if isinstance(h, dict) and is_number(h.get("step"))
+            and all(_is_loss(h[k]) for k in ("loss", "eval_loss") if k in h)]
+    if len(kept) < len(history):
+        log.warning("%s: %d log entries without a numeric step and loss; ignoring them", what, len(history) - len(kept))
+    return {"state_max_steps": top if is_integer(top) and top > 0 else None, "log_history": kept}
+
+
+def _is_loss(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)  # NaN too: a diverged run shows
+
+
+def records(raw: str | bytes | None, where: str = "sessions") -> list[dict]:
+    """Usable session records, oldest first; a bad line is skipped with a warning (`session_records`)."""
+    return sorted(session_records.parse(raw, where), key=lambda r: r.get("started") or 0)
 
 
 def _last_max_steps(sessions: list[dict]) -> int | None:
@@ -160,17 +190,17 @@ def _lease(record: dict | None, now: float, free: bool) -> dict | None:
                 "released": True} if free else None
     beat = record.get("heartbeat")
     return {"holder": record.get("holder"), "since": record.get("since"), "heartbeat": beat,
-            "heartbeat_age_s": round(now - beat, 1) if isinstance(beat, (int, float)) else None,
+            "heartbeat_age_s": round(now - beat, 1) if is_number(beat, 1e11) else None,
             "released": bool(record.get("released"))}
 
 
 # -- words ------------------------------------------------------------------------------------
 def _when(t) -> str:
-    return time.strftime("%Y-%m-%d %H:%MZ", time.gmtime(t)) if isinstance(t, (int, float)) else "?"
+    return time.strftime("%Y-%m-%d %H:%MZ", time.gmtime(t)) if is_number(t, 1e11) else "?"
 
 
 def _duration(seconds) -> str:
-    if not isinstance(seconds, (int, float)):
+    if not is_number(seconds):
         return "?"
     if seconds < 120:
         return f"{seconds:.0f} s"

@@ -18,17 +18,20 @@ def add_arguments(parser) -> None:
                         "complete, checkpoints, sessions, lease, store")
     parser.add_argument("--plot", metavar="PNG",
                         help="also draw train and eval loss against step, progress across sessions and "
-                        "goodput per session into PNG")
+                        "goodput per session into PNG (a .png name in an existing folder; a file there is "
+                        "replaced only if it is a PNG)")
 
 
 def run(args) -> int:
     from kit.checkpoints import status
 
     cfg = config.from_args(args)
-    facts = status.gather(cfg)
-    if args.plot:
+    if args.plot:  # a bad target fails here, before the store is read
         from kit.report import plots
 
+        plots.check_target(args.plot)
+    facts = status.gather(cfg)
+    if args.plot:
         facts["plot"] = str(plots.job_plot(facts["log_history"], facts["sessions"], args.plot, facts["max_steps"],
                                            facts["goodput"]))
     history = facts.pop("log_history")

@@ -11,7 +11,32 @@ import json
 from pathlib import Path
 
 from kit.errors import UsageError
-from kit.files import atomic_path
+from kit.files import atomic_path, check_output
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def check_target(out_png, flag: str = "--plot") -> Path:
+    """Refuse, before any work, a place the PNG cannot go or a file it must not replace.
+
+    The name must end in .png; its folder must exist and be writable; a file already there is
+    replaced only when it is a PNG (most likely an earlier plot), never a user's other file.
+    """
+    out = check_output(out_png, flag, "progress.png")
+    if out.suffix.lower() != ".png":
+        raise UsageError(f"{flag} {out}: kit writes a PNG: give a file name ending in .png")
+    if out.exists() and not _is_png(out):
+        raise UsageError(f"{flag} {out}: a file that is not a PNG is already there; kit replaces only a PNG "
+                         "(an earlier plot): choose another name")
+    return out
+
+
+def _is_png(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(PNG_MAGIC)) == PNG_MAGIC
+    except OSError as err:
+        raise UsageError(f"cannot read {path} to check it is a PNG: {err.strerror or err}") from None
 
 
 def _pyplot():
@@ -24,11 +49,12 @@ def _pyplot():
 
 
 def _save(fig, out_png) -> Path:
-    out = Path(out_png)
-    out.parent.mkdir(parents=True, exist_ok=True)
     try:
+        out = check_target(out_png, "plot")
         with atomic_path(out) as tmp:
             fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+    except OSError as err:  # a folder that refuses files even to root (/proc), a full disk
+        raise UsageError(f"cannot write the plot {out_png}: {err.strerror or err}") from None
     finally:
         fig.clf()
         _pyplot().close(fig)
