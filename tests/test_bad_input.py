@@ -194,7 +194,7 @@ CLI_CASES = [
      "exists and differs; pass --force"),
     ("bootstrap-o-folder", {}, ["bootstrap", "--facts", str(MACHINES / "kaggle_t4x2.json"), "--config",
                                 "configs/default.yaml", "-o", "data"], 2, "-o data: is a directory"),
-    ("schedule-every", {}, ["schedule", "--every", "-1"], 2, "--every must be positive"),
+    ("schedule-every", {}, ["schedule", "--every", "-1"], 2, "argument --every: must be a number above 0"),
     ("status-plot-nothing", {}, ["status", "--plot", "p.png", "output_dir=outputs/none"], 2, "nothing to plot"),
     ("status-bad-store-key", {}, ["status", "stor=x"], 2, "did you mean 'store'"),
     # hardware: the machine cannot train (3), and facts files (2)

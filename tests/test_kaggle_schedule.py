@@ -339,3 +339,14 @@ def test_which_kaggle_failures_are_asked_again(tmp_path, monkeypatch, status, tr
     with pytest.raises(kaggle_api.KaggleError) as err:
         kaggle_api._call("status", fails, timeout_s=30)
     assert isinstance(err.value, kaggle_api.KaggleUnavailable) == transient, err.value
+
+
+def test_the_weeks_hours_count_usable_lines_only(tmp_path, caplog):
+    from kit.notebooks.schedule.kaggle_run import HOURS_FILE, hours_this_week
+
+    now = 1_800_000_000.0
+    (tmp_path / HOURS_FILE).write_bytes(
+        b'{"ended": %d, "hours": 2.5}\n\xff\n{"ended": "x", "hours": 1}\n{"ended": %d, "hours": "9"}\n'
+        b'{"ended": %d, "hours": NaN}\n[1]\n\n{"ended": %d, "hours": 1.0}\n{"ref": "me/x", "ended' % (now - 60, now, now, now - 8 * 86400))
+    assert hours_this_week(tmp_path, now) == (2.5, 2.5)  # the 8-day-old session is out of the week
+    assert len(caplog.messages) == 6 and all(m.endswith("ignoring it") for m in caplog.messages)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from kit.errors import UsageError
 from tests.hubserver import WRITE_TOKEN, HubServer
 from tests.scripts import FAST, ROOT, cpu_env
 
@@ -220,17 +221,102 @@ def test_a_second_scheduler_on_the_same_runs_dir_refuses(tmp_path):
 
 
 def test_print_cron_only_prints(tmp_path):
-    r = kit(["schedule", "--config", "configs/default.yaml", "--runs-dir", str(tmp_path / "runs"), "--every", "90",
-             "--print-cron", "max_steps=20"], cpu_env(), timeout=60)
+    r = kit(["schedule", "--config", "configs/default.yaml", "--runs-dir", str(tmp_path / "runs"), "--every", "120",
+             "--time-budget", "1234.5678", "--print-cron", "max_steps=20"], cpu_env(), timeout=60)
     assert r.returncode == 0, r.stderr
-    assert "0 */1 * * *" in r.stdout and "OnUnitActiveSec=90min" in r.stdout and "EnvironmentFile=" in r.stdout
-    assert "--loop" not in r.stdout and "max_steps=20" in r.stdout
+    assert "\n0 */2 * * * cd " in r.stdout and "OnUnitActiveSec=120min" in r.stdout and "EnvironmentFile=" in r.stdout
+    assert "--loop" not in r.stdout and "max_steps=20" in r.stdout and "--time-budget 1234.5678 " in r.stdout
     assert not (tmp_path / "runs").exists()
 
 
-def test_bad_numbers_are_refused(tmp_path):
-    r = kit(["schedule", "--config", "configs/default.yaml", "--every", "0"], cpu_env(), timeout=60)
-    _refused(r, 2, "--every must be positive")
+def in_process(args: list[str], capsys) -> tuple[int, str, str]:
+    from kit import cli
+
+    code = cli.main(["schedule", "--config", "configs/default.yaml", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _one_line(code: int, err: str, *words: str) -> None:
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
+    for w in words:
+        assert w in lines[0], err
+
+
+@pytest.mark.parametrize("flag", ["--every", "--max-runs", "--time-budget", "--run-timeout", "--nproc",
+                                  "--max-gpu-hours", "--poll"])
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "-inf", "1e400", "abc", "99999999"])
+def test_bad_numbers_are_refused(flag, value, capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(ROOT)
+    code, out, err = in_process(["--runs-dir", str(tmp_path / "runs"), flag, value, "--print-cron"], capsys)
+    _one_line(code, err, f"argument {flag}:", repr(value))
+    assert out == "" and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("every, when", [(1, "*/1 * * * *"), (5, "*/5 * * * *"), (30, "*/30 * * * *"),
+                                         (60, "0 */1 * * *"), (120, "0 */2 * * *"), (480, "0 */8 * * *"),
+                                         (1440, "0 0 * * *"), (90, None), (45, None), (0.5, None), (2880, None)])
+def test_a_cron_line_means_exactly_the_interval(every, when):
+    from kit.notebooks.schedule import unattended
+
+    assert unattended.cron_when(every) == when
+    units = unattended.unattended(["kit"], Path("/w"), every, Path("/w/runs"))
+    assert (f"\n{when} cd /w " in units) if when else ("no crontab line" in units and " cd /w " not in units)
+
+
+@pytest.mark.parametrize("every, near", [("90", "--every 60 or --every 120"), ("45", "--every 30 or --every 60"),
+                                         ("7", "--every 6 or --every 10"), ("0.5", "--every 1"),
+                                         ("2000", "--every 1440")])
+def test_print_cron_refuses_an_interval_cron_cannot_keep(every, near, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    code, out, err = in_process(["--every", every, "--print-cron"], capsys)
+    _one_line(code, err, f"cron cannot run a job every {every} min", near)
+    assert out == ""
+
+
+def _runs_dir_problem(tmp_path, kind: str) -> tuple[Path, str]:
+    if kind == "a file":
+        (tmp_path / "runsfile").write_text("mine")
+        return tmp_path / "runsfile", "is a file, not a folder"
+    if kind == "inside a file":
+        (tmp_path / "runsfile").write_text("mine")
+        return tmp_path / "runsfile" / "runs", "runsfile is a file, not a folder"
+    runs = tmp_path / "runs"
+    (runs / (".kit-schedule.lock" + (".flock" if kind == "flock is a folder" else ""))).mkdir(parents=True)
+    return runs, "is a directory, not a file"
+
+
+@pytest.mark.parametrize("kind", ["a file", "inside a file", "flock is a folder", "lock record is a folder"])
+def test_a_runs_dir_kit_cannot_use_is_refused(tmp_path, kind, capsys, monkeypatch):
+    from kit.notebooks.schedule.runs_lock import RunsLock
+
+    monkeypatch.chdir(ROOT)
+    runs, words = _runs_dir_problem(tmp_path, kind)
+    before = sorted(map(str, tmp_path.rglob("*")))
+    code, _, err = in_process(schedule_args(runs, tmp_path / "out", str(tmp_path / "store"))[3:], capsys)
+    _one_line(code, err, "--runs-dir", words)
+    with pytest.raises(UsageError, match=words):  # the lock itself refuses too (the Kaggle path takes it directly)
+        RunsLock(runs).__enter__()
+    assert sorted(map(str, tmp_path.rglob("*"))) == before
+
+
+def test_a_notebook_that_is_a_directory(tmp_path):
+    (tmp_path / "dir.ipynb").mkdir()
+    r = kit(schedule_args(tmp_path / "runs", tmp_path / "out", str(tmp_path / "store"), "--notebook",
+                          str(tmp_path / "dir.ipynb")), cpu_env(), timeout=60)
+    _refused(r, 2, "is a directory, not a file")
+
+
+def test_a_runs_record_is_read_from_usable_lines_only(tmp_path, caplog):
+    from kit.notebooks.schedule.papermill_run import session_since
+
+    path = tmp_path / "kit_sessions.jsonl"
+    path.write_bytes(b'{"started": 10, "outcome": "paused", "end_step": 4}\n\xff\n{"started": "abc"}\n'
+                     b'{"started": 20, "end_step": "x"}\n{"started": NaN}\n{"to')
+    assert session_since(path, 5)["end_step"] == 4
+    assert session_since(path, 15) is None
+    assert len(caplog.messages) == 2 * 5
 
 
 @pytest.mark.slow

@@ -21,6 +21,34 @@ from pathlib import Path
 from kit.planning import config
 
 DEFAULT_NOTEBOOK = "notebooks/resume.ipynb"
+WEEK_MIN, YEAR_MIN = 7 * 24 * 60, 365 * 24 * 60
+
+
+def positive(top: float, kind=float):
+    """An argparse `type`: a finite number (of `kind`: float or int) above 0 and at most `top`.
+
+    nan, inf and numbers beyond `top` (which would overflow a sleep or make no sense in a crontab)
+    fail parsing, as one line, exit 2.
+    """
+    import argparse
+    import math
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {'whole ' if kind is int else ''}number, got {text!r}") from None
+        if not (math.isfinite(value) and 0 < value <= top):
+            raise argparse.ArgumentTypeError(f"must be a number above 0 and at most {top:g}, got {text!r}")
+        return value
+
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
+
+
+def _shown(value: float) -> str:
+    """A number as the command line needs it again: exact (`:g` would round 1234.5678 to 1234.57)."""
+    return str(int(value)) if float(value).is_integer() else repr(value)
 
 
 def add_arguments(parser) -> None:
@@ -30,17 +58,18 @@ def add_arguments(parser) -> None:
     parser.add_argument("--runs-dir", default="runs", metavar="DIR",
                         help="where each run's output notebook is kept (default: runs/)")
     parser.add_argument("--loop", action="store_true", help="run again and again until the job is complete")
-    parser.add_argument("--every", type=float, default=30.0, metavar="MINUTES",
-                        help="minutes between runs with --loop, and the cron/systemd period (default: 30)")
-    parser.add_argument("--max-runs", type=int, default=None, metavar="N", help="stop --loop after N runs")
-    parser.add_argument("--time-budget", type=float, default=None, metavar="MINUTES",
+    parser.add_argument("--every", type=positive(WEEK_MIN), default=30.0, metavar="MINUTES",
+                        help="minutes between runs with --loop, and the cron/systemd period (default: 30; --print-cron "
+                             "needs one cron can keep: a divisor of 60 min, or of 24 h)")
+    parser.add_argument("--max-runs", type=positive(10**6, int), default=None, metavar="N", help="stop --loop after N runs")
+    parser.add_argument("--time-budget", type=positive(YEAR_MIN), default=None, metavar="MINUTES",
                         help="each run's time_budget_minutes (default: the config's)")
-    parser.add_argument("--run-timeout", type=float, default=None, metavar="MINUTES",
+    parser.add_argument("--run-timeout", type=positive(YEAR_MIN), default=None, metavar="MINUTES",
                         help="interrupt a run's training after MINUTES: it saves and pauses, like a cutoff "
                              "(a guard against a hung run; default: none)")
     parser.add_argument("--store", default=None, metavar="STORE",
                         help="checkpoint store, hf://owner/name or a directory (default: the config's)")
-    parser.add_argument("--nproc", type=int, default=None, metavar="N",
+    parser.add_argument("--nproc", type=positive(1024, int), default=None, metavar="N",
                         help="processes per run: torchrun with N > 1, plain python with 1 (default: 1; 2 "
                              "with --kaggle, one per T4)")
     parser.add_argument("--print-cron", action="store_true",
@@ -51,10 +80,10 @@ def add_arguments(parser) -> None:
                         help="run each session as a version of this private Kaggle notebook on 2×T4")
     kaggle.add_argument("--kit-repo", metavar="URL", default=None,
                         help="where the Kaggle session clones kit from (default: this checkout's `origin`)")
-    kaggle.add_argument("--max-gpu-hours", type=float, default=30.0, metavar="H",
+    kaggle.add_argument("--max-gpu-hours", type=positive(24 * 365), default=30.0, metavar="H",
                         help="stop before a session would take the week's GPU hours past H (default: 30, "
                              "Kaggle's weekly quota)")
-    kaggle.add_argument("--poll", type=float, default=None, metavar="SECONDS",
+    kaggle.add_argument("--poll", type=positive(3600), default=None, metavar="SECONDS",
                         help="ask Kaggle for the session's status this often (default: 10 s, backing off to 60 s)")
 
 
@@ -68,13 +97,13 @@ def _repeat_command(args) -> list[str]:
     if args.notebook != DEFAULT_NOTEBOOK:
         cmd += ["--notebook", args.notebook]
     if args.kaggle:  # each tick waits for its session; the runs folder's lock skips a tick meanwhile
-        cmd += ["--kaggle", args.kaggle, "--max-gpu-hours", f"{args.max_gpu_hours:g}"]
+        cmd += ["--kaggle", args.kaggle, "--max-gpu-hours", _shown(args.max_gpu_hours)]
         cmd += ["--kit-repo", args.kit_repo] if args.kit_repo else []
     cmd += ["--runs-dir", args.runs_dir, "--nproc", str(args.nproc or (2 if args.kaggle else 1))]
     if args.time_budget is not None:
-        cmd += ["--time-budget", f"{args.time_budget:g}"]
+        cmd += ["--time-budget", _shown(args.time_budget)]
     if args.run_timeout is not None:
-        cmd += ["--run-timeout", f"{args.run_timeout:g}"]
+        cmd += ["--run-timeout", _shown(args.run_timeout)]
     if args.store:
         cmd += ["--store", args.store]
     return cmd + list(args.overrides or [])
@@ -82,18 +111,10 @@ def _repeat_command(args) -> list[str]:
 
 def run(args) -> int:
     from kit.notebooks.schedule import loop as schedule
-    from kit.errors import UsageError
 
     # First, before anything can echo them: no token among the parameters.
     schedule.refuse_tokens([*(args.overrides or []), *([f"store={args.store}"] if args.store else []),
                             *([f"config={args.config}"] if args.config else [])])
-    for name, value in (("--every", args.every), ("--max-runs", args.max_runs), ("--nproc", args.nproc),
-                        ("--time-budget", args.time_budget), ("--run-timeout", args.run_timeout)):
-        if value is not None and value <= 0:
-            raise UsageError(f"{name} must be positive, got {value:g}")
-    for name, value in (("--max-gpu-hours", args.max_gpu_hours), ("--poll", args.poll)):
-        if value is not None and value <= 0:
-            raise UsageError(f"{name} must be positive, got {value:g}")
     if args.kaggle:
         from kit.notebooks.schedule import kaggle_api
 
@@ -101,11 +122,13 @@ def run(args) -> int:
         kaggle_api.require_credentials()  # none: one line, exit 2, before anything else
     overrides = list(args.overrides or []) + ([f"store={args.store}"] if args.store else [])
     cfg = config.load(args.config, overrides)  # bad keys/values fail here, before any run
-    runs_dir = Path(args.runs_dir)
-    from kit.notebooks.schedule.unattended import unattended
+    from kit.notebooks.schedule.runs_lock import check_runs_dir
+    from kit.notebooks.schedule.unattended import check_cron, unattended
 
+    runs_dir = check_runs_dir(Path(args.runs_dir))
     units = unattended(_repeat_command(args), Path.cwd(), args.every, runs_dir)
     if args.print_cron:
+        check_cron(args.every)
         print(units)
         return 0
     if args.kaggle:
@@ -162,7 +185,7 @@ def _run_kaggle(args, cfg) -> int:
     if _git("status", "--porcelain", "--untracked-files=no"):
         print(f"warning: uncommitted changes are not on Kaggle: the session runs kit {commit[:12]}", flush=True)
     where = schedule.check_store(cfg)  # unreachable or refused: exit 4 before any push
-    extra = [f"time_budget_minutes={args.time_budget:g}"] if args.time_budget is not None else []
+    extra = [f"time_budget_minutes={_shown(args.time_budget)}"] if args.time_budget is not None else []
     from kit.notebooks.schedule.runs_lock import RunsLock
 
     runs_dir = Path(args.runs_dir)

@@ -42,15 +42,29 @@ def hours_this_week(runs_dir: Path, now: float) -> tuple[float, float]:
     """(GPU hours used in the last 7 days, the longest session) from earlier sessions' records."""
     path = Path(runs_dir) / HOURS_FILE
     used = longest = 0.0
-    for line in (path.read_text().splitlines() if path.exists() else []):
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue  # a torn line from a cut write
-        if isinstance(rec, dict) and now - float(rec.get("ended", 0)) < WEEK_S:
-            used += float(rec.get("hours", 0))
-            longest = max(longest, float(rec.get("hours", 0)))
+    for n, line in enumerate(path.read_bytes().splitlines() if path.is_file() else [], 1):
+        if not line.strip():
+            continue
+        rec = _hours_record(line)
+        if rec is None:  # a torn line from a cut write, or one that is not kit's
+            log.warning("%s line %d is not a record of a session's hours; ignoring it", path, n)
+        elif now - rec["ended"] < WEEK_S:
+            used += rec["hours"]
+            longest = max(longest, rec["hours"])
     return used, longest
+
+
+def _hours_record(line: bytes) -> dict | None:
+    """One line of HOURS_FILE with a numeric `ended` and `hours`; None for anything else."""
+    from kit.checkpoints.session_records import is_number
+
+    try:
+        rec = json.loads(line)
+    except ValueError:  # UnicodeDecodeError too
+        return None
+    if not isinstance(rec, dict) or not is_number(rec.get("ended")) or not is_number(rec.get("hours")):
+        return None
+    return rec
 
 
 def _read_outcome(folder: Path) -> dict | None:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from kit import auth
 from kit.errors import UsageError
+from kit.files import read_text, regular_file
 from kit.notebooks.schedule.papermill_run import Plan, execute, is_done, is_failure
 from kit.notebooks.schedule.runs_lock import RunsLock
 
@@ -47,12 +48,10 @@ def check_notebook(path: Path) -> Path:
     import nbformat
 
     path = Path(path)
-    if not path.is_file():
+    if regular_file(path, f"--notebook {path}") is None:  # a folder, pipe or device: refused by name
         raise UsageError(f"--notebook {path}: no such file")
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise UsageError(f"--notebook {path} is not a notebook (not UTF-8 text)") from None
+        raw = json.loads(read_text(path, "--notebook"))
     except ValueError as err:
         raise UsageError(f"--notebook {path} is not a notebook (invalid JSON: {err})") from None
     try:

@@ -9,7 +9,6 @@ papermill's error. No parameter is ever a token (`kit.notebooks.schedule.loop.re
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -93,19 +92,15 @@ def execute(plan: Plan, n: int, verbose: bool = False) -> tuple[str, Path]:
 
 def session_since(path: Path, began: float) -> dict | None:
     """The last session record in `path` of a session that started at or after `began` (this run's)."""
+    from kit.checkpoints import session_records
+
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        raw = Path(path).read_bytes()
     except FileNotFoundError:
         return None
-    found = None
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue  # a torn last line (a cut session): not this run's
-        if isinstance(rec, dict) and isinstance(rec.get("started"), (int, float)) and rec["started"] >= began:
-            found = rec
-    return found
+    # A torn last line (a cut session), bytes that are not UTF-8 or a field of the wrong type: skipped.
+    found = [r for r in session_records.parse(raw, str(path)) if r.get("started") is not None and r["started"] >= began]
+    return found[-1] if found else None
 
 
 def is_done(outcome: str) -> bool:
