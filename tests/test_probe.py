@@ -182,6 +182,38 @@ def test_torch_build_is_cached_on_disk(tmp_path):
     assert second["torch"]["arch_list"] == ["sm_99"]
 
 
+@pytest.mark.parametrize("entry", [
+    {"version": 5, "cuda": [1], "arch_list": "sm_75"},  # valid JSON, wrong types: what the fuzzer planted
+    {"version": "2.1", "cuda": None, "hip": None, "installed": True, "arch_list": "sm_75"},
+    {"version": "2.1", "cuda": None, "hip": None, "installed": True, "arch_list": [75]},
+    {"version": "2.1", "cuda": None, "hip": None, "installed": "yes", "arch_list": []},
+    {"version": "2.1", "cuda": None, "hip": None, "installed": True, "arch_list": [], "extra": 1},
+    "not an object",
+])
+def test_a_cache_entry_of_the_wrong_shape_is_a_miss_and_is_rebuilt(tmp_path, warm_cache, entry):
+    first, _ = probe(tmp_path, cache=warm_cache)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (key,) = json.loads((warm_cache / "torch_build.json").read_text())
+    (cache / "torch_build.json").write_text(json.dumps({key: entry}))
+    second, _ = probe(tmp_path)
+    assert second["torch"] == first["torch"]
+    assert json.loads((cache / "torch_build.json").read_text())[key] != entry  # rebuilt, not trusted
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe", b"[1]", None])
+def test_an_unreadable_cache_file_is_a_miss(tmp_path, warm_cache, content):
+    first, _ = probe(tmp_path, cache=warm_cache)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    if content is None:
+        os.mkfifo(cache / "torch_build.json")  # a read would block: it is never opened
+    else:
+        (cache / "torch_build.json").write_bytes(content)
+    second, _ = probe(tmp_path)
+    assert second["torch"] == first["torch"]
+
+
 def test_no_nvml_and_no_tools_on_path_is_recorded_not_a_crash(tmp_path, warm_cache):
     # Simulated: nvidia-ml-py missing (a module that raises ImportError shadows it) and PATH
     # holding no GPU tool at all, as on a machine with no GPU driver.
@@ -310,6 +342,15 @@ def test_platform_defaults():
     assert platforms.defaults("colab").session_hours == 12
     assert platforms.defaults("local").session_hours is None
     assert platforms.defaults("nonsense") == platforms.defaults("other")
+
+
+def test_a_facts_file_that_is_a_folder_or_a_pipe_is_refused_unread(tmp_path):
+    (tmp_path / "dir.json").mkdir()
+    os.mkfifo(tmp_path / "pipe.json")  # reading it would wait forever for a writer
+    with pytest.raises(UsageError, match="is a directory, not a file"):
+        load_facts(str(tmp_path / "dir.json"))
+    with pytest.raises(UsageError, match="not a regular file"):
+        load_facts(str(tmp_path / "pipe.json"))
 
 
 @pytest.mark.parametrize("content,message", [

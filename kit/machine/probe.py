@@ -16,6 +16,7 @@ import platform as _platform
 import shutil
 from dataclasses import asdict, dataclass, field, fields
 
+from kit import files
 from kit.machine import platforms, torch_build
 from kit.errors import UsageError
 from kit.machine.gpus import is_capability, query_gpus
@@ -89,11 +90,14 @@ def gather(cwd: str | None = None) -> Facts:
 
 def load_facts(path: str) -> Facts:
     """Read another machine's `kit probe --json` output; raises UsageError (exit 2) when unusable."""
+    missing = UsageError(f"facts file {path!r} does not exist: write one with `kit probe --json > facts.json`")
+    if files.regular_file(path, f"cannot read facts file {path!r}") is None:  # a folder or a FIFO: refused, not read
+        raise missing
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except FileNotFoundError:
-        raise UsageError(f"facts file {path!r} does not exist: write one with `kit probe --json > facts.json`") from None
+        raise missing from None
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"cannot read facts file {path!r}: {e}") from None
     except json.JSONDecodeError as e:

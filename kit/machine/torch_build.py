@@ -19,6 +19,7 @@ import mmap
 import os
 import re
 import site
+import stat
 import subprocess
 import sys
 
@@ -159,22 +160,39 @@ def _cache_key(torch_dir: str, version: str | None) -> str:
     return f"{torch_dir}|{version}|{mtime}|{sys.executable}"
 
 
-def _cache_read(key: str) -> dict | None:
+def _cache_entries() -> dict:
+    """The cache file's entries; {} when it is absent, not a regular file (a FIFO would block the
+    read), not UTF-8 JSON, or not an object. The cache only saves time: it is never an error."""
+    path = os.path.join(cache_dir(), "torch_build.json")
     try:
-        with open(os.path.join(cache_dir(), "torch_build.json"), encoding="utf-8") as f:
-            return json.load(f).get(key)
-    except (OSError, ValueError, AttributeError):
-        return None  # no usable cache: the subprocess reads the facts instead
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return {}
+        with open(path, encoding="utf-8") as f:
+            entries = json.load(f)
+    except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
+        return {}
+    return entries if isinstance(entries, dict) else {}
+
+
+def _usable(entry) -> bool:
+    """Whether a cache entry has exactly the shape `start_build` caches (edited or corrupted ones are not)."""
+    if not isinstance(entry, dict) or set(entry) != {"version", "cuda", "hip", "installed", "arch_list"}:
+        return False
+    texts = all(entry[k] is None or isinstance(entry[k], str) for k in ("version", "cuda", "hip"))
+    arch = entry["arch_list"]
+    return texts and entry["installed"] is True and (
+        arch is None or (isinstance(arch, list) and all(isinstance(a, str) for a in arch)))
+
+
+def _cache_read(key: str) -> dict | None:
+    """The cached build facts for `key`; None (a miss: they are read again) unless the entry is usable."""
+    entry = _cache_entries().get(key)
+    return entry if _usable(entry) else None
 
 
 def _cache_write(key: str, value: dict) -> None:
     path = os.path.join(cache_dir(), "torch_build.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            entries = json.load(f)
-        entries = entries if isinstance(entries, dict) else {}
-    except (OSError, ValueError):
-        entries = {}
+    entries = _cache_entries()
     entries[key] = value
     try:
         os.makedirs(cache_dir(), exist_ok=True)
