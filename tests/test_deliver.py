@@ -230,3 +230,19 @@ runpy.run_path({str(SCRIPT)!r}, run_name="__main__")
     record = json.loads((out / "kit_sessions.jsonl").read_text().splitlines()[-1])
     assert record["outcome"] == "failed" and record["end_step"] == 3 and record["run_id"]
     assert json.loads((store / "kit" / "sessions.jsonl").read_text().splitlines()[-1])["outcome"] == "failed"
+
+
+def test_the_finished_job_reads_its_session_records_past_a_torn_or_bad_line(tmp_path, caplog):
+    """The model card's facts come from kit_sessions.jsonl; a cut write's torn last line, bytes that
+    are not UTF-8 or a field of the wrong type must not stop the finished job's delivery."""
+    from types import SimpleNamespace
+
+    from kit.deliver.wrapup import _sessions
+
+    (tmp_path / "kit_sessions.jsonl").write_bytes(
+        b'{"started": 1, "end_step": 2, "max_steps": 4}\n\xff\xfe\n{"started": "x"}\n'
+        b'{"started": 5, "end_step": 4, "max_steps": 4}\n{"started": 9, "end')
+    job = SimpleNamespace(cfg=SimpleNamespace(output_dir=str(tmp_path)))
+    assert [r["end_step"] for r in _sessions(job)] == [2, 4]
+    assert len([r for r in caplog.records if "ignoring it" in r.getMessage()]) == 3
+    assert _sessions(SimpleNamespace(cfg=SimpleNamespace(output_dir=str(tmp_path / "none")))) == []

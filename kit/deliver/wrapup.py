@@ -52,9 +52,12 @@ def export_command(cfg) -> str:
 
 
 def _sessions(job) -> list[dict]:
+    """This job's usable session records (a torn or hand-edited line is skipped with a warning, so the
+    finished job's model card is still written)."""
+    from kit.checkpoints import session_records
+
     path = Path(job.cfg.output_dir) / "kit_sessions.jsonl"
-    text = path.read_text() if path.exists() else ""
-    return [json.loads(line) for line in text.splitlines() if line.strip().startswith("{")]
+    return session_records.parse(path.read_bytes() if path.is_file() else None, str(path))
 
 
 def deliver(job, trainer, step: int) -> tuple[int, list[str], dict]:
