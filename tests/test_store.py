@@ -115,6 +115,25 @@ def test_corrupt_dir_checkpoint_is_skipped_and_fetch_refuses(tmp_path, caplog):
     assert store.fetch_latest(tmp_path / "dest2") == 1
 
 
+@pytest.mark.parametrize("damage", [
+    lambda m: {**m, "step": "abc"}, lambda m: {**m, "step": True}, lambda m: {**m, "step": -2},
+    lambda m: {**m, "files": {**m["files"], "optimizer.pt": {"size": "9000", "sha256": "x"}}},
+    lambda m: {**m, "files": {"optimizer.pt": None}}, lambda m: "[" * 100_000 + "]" * 100_000,
+], ids=["step-text", "step-bool", "step-negative", "size-text", "file-null", "nested-100k"])
+def test_a_manifest_of_the_wrong_shape_is_a_checkpoint_that_does_not_verify(tmp_path, caplog, damage):
+    """A hand-edited or corrupt manifest in the newest checkpoint: the next older one is resumed from,
+    it never stops the resume (a text step raised ValueError in every resume and in `kit status`)."""
+    store = DirStore(tmp_path / "store")
+    for s in (1, 2):
+        store.publish(make_ckpt(tmp_path / "l", s), s, keep=5)
+    f = tmp_path / "store/checkpoints/checkpoint-2" / MANIFEST_NAME
+    bad = damage(json.loads(f.read_text()))
+    f.write_text(bad if isinstance(bad, str) else json.dumps(bad))
+    with caplog.at_level(logging.WARNING, "kit.checkpoints.store"):
+        assert store.latest_valid() == 1
+    assert "not a valid kit manifest" in caplog.text
+
+
 def test_truncated_hub_file_is_skipped(hub, tmp_path, caplog):
     store = HubStore(REPO, token=WRITE_TOKEN, endpoint=hub.url)
     for s in (1, 2):

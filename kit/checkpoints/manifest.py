@@ -86,11 +86,19 @@ def parse_manifest(text: str | bytes) -> dict | None:
     """The manifest in ``text``, or None when it is not a kit manifest."""
     try:
         data = json.loads(text)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: `[[[[…` 100k deep
         return None
-    if not isinstance(data, dict) or not isinstance(data.get("files"), dict) or "step" not in data:
+    if not isinstance(data, dict) or not isinstance(data.get("files"), dict) or not _count(data.get("step")):
         return None
+    # Every reader compares these: a wrong type here must mean "not a manifest", never a crash mid-resume.
+    for rel, want in data["files"].items():
+        if not (isinstance(want, dict) and _count(want.get("size")) and isinstance(want.get("sha256"), str)):
+            return None
     return data
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**53
 
 
 def read_manifest(ckpt_dir: Path) -> dict | None:
