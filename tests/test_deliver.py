@@ -246,3 +246,14 @@ def test_the_finished_job_reads_its_session_records_past_a_torn_or_bad_line(tmp_
     assert [r["end_step"] for r in _sessions(job)] == [2, 4]
     assert len([r for r in caplog.records if "ignoring it" in r.getMessage()]) == 3
     assert _sessions(SimpleNamespace(cfg=SimpleNamespace(output_dir=str(tmp_path / "none")))) == []
+
+
+def test_the_printed_export_command_can_be_pasted_as_is():
+    import shlex
+    from types import SimpleNamespace
+
+    from kit.deliver.wrapup import export_command
+
+    out = "/x/my run $(rm -rf ~) 'q\""
+    words = shlex.split(export_command(SimpleNamespace(output_dir=out)))
+    assert words == ["python", "-m", "kit", "export", "--adapter", f"{out}/final", "-o", f"{out}/merged"]

@@ -141,6 +141,13 @@ def test_bootstrap_keeps_numbered_backups_and_prev_is_ignored(tmp_path, capsys):
     assert (tmp_path / "train_ddp.py.prev").read_text() == "# my edit 0\n"
     assert (tmp_path / "train_ddp.py.prev.2").read_text() == "# my edit 1\n"
     assert (tmp_path / "train_ddp.py.prev.3").read_text() == "# my edit 2\n"
+    # A dangling symlink already named .prev.4 is a name taken, not a file to replace.
+    (tmp_path / "train_ddp.py.prev.4").symlink_to(tmp_path / "nowhere")
+    out.write_text("# my edit 3\n")
+    assert main(["bootstrap", "--facts", str(MACHINES / "kaggle_t4x2.json"), "--config", "configs/default.yaml",
+                 "-o", str(out)]) == 0
+    assert (tmp_path / "train_ddp.py.prev.4").is_symlink()
+    assert (tmp_path / "train_ddp.py.prev.5").read_text() == "# my edit 3\n"
     ignored = subprocess.run(["git", "check-ignore", "train_ddp.py.prev", "train_ddp.py.prev.2"], cwd=ROOT,
                              capture_output=True, text=True)
     assert ignored.stdout.split() == ["train_ddp.py.prev", "train_ddp.py.prev.2"]

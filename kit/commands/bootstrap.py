@@ -8,6 +8,7 @@ globals, which `%run` hands to the notebook.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,7 +56,7 @@ def run(args) -> Result:
     if args.config:  # before probing or planning: a refused -o must cost nothing and touch nothing
         from kit.commands.render import check_output
 
-        check_output(Path(args.output))
+        check_output(Path(args.output), args.config)
     facts = probe.load_facts(args.facts) if args.facts else probe.gather()
     verdicts = judge(facts)
     cpu_only = not facts.gpus and bool(facts.torch.get("installed"))
@@ -112,7 +113,7 @@ def _plan_and_write(args, facts):
 def _free_backup_name(out: Path) -> Path:
     """`train_ddp.py.prev`, else `.prev.2`, `.prev.3`, …: the first name not taken."""
     candidate, n = out.with_name(out.name + ".prev"), 1
-    while candidate.exists():
+    while os.path.lexists(candidate):  # a dangling symlink is taken too: replacing it would lose it
         n += 1
         candidate = out.with_name(f"{out.name}.prev.{n}")
     return candidate

@@ -76,7 +76,7 @@ def run(args) -> int:
     cfg = config.from_args(args)
     out = Path(args.output)
     if not args.stdout:  # checked before planning, so a refused run touches nothing
-        check_output(out)
+        check_output(out, args.config)
     text, plan = render_for(cfg, args.config, machine_facts(args), args.gpus, args=args, output=args.output)
     if args.stdout:
         sys.stdout.write(text)
@@ -88,12 +88,17 @@ def run(args) -> int:
     return 0
 
 
-def check_output(out: Path) -> None:
+def check_output(out: Path, config_path: str | None = None) -> None:
     """Refuse an -o that cannot take a script (a folder, a FIFO or device, a missing or unwritable
-    folder), before any work."""
+    folder) or that is the config itself, before any work."""
+    import os
+
     from kit.files import check_output as check
 
     check(out, "-o", "train_ddp.py")
+    if config_path and os.path.exists(out) and os.path.exists(config_path) and os.path.samefile(out, config_path):
+        raise UsageError(f"-o {out} is the config {config_path} itself: writing the script there would lose it; "
+                         "choose another -o")
 
 
 def launch_for(plan, script: Path) -> str:

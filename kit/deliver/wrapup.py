@@ -47,8 +47,10 @@ def _facts(job, sessions: list[dict]) -> dict:
 
 
 def export_command(cfg) -> str:
-    out = Path(cfg.output_dir)
-    return f"python -m kit export --adapter {out / FINAL_DIR} -o {out / 'merged'}"
+    import shlex
+
+    out = Path(cfg.output_dir)  # quoted: a user pastes it, and output_dir may hold a space or a `$(…)`
+    return "python -m kit export " + shlex.join(["--adapter", str(out / FINAL_DIR), "-o", str(out / "merged")])
 
 
 def _sessions(job) -> list[dict]:
