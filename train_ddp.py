@@ -17,11 +17,11 @@ Re-render after editing the config (the command that wrote this file):
 
 import sys
 
-from peft import LoraConfig
-from transformers import BitsAndBytesConfig, set_seed
-from trl import SFTConfig, SFTTrainer
-
 try:  # the mechanics (store sync, resume, lease, deadline, smoke checks) are kit's tested modules
+    from peft import LoraConfig
+    from transformers import BitsAndBytesConfig, set_seed
+    from trl import SFTConfig, SFTTrainer
+
     from kit.auth import redact_tracebacks
     from kit.errors import KitError
     from kit.planning import adapt
@@ -34,6 +34,9 @@ except ModuleNotFoundError as e:
     print("error: the kit package is not importable: run this script from the folder that holds kit/ (the kit "
           "checkout), or `pip install -e PATH_TO_KIT`", file=sys.stderr)
     sys.exit(2)
+except KeyboardInterrupt:  # Ctrl-C while the libraries load: nothing started yet
+    print("interrupted while loading the libraries: nothing was started", file=sys.stderr)
+    sys.exit(130)
 
 CONFIG_PATH = 'configs/default.yaml'
 
@@ -242,3 +245,7 @@ if __name__ == "__main__":
     except KitError as e:  # bad config, data, store or hardware: one line and its exit code
         last_word.say_error(e)  # rank 0; under torchrun said again after torchrun's own report
         sys.exit(e.exit_code)
+    except KeyboardInterrupt:  # Ctrl-C outside training (model load, evaluation); in training it pauses cleanly
+        print("interrupted: stopped; every checkpoint already saved is kept, and the same command resumes",
+              file=sys.stderr)
+        sys.exit(130)

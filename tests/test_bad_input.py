@@ -335,7 +335,10 @@ def test_script_bad_input(sandbox, capfd, files, argv, code, want):
     ({"WORLD_SIZE": "abc"}, "environment variable WORLD_SIZE='abc' is not a whole number"),
     ({"LOCAL_RANK": "x"}, "LOCAL_RANK='x' is not a whole number"),
     ({"WORLD_SIZE": TOKEN}, r"WORLD_SIZE='\*\*\*' is not a whole number"),
-    ({"RANK": "0", "WORLD_SIZE": "0"}, "RANK 0 is not a rank of WORLD_SIZE 0"),
+    ({"RANK": "0", "WORLD_SIZE": "0"}, "RANK 0 / LOCAL_RANK 0 is not a rank of WORLD_SIZE 0"),
+    ({"RANK": "5", "WORLD_SIZE": "2"}, "RANK 5 / LOCAL_RANK 0 is not a rank of WORLD_SIZE 2"),  # said, not silent
+    ({"RANK": "abc"}, "RANK='abc' is not a whole number"),
+    ({"LOCAL_RANK": "99999999999999999999"}, "LOCAL_RANK 99999999999999999999 is not a rank of WORLD_SIZE 1"),
 ])
 @pytest.mark.parametrize("own_config", [False, True], ids=["settings", "own-config"])
 def test_script_refuses_a_broken_torchrun_environment(sandbox, capfd, monkeypatch, env, want, own_config):
@@ -408,6 +411,25 @@ def test_real_script_refuses_a_token_and_bad_data(sandbox):
         done = subprocess.run([sys.executable, "train_ddp.py", *argv], cwd=sandbox, env=env, capture_output=True,
                               text=True, timeout=300)
         check_contract(sandbox, before, done.returncode, done.stdout, done.stderr, code, want, one_line_stderr=False)
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_the_script_loads_is_one_line_and_exit_130(sandbox):
+    """Ctrl-C one second in (torch, transformers and trl still importing): no traceback, nothing written.
+    Ctrl-C during training pauses cleanly instead (tests/test_new_user_path.py)."""
+    import signal
+    import time
+
+    before = snapshot(sandbox)
+    proc = subprocess.Popen([sys.executable, "train_ddp.py", "output_dir=outputs/int"], cwd=sandbox, text=True,
+                            env=cpu_env(HF_TOKEN=TOKEN, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in out + err and err.strip().splitlines()[-1].startswith("interrupted")
+    assert snapshot(sandbox) == before and not (sandbox / "outputs" / "int").exists()
 
 
 def test_real_kit_command_redacts_and_refuses(sandbox):

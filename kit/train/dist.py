@@ -70,11 +70,11 @@ def init(timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> Context:
     rank = env_int("RANK", 0)
     local_rank = env_int("LOCAL_RANK", 0)
     world_size = env_int("WORLD_SIZE", 1)
-    if world_size < 1 or not 0 <= rank < world_size:
+    if world_size < 1 or not 0 <= rank < world_size or local_rank >= world_size:
         from kit.errors import UsageError
 
-        raise UsageError(f"environment: RANK {rank} is not a rank of WORLD_SIZE {world_size}: torchrun sets both; "
-                         "unset them to run one process")
+        raise UsageError(f"environment: RANK {rank} / LOCAL_RANK {local_rank} is not a rank of WORLD_SIZE "
+                         f"{world_size}: torchrun sets them; unset them to run one process")
     if torch.cuda.is_available():
         # Pin before anything touches CUDA, or every rank opens a context on GPU 0.
         torch.cuda.set_device(local_rank)

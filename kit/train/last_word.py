@@ -56,7 +56,9 @@ def say_error(err) -> None:
     """
     from kit.errors import exit_words
 
-    if os.environ.get("RANK", "0") != "0":
+    from kit.errors import under_torchrun
+
+    if under_torchrun() and os.environ.get("RANK", "0") != "0":  # rank 0 speaks for the job; alone, a process speaks
         return
     print(f"error: {err}{exit_words(err.exit_code)}", file=sys.stderr, flush=True)
     repeat_after_torchrun(f"error: {err} [kit exit {err.exit_code}; torchrun's exit 1 and its ChildFailedError "
