@@ -378,3 +378,20 @@ def test_a_runs_outcome_is_its_session_record_not_printed_text(tmp_path):
     plan.notebook = _notebook(tmp_path / "dies.ipynb", "print('outcome: failed (exit code 1): missing HF_TOKEN')")
     outcome = execute(plan, 2)[0]
     assert outcome.startswith(f"failed: the session left no record in {sessions}") and "missing HF_TOKEN" in outcome
+
+
+def test_the_executed_notebook_kit_keeps_never_holds_the_token(tmp_path, monkeypatch):
+    """Real papermill and kernel: a cell that prints the token (the user's own, or a library's debug
+    line) and one that fails with it in the error; the runs/ notebook kit wrote shows *** instead."""
+    from kit.notebooks.schedule.papermill_run import Plan, execute
+
+    token = "hf_" + "printedBYaCELL" + "0123456789abcdef"
+    monkeypatch.setenv("HF_TOKEN", token)
+    nb = _notebook(tmp_path / "leak.ipynb", "import os\nprint('boom', os.environ['HF_TOKEN'])\n"
+                                            "raise ValueError(os.environ['HF_TOKEN'])\n")
+    plan = Plan(notebook=nb, runs_dir=tmp_path / "runs", parameters={}, cwd=tmp_path, sessions=None)
+    outcome, out = execute(plan, 1)
+    assert outcome.startswith("failed") and token not in outcome
+    text = out.read_text()
+    assert token not in text and "boom ***" in text
+    json.loads(text)  # still a notebook
