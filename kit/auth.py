@@ -177,6 +177,24 @@ class redacted_output:
         return False
 
 
+def scrub_file(path) -> bool:
+    """Show the token as ``***`` in a text file kit keeps but did not write itself (an executed
+    notebook, a downloaded Kaggle log). Returns whether anything was replaced; bytes that are not
+    UTF-8 stay as they are."""
+    from pathlib import Path
+
+    from kit.files import write_atomic
+
+    path = Path(path)
+    if not path.is_file():
+        return False
+    text = path.read_bytes().decode("utf-8", errors="surrogateescape")
+    clean = redact(text)
+    if clean != text:
+        write_atomic(path, clean.encode("utf-8", errors="surrogateescape"))
+    return clean != text
+
+
 def redact_tracebacks() -> None:
     """Make the tracebacks of uncaught exceptions (main thread and threads) show a token as ``***``.
 

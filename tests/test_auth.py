@@ -189,3 +189,15 @@ def test_suite_does_not_depend_on_the_callers_hf_environment(tmp_path, preload):
                           cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:]
     assert "1 passed" in done.stdout
+
+
+def test_scrub_file_replaces_the_token_in_a_file_kit_keeps(tmp_path, monkeypatch):
+    from kit.auth import scrub_file
+
+    token = "hf_" + "inAkernelLOG" + "0123456789abcdef"
+    monkeypatch.setenv("HF_TOKEN", token)
+    log = tmp_path / "kernel.log"
+    log.write_bytes(b"\xff not utf-8, then " + token.encode() + b" and an unrelated hf_" + b"x" * 30 + b"\n")
+    assert scrub_file(log) is True
+    assert log.read_bytes() == b"\xff not utf-8, then *** and an unrelated ***\n"
+    assert scrub_file(log) is False and scrub_file(tmp_path / "none.log") is False

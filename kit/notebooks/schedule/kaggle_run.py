@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from kit.auth import scrub_file
 from kit.notebooks.schedule import kaggle_api, stops
 from kit.notebooks.schedule.kaggle_notebook import OUTCOME_FILE
 from kit.retry import retry
@@ -21,6 +22,7 @@ from kit.retry import retry
 log = logging.getLogger("kit.notebooks.schedule")
 
 POLL_S = (10, 20, 30, 60)  # then every 60 s
+TEXT_SUFFIXES = (".log", ".txt", ".json", ".jsonl", ".ipynb", ".md", ".py", ".yaml", ".csv")
 RETRY_S = (30, 60, 120)  # a status poll or the output download that got no answer is asked again after these
 SESSION_LIMIT_S = 12.5 * 3600  # Kaggle ends a GPU session after 12 h
 HOURS_FILE = "kaggle-sessions.jsonl"
@@ -116,6 +118,9 @@ def run_session(job: KaggleJob, n: int, *, say=print, sleep=time.sleep,
     folder = Path(job.runs_dir) / f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(ended))}-{n}"
     retry(lambda: kaggle_api.output(job.ref, folder), pauses=job.retry_s, what=f"fetching {job.ref}'s output",
           transient=(kaggle_api.KaggleUnavailable,), log=log, sleep=sleep)
+    for f in folder.rglob("*"):  # the kernel's log and text files: a cell may have printed a token
+        if f.suffix in TEXT_SUFFIXES and f.is_file():
+            scrub_file(f)
     record = _read_outcome(folder)
     session = (record or {}).get("session")
     if (record or {}).get("returncode") == 0 and isinstance(session, dict) and session.get("outcome") in (

@@ -63,7 +63,7 @@ def execute(plan: Plan, n: int, verbose: bool = False) -> tuple[str, Path]:
     import papermill
     from papermill.exceptions import PapermillException
 
-    from kit.auth import redact
+    from kit.auth import redact, scrub_file
 
     plan.runs_dir.mkdir(parents=True, exist_ok=True)
     out = run_path(plan.runs_dir, n)
@@ -78,8 +78,8 @@ def execute(plan: Plan, n: int, verbose: bool = False) -> tuple[str, Path]:
         error = f"failed: {type(err).__name__}: {lines[-1][:200] if lines else 'no message'}"
     except RuntimeError as err:  # the kernel died or could not start
         error = f"failed: the kernel stopped: {str(err).splitlines()[0][:200]}"
-    finally:
-        scrub(out)
+    finally:  # a cell may have printed the token (the user's own print, a library's debug line)
+        scrub_file(out)
     printed = outcome_of(out) if out.exists() else None
     # The outcome goes to the terminal and the runs record: a token a cell raised with is shown as ***.
     said = redact(printed or error or "failed: the notebook printed no outcome line")
@@ -93,20 +93,6 @@ def execute(plan: Plan, n: int, verbose: bool = False) -> tuple[str, Path]:
     if record.get("outcome") == "paused" or record.get("outcome") in DONE or not said.startswith("failed"):
         return words_of(record), out
     return said, out  # a failed session: the notebook's words carry its error
-
-
-def scrub(output_nb: Path) -> None:
-    """Show the token as *** in the executed notebook kit keeps: a cell may have printed it (a user's
-    own `print(os.environ["HF_TOKEN"])`, a library's debug line), and kit wrote the file."""
-    from kit.auth import redact
-    from kit.files import write_atomic
-
-    if not output_nb.is_file():
-        return
-    text = output_nb.read_text(encoding="utf-8", errors="surrogateescape")
-    clean = redact(text)
-    if clean != text:
-        write_atomic(output_nb, clean.encode("utf-8", errors="surrogateescape"))
 
 
 def session_since(path: Path, began: float) -> dict | None:
