@@ -395,3 +395,16 @@ def test_the_executed_notebook_kit_keeps_never_holds_the_token(tmp_path, monkeyp
     text = out.read_text()
     assert token not in text and "boom ***" in text
     json.loads(text)  # still a notebook
+
+
+def test_a_percent_sign_in_a_path_is_escaped_for_cron_and_systemd(tmp_path):
+    """cron ends a command at a bare % (the rest is stdin) and systemd reads %d as a specifier."""
+    from kit.notebooks.schedule.unattended import unattended
+
+    cwd = tmp_path / "p%d 100%"
+    text = unattended(["python", "-m", "kit", "schedule", "--config", str(cwd / "c.yaml")], cwd, 60, cwd / "runs")
+    cron = [line for line in text.splitlines() if line.startswith("0 */1 * * *")][0]
+    assert "%" not in cron.replace("\\%", "")
+    assert f"WorkingDirectory={str(cwd).replace('%', '%%')}" in text
+    exec_start = [line for line in text.splitlines() if line.startswith("ExecStart=")][0]
+    assert "%" not in exec_start.replace("%%", "")

@@ -59,8 +59,8 @@ def unattended(command: list[str], cwd: Path, every_minutes: float, runs_dir: Pa
     lines = [f"# Unattended: every {every} min (the runs folder's lock skips a run while one is going).",
              f"# Put HF_TOKEN=... in {env_file} (chmod 600); it is never a parameter."]
     if when:
-        lines += ["# crontab -e:",
-                  f"{when} cd {shlex.quote(str(cwd))} && set -a && . {env_file} && set +a && {cmd} >> {log} 2>&1"]
+        line = f"cd {shlex.quote(str(cwd))} && set -a && . {env_file} && set +a && {cmd} >> {log} 2>&1"
+        lines += ["# crontab -e:", f"{when} {line.replace('%', chr(92) + '%')}"]  # cron reads a bare % as a newline
     else:
         near = " or ".join(map(str, nearest_intervals(every_minutes)))
         lines.append(f"# (no crontab line: cron cannot run every {every} min; it can every {near} min)")
@@ -70,6 +70,7 @@ def unattended(command: list[str], cwd: Path, every_minutes: float, runs_dir: Pa
 
 
 def _systemd(cwd: Path, cmd: str, every: int) -> list[str]:
+    cwd, cmd = str(cwd).replace("%", "%%"), cmd.replace("%", "%%")  # systemd reads %d, %h… as specifiers
     return [
         "# ~/.config/systemd/user/kit-schedule.service:",
         "[Unit]\nDescription=kit: resume the fine-tuning job\n[Service]\nType=oneshot",
