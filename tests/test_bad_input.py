@@ -196,6 +196,11 @@ CLI_CASES = [
                                     "./configs/../configs/default.yaml", "--force"], 2, "is the config .* itself"),
     ("bootstrap-o-is-the-config", {}, ["bootstrap", "--facts", str(MACHINES / "kaggle_t4x2.json"), "--config",
                                        "configs/default.yaml", "-o", "configs/default.yaml"], 2, "itself"),
+    ("convert-nbformat3-with-v4-cells", {"nb.ipynb": {"nbformat": 3, "nbformat_minor": 0, "metadata": {}, "cells": [
+        {"cell_type": "code", "metadata": {}, "outputs": [], "source": "trainer.train()"}]}},
+     ["convert", "nb.ipynb", "-o", "nb.py"], 2, "nbformat cannot read this notebook"),
+    ("convert-nested-json", {"nb.ipynb": "[" * 100_000 + "]" * 100_000}, ["convert", "nb.ipynb", "-o", "nb.py"], 2,
+     "not valid JSON"),
     ("bootstrap-o-folder", {}, ["bootstrap", "--facts", str(MACHINES / "kaggle_t4x2.json"), "--config",
                                 "configs/default.yaml", "-o", "data"], 2, "-o data: is a directory"),
     ("schedule-every", {}, ["schedule", "--every", "-1"], 2, "argument --every: must be a number above 0"),

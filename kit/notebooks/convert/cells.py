@@ -47,8 +47,8 @@ def read_code_cells(path: str | Path) -> list[tuple[int, str]]:
         raise UsageError(f"{p}: no such notebook file: give the path of an .ipynb file")
     try:
         raw = json.loads(read_text(p, "notebook"))
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{p}: not valid JSON ({e}): is this really an .ipynb notebook?") from None
+    except (json.JSONDecodeError, RecursionError) as e:  # RecursionError: nested past Python's limit
+        raise UsageError(f"{p}: not valid JSON ({clip(str(e))}): is this really an .ipynb notebook?") from None
     # nbformat 3 keeps its cells under "worksheets"; nbformat.reads upgrades it to 4.
     if not isinstance(raw, dict) or "nbformat" not in raw or not (
             isinstance(raw.get("cells"), list) or isinstance(raw.get("worksheets"), list)):
@@ -69,7 +69,7 @@ def _nbformat_reads(raw: dict, p: Path):
         warnings.filterwarnings("ignore", category=MissingIDFieldWarning)
         try:
             return nbformat.reads(json.dumps(raw), as_version=4)
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
+        except (ValueError, KeyError, TypeError, AttributeError, nbformat.ValidationError) as e:
             raise UsageError(f"{p}: nbformat cannot read this notebook ({clip(str(e))}): re-save it from "
                              "Jupyter") from None
 
