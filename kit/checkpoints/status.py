@@ -147,7 +147,7 @@ def _json(raw: str | bytes | None, what: str) -> dict | None:
         return None
     try:
         data = json.loads(raw)  # bytes that are not UTF-8 raise UnicodeDecodeError, a ValueError
-    except ValueError:
+    except (ValueError, RecursionError):
         log.warning("%s is not valid JSON; ignoring it", what)
         return None
     return data if isinstance(data, dict) else None

@@ -77,6 +77,6 @@ def parse_record(text: str | None) -> dict | None:
         return None
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, a number past 4300 digits, or nested past the limit
         return None
     return data if isinstance(data, dict) and data.get("run_id") else None

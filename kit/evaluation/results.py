@@ -63,7 +63,7 @@ def write_baseline(record: dict, output_dir, store) -> list[str]:
 def _parse(text: str | None) -> dict | None:
     try:
         data = json.loads(text) if text else None
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, a number past 4300 digits, or nested past the limit
         return None
     return data if isinstance(data, dict) and "run_id" in data else None
 

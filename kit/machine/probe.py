@@ -103,6 +103,9 @@ def load_facts(path: str) -> Facts:
     except json.JSONDecodeError as e:
         raise UsageError(f"facts file {path!r} is not valid JSON ({e.msg} at line {e.lineno}): "
                          "write it with `kit probe --json > facts.json`") from None
+    except (ValueError, RecursionError):  # a number past 4300 digits, or nested past Python's limit
+        raise UsageError(f"facts file {path!r} holds a value too large or nested too deep: write it with "
+                         "`kit probe --json > facts.json`") from None
     try:
         return Facts.from_dict(data)
     except ValueError as e:

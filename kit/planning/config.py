@@ -166,6 +166,8 @@ def parse_overrides(overrides) -> list[tuple[str, Any]]:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw  # an unparseable scalar is kept as the literal string
+        except (ValueError, RecursionError):  # an integer past 4300 digits, or nested past Python's limit
+            raise UsageError(f"override {key.strip()!r}: a value too large or nested too deep to read") from None
         _check_size(value, f"override {key.strip()!r}")
         pairs.append((key.strip(), value))
     return pairs
@@ -199,6 +201,8 @@ def load(path: str | None = None, overrides=()) -> RunConfig:
         text = read_text(path, "config")
         try:
             data = yaml.safe_load(text) or {}
+        except (ValueError, RecursionError):  # an integer past 4300 digits, or nested past Python's limit
+            raise UsageError(f"config {path} holds a value too large or nested too deep to read") from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             line = f" line {mark.line + 1}" if mark is not None else ""

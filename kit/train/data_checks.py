@@ -25,6 +25,13 @@ MESSAGES_SHAPE = ('a list of {"role": "user"|"assistant"|"system", "content": ".
                   '(or ShareGPT {"from": "human"|"gpt", "value": "..."})')
 
 
+def _unusable(e: Exception) -> str:
+    """Why JSON that parses in principle cannot be read: nested past Python's limit, or a number too long."""
+    if isinstance(e, RecursionError):
+        return "JSON nested too deep to read (thousands of levels); each line must be one flat JSON object"
+    return f"a value kit cannot read ({str(e).splitlines()[0][:100]})"
+
+
 def scan_json_lines(path: Path) -> list[int] | None:
     """The 1-based line number of each row of a JSON Lines file; UsageError naming the first bad line.
 
@@ -36,6 +43,8 @@ def scan_json_lines(path: Path) -> list[int] | None:
             rows = json.loads(text)
         except json.JSONDecodeError as e:
             raise UsageError(f"data file {path} line {e.lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
+        except (ValueError, RecursionError) as e:
+            raise UsageError(f"data file {path}: {_unusable(e)}") from None
         bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
         if bad is not None:
             raise UsageError(f"data file {path}: item {bad + 1} of its JSON array is a {type(rows[bad]).__name__}, "
@@ -50,6 +59,8 @@ def scan_json_lines(path: Path) -> list[int] | None:
         except json.JSONDecodeError as e:
             raise UsageError(f"data file {path} line {n}: not valid JSON ({e.msg}, column {e.colno}); "
                              "each line must be one JSON object") from None
+        except (ValueError, RecursionError) as e:
+            raise UsageError(f"data file {path} line {n}: {_unusable(e)}") from None
         if not isinstance(row, dict):
             raise UsageError(f"data file {path} line {n}: a JSON {type(row).__name__}, not an object of named "
                              "fields; each line must be one JSON object")
