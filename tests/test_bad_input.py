@@ -371,6 +371,19 @@ def test_script_refuses_a_broken_torchrun_environment(sandbox, capfd, monkeypatc
     check_contract(sandbox, before, got, out, err, 2, want, one_line_stderr=False)
 
 
+def test_script_says_where_the_datasets_cache_cannot_be_written(sandbox, capfd, monkeypatch):
+    """HF_HOME (or HF_DATASETS_CACHE) naming a file: datasets read it when imported, so the test sets
+    the value it derived, as the user's environment would have."""
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", sandbox / "mine.py" / "datasets")
+    before = snapshot(sandbox)
+    got = run_script_in_process(sandbox, ["output_dir=outputs/bad", "max_steps=1"])
+    out, err = capfd.readouterr()
+    check_contract(sandbox, before, got, out, err, 2, "cannot write the datasets cache: Not a directory",
+                   one_line_stderr=False)
+
+
 @pytest.mark.parametrize("error, code, want", [
     (IsADirectoryError(21, "Is a directory", "some/folder"), 2, "error: Is a directory: some/folder$"),
     (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"), 2, "can't decode byte 0xff"),

@@ -57,6 +57,15 @@ def load_rows(data_cfg):
     return _load_located(data_cfg)[0]
 
 
+def _cache_words(e: OSError) -> str:
+    """A file error while `datasets` builds its Arrow cache (HF_HOME or HF_DATASETS_CACHE a file, full
+    or read-only): what it was, and where the cache goes."""
+    import datasets
+
+    return (f"cannot write the datasets cache: {e.strerror or e}: {e.filename} (HF_DATASETS_CACHE, or HF_HOME, "
+            f"is {datasets.config.HF_DATASETS_CACHE}: point it at a writable folder)")
+
+
 def _load_located(data_cfg):
     """(dataset, locate): `locate(i)` names row i where a user finds it ("data.jsonl line 7")."""
     import datasets
@@ -76,6 +85,8 @@ def _load_located(data_cfg):
                 scan_json_lines(Path(f))
         try:
             ds = datasets.load_dataset(kinds.pop(), data_files=files, split="train")
+        except OSError as e:
+            raise UsageError(_cache_words(e)) from None
         except (ValueError, datasets.exceptions.DatasetGenerationError) as e:
             raise UsageError(f"data folder {path} could not be read: {str(e).splitlines()[0]}") from e
         locate = lambda i: f"data folder {path} row {i + 1}"  # noqa: E731
@@ -89,6 +100,8 @@ def _load_located(data_cfg):
         lines = scan_json_lines(path) if LOCAL_TYPES[path.suffix] == "json" else None
         try:
             ds = datasets.load_dataset(LOCAL_TYPES[path.suffix], data_files=str(path), split="train")
+        except OSError as e:
+            raise UsageError(_cache_words(e)) from None
         except (ValueError, datasets.exceptions.DatasetGenerationError) as e:
             why = explain_mixed_types(path, lines) or str(e).splitlines()[0]
             raise UsageError(f"data file {path} could not be read: {why}") from e
