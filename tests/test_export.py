@@ -254,6 +254,38 @@ def test_a_corrupt_adapter_folder_is_one_line_exit_2(adapter, tmp_path, capsys, 
     assert not (tmp_path / "merged").exists()
 
 
+@pytest.mark.parametrize("change, words", [
+    ({"r": 0}, "r 0 is not a rank >= 1"), ({"r": "sixteen"}, "r 'sixteen' is not a rank"),
+    ({"peft_type": "IA3"}, "peft_type 'IA3': kit merges LoRA adapters only"),
+    ({"lora_alpha": "x"}, "lora_alpha 'x' is not a number"), ({"target_modules": []}, "target_modules [] is not"),
+])
+def test_an_adapter_config_kit_cannot_merge_is_refused_first(adapter, tmp_path, capsys, no_merge, change, words):
+    cfg = json.loads((adapter / "adapter_config.json").read_text())
+    moved = _broken_copy(adapter, tmp_path, "adapter_config.json", json.dumps({**cfg, **change}).encode())
+    assert cli.main(["export", "--adapter", str(moved), "-o", str(tmp_path / "merged")]) == 2
+    assert words in _error(capsys)
+
+
+@pytest.mark.parametrize("how", ["targets", "shape"])
+def test_an_adapter_that_does_not_fit_its_base_is_one_line_and_keeps_nothing(adapter, tmp_path, capsys, how):
+    """Found only when PEFT loads it onto the base: target modules the base lacks, a tensor of another shape."""
+    from safetensors.torch import load_file, save_file
+
+    moved = _broken_copy(adapter, tmp_path, "kit_run.json", (adapter / "kit_run.json").read_bytes())
+    if how == "targets":
+        cfg = json.loads((moved / "adapter_config.json").read_text())
+        (moved / "adapter_config.json").write_text(json.dumps({**cfg, "target_modules": ["nonexistent_proj"]}))
+    else:
+        tensors = load_file(moved / "adapter_model.safetensors")
+        name = sorted(tensors)[0]
+        save_file({**tensors, name: tensors[name].new_zeros(3, 3)}, moved / "adapter_model.safetensors")
+    assert cli.main(["export", "--adapter", str(moved), "-o", str(tmp_path / "merged"), "--base", str(TINY)]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and "Loading weights" not in line]
+    assert len(err) == 1 and err[0].startswith(f"error: --adapter {moved} does not load onto"), err
+    assert ("nonexistent_proj" if how == "targets" else "size mismatch") in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter"]
+
+
 def test_an_adapter_that_is_a_file_or_missing_is_named(tmp_path, capsys, no_merge):
     (tmp_path / "file").write_text("x")
     for adapter, words in [(tmp_path / "file", "is not a folder"), (tmp_path / "gone", "does not exist")]:

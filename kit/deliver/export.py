@@ -20,6 +20,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import pickle
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -136,7 +137,11 @@ def merge(plan: ExportPlan) -> dict:
         started = time.monotonic()
         tokenizer = AutoTokenizer.from_pretrained(plan.adapter)
         model = AutoModelForCausalLM.from_pretrained(plan.base_dir, dtype=dtype)  # 16-bit, CPU: never 4-bit
-        model = PeftModel.from_pretrained(model, plan.adapter)
+        try:  # the adapter's shapes or target modules may not be this base's (a hand-edited or other adapter)
+            model = PeftModel.from_pretrained(model, plan.adapter)
+        except (RuntimeError, ValueError, KeyError, pickle.UnpicklingError) as e:
+            why = " ".join(line.strip() for line in str(e).strip().splitlines()[:2]) or type(e).__name__
+            raise UsageError(f"--adapter {plan.adapter} does not load onto {plan.base_dir}: {why[:320]}") from None
         model.eval()
         prompts = prompts_for(plan.adapter, tokenizer)
         same_dtype = merge_check.logits(model, prompts)

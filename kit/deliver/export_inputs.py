@@ -59,8 +59,25 @@ def read_adapter(adapter_dir) -> tuple[dict, dict]:
     adapter_cfg = read_json(cfg_path, "adapter config")
     for key in ("base_model_name_or_path", "revision"):
         _optional_str(adapter_cfg, key, cfg_path)
+    _check_lora_shape(adapter_cfg, cfg_path)
     _check_adapter_files(folder)
     return adapter_cfg, _run_record(folder)
+
+
+def _check_lora_shape(cfg: dict, path) -> None:
+    """A LoRA adapter kit can merge: peft_type LORA, a positive rank, a number for alpha, named targets."""
+    kind, r, alpha, targets = cfg.get("peft_type"), cfg.get("r"), cfg.get("lora_alpha"), cfg.get("target_modules")
+    number = (int, float)
+    problem = (f"peft_type {kind!r}: kit merges LoRA adapters only" if kind not in (None, "LORA") else
+               f"r {r!r} is not a rank >= 1" if not (isinstance(r, int) and not isinstance(r, bool) and r >= 1) else
+               f"lora_alpha {alpha!r} is not a number" if alpha is not None and (
+                   isinstance(alpha, bool) or not isinstance(alpha, number)) else
+               f"target_modules {targets!r} is not a module name or a list of them" if not (
+                   isinstance(targets, str) or isinstance(targets, list) and targets
+                   and all(isinstance(t, str) for t in targets)) else None)
+    if problem:
+        raise UsageError(f"{path}: {problem}: not a LoRA adapter kit can merge; give a final/ or checkpoint-N "
+                         "folder of a LoRA/QLoRA job")
 
 
 def _check_adapter_files(folder: Path) -> None:
