@@ -318,6 +318,12 @@ SCRIPT_CASES = [
      ["data.path=d.jsonl"], 2, "d.jsonl line 3: JSON nested too deep"),
     ("data-huge-number", {"d.jsonl": jsonl(GOOD_ROWS[:2]) + '{"messages": 1' + "0" * 5000 + "}\n"},
      ["data.path=d.jsonl"], 2, "d.jsonl line 3: a value kit cannot read"),
+    ("data-no-assistant-turn", {"d.jsonl": jsonl([{"messages": [{"role": "system", "content": f"s{i}"},
+                                                                 {"role": "user", "content": f"u{i}"}]}
+                                                   for i in range(12)])},
+     ["data.path=d.jsonl"], 2, "no example of d.jsonl has an assistant turn"),
+    ("data-csv-ragged", {"d.csv": "prompt,completion\n" + "".join(f"q{i},a{i}\n" for i in range(8)) + "q8,a8,extra\n"},
+     ["data.path=d.csv"], 2, "d.csv row 10: 3 fields, the header has 2"),
     ("data-is-a-device", {}, ["data.path=/dev/zero"], 2, "data file /dev/zero \\(data.path\\): not a regular file"),
     ("lora-targets-missing", {}, ["lora.target_modules=[q_proj, nope_proj]", "max_steps=1"], 2,
      "nope_proj is no module of models/tiny-qwen3; its linear layers are down_proj, gate_proj"),

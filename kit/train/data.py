@@ -18,7 +18,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from kit.train.data_checks import as_messages, explain_mixed_types, row_problem, scan_json_lines
+from kit.train.data_checks import as_messages, explain_mixed_types, row_problem, scan_csv_rows, scan_json_lines
 from kit.errors import UsageError
 from kit.files import regular_file
 
@@ -98,6 +98,8 @@ def _load_located(data_cfg):
         if path.stat().st_size == 0:
             raise UsageError(f"data file {path} is empty")
         lines = scan_json_lines(path) if LOCAL_TYPES[path.suffix] == "json" else None
+        if LOCAL_TYPES[path.suffix] == "csv":
+            scan_csv_rows(path)
         try:
             ds = datasets.load_dataset(LOCAL_TYPES[path.suffix], data_files=str(path), split="train")
         except OSError as e:
@@ -212,6 +214,7 @@ def prepare(cfg, tokenizer, pack: bool = False) -> Prepared:
     if fmt == "messages" and not tokenizer.chat_template:
         raise UsageError(f"{cfg.data.path} is chat data but the tokenizer of {cfg.model} has no chat template; "
                          "set one or use data.format=prompt_completion")
+    raw = ds
     ds = ds.map(_checked_row, with_indices=True,
                 fn_kwargs=dict(fmt=fmt, names=names, tokenizer=tokenizer, seq_len=cfg.seq_len, locate=locate),
                 remove_columns=ds.column_names, keep_in_memory=True, load_from_cache_file=False)
@@ -219,6 +222,10 @@ def prepare(cfg, tokenizer, pack: bool = False) -> Prepared:
     ds = ds.filter(lambda m: 1 in m, input_columns="completion_mask", keep_in_memory=True)
     dropped = before - len(ds)
     if len(ds) == 0:
+        if fmt == "messages" and not any(any(isinstance(t, dict) and t.get("role") == "assistant" for t in
+                                             as_messages(turns) or []) for turns in raw[names["messages"]]):
+            raise UsageError(f"no example of {cfg.data.path} has an assistant turn: the loss is on the assistant's "
+                             "replies, so there is nothing to train on")
         raise UsageError(f"no example of {cfg.data.path} keeps a trainable token within seq_len={cfg.seq_len}")
     train, evald, dups = ds, None, 0
     if cfg.data.eval_fraction > 0 and len(ds) >= 2:

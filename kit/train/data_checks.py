@@ -93,6 +93,23 @@ def _shape(row: dict) -> dict[str, str]:
     return out
 
 
+def scan_csv_rows(path: Path) -> None:
+    """UsageError naming the first CSV row whose field count differs from the header's: `datasets`
+    would read a longer row's first field as an index and shift every column by one, silently."""
+    import csv
+    import io
+
+    text = read_text(path, "data file", max_bytes=None)
+    rows = csv.reader(io.StringIO(text, newline=""))  # a quoted field may hold newlines
+    header = next(rows, None)
+    if not header:
+        raise UsageError(f"data file {path} has no header row (the column names, e.g. prompt,completion)")
+    for n, row in enumerate(rows, 2):
+        if row and len(row) != len(header):
+            raise UsageError(f"data file {path} row {n}: {len(row)} fields, the header has {len(header)} "
+                             f"({','.join(header)}); quote fields that hold a comma")
+
+
 def explain_mixed_types(path: Path, lines: list[int] | None) -> str | None:
     """The first line whose fields have another JSON type than the same fields of the first row."""
     if not lines:
