@@ -215,6 +215,10 @@ CLI_CASES = [
                                 "configs/default.yaml", "-o", "data"], 2, "-o data: is a directory"),
     ("schedule-every", {}, ["schedule", "--every", "-1"], 2, "argument --every: must be a number above 0"),
     ("status-plot-nothing", {}, ["status", "--plot", "p.png", "output_dir=outputs/none"], 2, "nothing to plot"),
+    ("status-store-symlink-loop", {}, ["status", "store=loop/x", "output_dir=outputs/none"], 4,
+     "reading kit/lease.lock from directory loop/x failed: Too many levels of symbolic links"),
+    ("status-store-under-a-file", {}, ["status", "store=mine.py/store", "output_dir=outputs/none"], 4,
+     "from directory mine.py/store failed: Not a directory"),
     ("status-bad-store-key", {}, ["status", "stor=x"], 2, "did you mean 'store'"),
     # hardware: the machine cannot train (3), and facts files (2)
     ("p100-plan", {}, ["plan", "--gpus", "1xP100"], 3, "sm_60.*assumed for --gpus"),
@@ -270,6 +274,7 @@ CLI_CASES = [
 
 @pytest.mark.parametrize("files,argv,code,want", [c[1:] for c in CLI_CASES], ids=[c[0] for c in CLI_CASES])
 def test_cli_bad_input(sandbox, capsys, files, argv, code, want):
+    (sandbox / "loop").symlink_to(sandbox / "loop")  # a symlink loop, for the store cases
     for name, content in files.items():
         write(sandbox, name, notebook_with_token() if content == "TOKEN_NOTEBOOK" else content)
     before = snapshot(sandbox)

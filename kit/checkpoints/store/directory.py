@@ -158,6 +158,9 @@ class DirStore(Store):
             return (self.root / record_path(name)).read_text()
         except FileNotFoundError:
             return None
+        except OSError as err:  # a symlink loop, a path under a file, no permission: the store, exit 4
+            raise StoreError(f"reading {record_path(name)} from {self.describe()} failed: "
+                             f"{err.strerror or err}") from err
 
     def write_text(self, name: str, text: str) -> None:
         path = self.root / record_path(name)
