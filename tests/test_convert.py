@@ -184,6 +184,19 @@ def test_magics_dropped_and_line_numbers_kept(tmp_path):
     env = convert_notebook(make_nb(tmp_path, ["%env WANDB_PROJECT=ha\n%cd /kaggle/working", *TRAIN], "env.ipynb"))
     assert "os.environ['WANDB_PROJECT'] = 'ha'" in env.source and "os.chdir('/kaggle/working')" in env.source
     assert any(c.startswith("cell 1: `%env WANDB_PROJECT=ha` became") for c in texts(env))
+    # Magics that run a Python statement keep it; captured shell output becomes subprocess, for review.
+    timed = convert_notebook(make_nb(tmp_path, ["files = !ls data\nif files:\n    n = len(files)",
+                                                TRAIN[0], TRAIN[1].replace("trainer.train()", "%timeit -n 1 -r 1 "
+                                                                           "trainer.train()\nstats = %time 1 + 1")],
+                                     "timed.ipynb"))
+    body = timed.source.split(TRIPLE, 2)[2]
+    assert "files = subprocess.getoutput('ls data').splitlines()" in body and "%" not in body
+    assert "\n    trainer.train()\n" in body and "stats = 1 + 1" in body
+    assert any("REVIEW: `files = !ls data` became" in c and "every rank" in c for c in texts(timed))
+    assert any("`%timeit -n 1 -r 1 trainer.train()` became `trainer.train()`" in c for c in texts(timed))
+    ns: dict = {}
+    exec(compile("import subprocess; files = subprocess.getoutput('echo a; echo b').splitlines()", "t", "exec"), ns)
+    assert ns["files"] == ["a", "b"]  # what IPython's `files = !echo a; echo b` gives, as a list
     bad = make_nb(tmp_path, ["%pip install x\n\nmodel?", *TRAIN], "bad.ipynb")
     with pytest.raises(UsageError, match=r"cell 1, line 3: .*'model\?'"):
         convert_notebook(bad)
@@ -256,7 +269,15 @@ def test_training_args_call_without_keywords_is_completed(tmp_path):
     (["import torch\nmodel.train()\nfor b in data:\n    loss(b).backward()"], "no training code found"),
     (["md:# only words"], "no training code found"),
     (["x = 1"], "no training code found"),
-    (["x = 1", "y = !ls", *TRAIN], "cell 2, line 1: invalid syntax"),
+    (["x = 1", "y = !ls {path}", *TRAIN], "cell 2, line 1: `y = !ls {path}` captures a shell command with "
+                                          "IPython's {var}/$var expansion"),
+    (["x = 1", "if x:\n    names = %who_ls", *TRAIN], "cell 2, line 2: `names = %who_ls` captures the result of "
+                                                     "IPython's `%who_ls` magic"),
+    (["t = %timeit -o f()", *TRAIN], "cell 1, line 1: `t = %timeit -o f()` captures the result"),
+    (["import asyncio\n\nawait asyncio.sleep(0)", *TRAIN], "cell 1, line 3: 'await' outside function: a "
+                                                           "script has no event loop running"),
+    (["async for x in y:\n    pass", *TRAIN], "cell 1, line 1: 'async for' outside async function"),
+    (["return 1", *TRAIN], "cell 1, line 1: 'return' outside function: fix that line"),
 ])
 def test_refused_notebooks(tmp_path, capsys, cells, message):
     nb = make_nb(tmp_path, cells)

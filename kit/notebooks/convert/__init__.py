@@ -162,8 +162,8 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
     rank_block = RANK_BLOCK.format(imports=imports, seeds=seeds,
                                    token=TOKEN_CHECK if facts.uses_hub else "")
     source = f"{head}\n{rank_block}{body}"
-    try:
-        ast.parse(source)
+    try:  # compile, not just parse: `await` or `return` where Python refuses them fails here too
+        compile(source, script_name, "exec", dont_inherit=True)
     except SyntaxError as e:  # a bug in kit, not in the notebook
         raise KitError(f"kit convert produced invalid Python (line {e.lineno}: {e.msg}); please report it "
                        "with the notebook") from None

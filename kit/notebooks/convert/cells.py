@@ -1,9 +1,12 @@
 """Reading a notebook's code cells as Python: magics out, `%%writefile` bodies kept aside.
 
 Lines starting with `!` or `%` are shell and IPython, not Python: they are dropped (and listed in
-the script's docstring so the user can run them first), except the two whose effect the code
+the script's docstring so the user can run them first), except those whose effect the code
 below depends on, which become their Python equivalents: `%env K=V` → `os.environ["K"] = "V"`,
-`%cd DIR` → `os.chdir("DIR")`. A cell under a non-Python cell magic is dropped whole; a
+`%cd DIR` → `os.chdir("DIR")`, `%time STMT` (and `%timeit`, `%prun`, `%memit`, `%debug`) → `STMT`,
+and `files = !ls` → `files = subprocess.getoutput('ls').splitlines()`. Capturing any other magic's
+result (`x = %who_ls`), or a shell command with IPython's `{var}`/`$var` expansion, is refused by
+line: a script has no equivalent. A cell under a non-Python cell magic is dropped whole; a
 `%%writefile NAME` cell is kept aside as a written file, since a notebook may write its training
 script that way and launch it with `!accelerate launch NAME`.
 """
@@ -26,6 +29,11 @@ from kit.files import read_text, regular_file
 
 # Cell magics whose body is still Python; the body of any other (%%bash, %%writefile…) is not.
 PYTHON_BODY_MAGICS = {"capture", "time", "timeit", "prun", "memit", "debug"}
+# Their line forms run the Python statement after the options: `%timeit -n 1 f()` runs `f()`.
+PYTHON_ARG_MAGICS = {"%" + m for m in PYTHON_BODY_MAGICS - {"capture"}}
+VALUE_OPTIONS = {"-n", "-r", "-s", "-l", "-T", "-D", "-p", "-b"}  # options of those magics that take a value
+# IPython's `lhs = !cmd` / `lhs = %magic args` (its assign_from_system/assign_from_magic transforms).
+ASSIGNED = re.compile(r"(?P<lhs>[A-Za-z_][\w.]*(?:\s*,\s*[A-Za-z_][\w.]*)*)\s*=\s*(?P<rhs>[!%].*)")
 LAUNCHERS = ("accelerate launch", "torchrun", "python -m torch.distributed.run", "python", "python3",
              "deepspeed")
 
@@ -113,7 +121,38 @@ def _python_for(line: str) -> str | None:
             return f"os.environ[{key.strip()!r}] = {value.strip()!r}"
     if word == "%cd" and rest:
         return f"os.chdir({rest.strip(chr(34) + chr(39))!r})"
+    if word in PYTHON_ARG_MAGICS:
+        return _statement(rest)
     return None
+
+
+def _statement(rest: str) -> str | None:
+    """The Python statement after a `%time`-like magic's options (`-n 1 -r 1 f()` → `f()`)."""
+    words = rest.split(" ")
+    while words and words[0].startswith("-"):
+        option = words.pop(0)
+        if option in VALUE_OPTIONS and words:
+            words.pop(0)
+        while words and not words[0]:
+            words.pop(0)
+    return " ".join(words).strip() or None
+
+
+def _captured(lhs: str, rhs: str, where: str) -> str:
+    """`lhs = !cmd` or `lhs = %time expr` as Python; UsageError for what has no equivalent."""
+    word, _, rest = rhs.partition(" ")
+    if rhs.startswith("!") or word in ("%sx", "%system"):
+        command = (rhs[1:] if rhs.startswith("!") else rest).strip()
+        if any(c in command for c in "{}$"):
+            raise UsageError(f"{where}: `{clip(lhs + ' = ' + rhs, 60)}` captures a shell command with IPython's "
+                             f"{{var}}/$var expansion, which a script cannot do: write `{lhs} = "
+                             "subprocess.getoutput(f\"...\").splitlines()` and convert again")
+        return f"import subprocess; {lhs} = subprocess.getoutput({command!r}).splitlines()"
+    statement = _statement(rest) if word in ("%time", "%debug", "%memit") else None
+    if statement is None:
+        raise UsageError(f"{where}: `{clip(lhs + ' = ' + rhs, 60)}` captures the result of IPython's "
+                         f"`{word}` magic, which a script cannot run: compute {lhs} in Python and convert again")
+    return f"{lhs} = {statement}"
 
 
 def _launched_script(line: str) -> str | None:
@@ -151,14 +190,24 @@ def strip_magics(source: str, cell: int, changes: list[Change], cells: Cells | N
                                         "other than Python"))
         return None
     kept, here, continued = [], [], False
-    for line in lines:
+    for number, line in enumerate(lines, 1):
         stripped = line.lstrip()
         indent = line[: len(line) - len(stripped)]
+        if not continued and (assigned := ASSIGNED.fullmatch(stripped.rstrip())):
+            python = _captured(assigned["lhs"], assigned["rhs"], f"cell {cell}, line {number}")
+            kept.append(indent + python)
+            shell = python.startswith("import subprocess")
+            changes.append(Change(cell, f"`{clip(stripped, 60)}` became `{clip(python, 80)}`: a script has no "
+                                        "IPython" + ("; it runs on every rank, check that is harmless" if shell
+                                                     else ""), review=shell))
+            continue
         if continued or stripped.startswith(("!", "%")):
             python = None if continued else _python_for(stripped)
             if python is not None:
                 kept.append(indent + python)
-                changes.append(Change(cell, f"`{stripped[:60]}` became `{python}`: the code below depends on it"))
+                why = "the statement runs, its timing or profiling does not" \
+                    if stripped.split(" ")[0] in PYTHON_ARG_MAGICS else "the code below depends on it"
+                changes.append(Change(cell, f"`{stripped[:60]}` became `{python}`: {why}"))
                 continue
             here.append(stripped)
             if not continued and (script := _launched_script(stripped)):
@@ -186,6 +235,15 @@ def parse_cell(source: str, cell: int) -> tuple[ast.Module, cst.Module]:
     except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
         raise UsageError(f"cell {cell}{_where(e)}: {_reason(e)} (after removing magics): fix that line in the "
                          "notebook and convert again") from None
+    try:  # what only the compiler checks: `await`, `return` or `break` where a script cannot have them
+        compile(tree, f"cell {cell}", "exec", dont_inherit=True)
+    except SyntaxError as e:
+        msg = clip(e.msg or "invalid Python")
+        if "await" in msg or "async" in msg:  # Jupyter runs top-level `await` in its own event loop
+            raise UsageError(f"cell {cell}{_where(e)}: {msg}: a script has no event loop running, as Jupyter "
+                             "has: put that code in `async def main(): ...`, call `asyncio.run(main())` and "
+                             "convert again") from None
+        raise UsageError(f"cell {cell}{_where(e)}: {msg}: fix that line in the notebook and convert again") from None
     try:
         return tree, cst.parse_module(source)
     except (cst.ParserSyntaxError, RecursionError) as e:
