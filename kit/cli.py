@@ -102,6 +102,7 @@ def _main(argv: list[str] | None = None) -> Outcome:
     try:
         if command is None and argv and not argv[0].startswith("-"):
             raise KitError(f"kit: unknown command {argv[0]!r}; commands: {', '.join(COMMANDS)}", EXIT_USAGE)
+        _check_utf8(argv)
         parser = build_parser(command)
         args = parser.parse_args(argv)
         if command is None:
@@ -128,6 +129,17 @@ def _main(argv: list[str] | None = None) -> Outcome:
         return _unforeseen(e, EXIT_USAGE, "")
     except Exception as e:  # a bug in kit: one line (the traceback with KIT_DEBUG=1), never a token
         return _unforeseen(e, 1, " (a bug in kit: please report it with KIT_DEBUG=1's traceback)")
+
+
+def _check_utf8(argv: list[str]) -> None:
+    """Refuse an argument whose bytes are not UTF-8 (a file name from another system): kit writes
+    paths into scripts, configs and commands as UTF-8, so it names the argument here instead."""
+    for arg in argv:
+        if any("\udc80" <= c <= "\udcff" for c in arg):  # how Python keeps an undecodable byte
+            shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            raise KitError(f"{shown[:120]}: this argument holds bytes that are not UTF-8 (shown escaped), "
+                           "and kit writes paths into scripts and commands as UTF-8: rename the file or "
+                           "use another path", EXIT_USAGE)
 
 
 def _unforeseen(e: BaseException, code: int, tail: str) -> Outcome:

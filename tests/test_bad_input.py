@@ -267,6 +267,10 @@ CLI_CASES = [
     ("token-status-store", {}, ["status", f"store={TOKEN}"], 2, "token"),
     ("token-schedule", {}, ["schedule", "--store", TOKEN, "--print-cron"], 2, "refusing to pass a token"),
     ("token-lora", {}, ["plan", f"lora.target_modules=[q_proj, {TOKEN}]"], 2, "token"),
+    # a file name whose bytes are not UTF-8 (kit writes paths into scripts and commands as UTF-8)
+    ("path-not-utf8-config", {"c\udcff.yaml": "max_steps: 3\n"},
+     ["render", "--config", "c\udcff.yaml", "--gpus", "cpu", "-o", "t.py"], 2, r"c\\xff.yaml: .*not UTF-8"),
+    ("path-not-utf8-output", {}, ["bootstrap", "--gpus", "cpu", "-o", "t\udce9.py"], 2, r"t\\xe9.py: .*not UTF-8"),
     ("token-schedule-config", {f"{OTHER}.yaml": "max_steps: 3\n"}, ["schedule", "--config", f"{OTHER}.yaml",
                                                                      "--print-cron"], 2, "refusing to pass a token"),
 ]
