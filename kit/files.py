@@ -1,4 +1,4 @@
-"""Reading and writing kit's local files: one atomic writer, one reader of UTF-8 inputs, GiB.
+"""Reading and writing kit's local files: one atomic writer, one reader of UTF-8 inputs and of JSON, GiB.
 
 Every file kit writes where a reader (another rank, the next session, a user's editor) might look
 goes through `atomic_path`/`write_atomic`: a temp file beside the target, then `os.replace`, so a
@@ -9,6 +9,7 @@ target's folder (a rename across filesystems is a copy) and is removed when the 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import stat
 import uuid
@@ -98,6 +99,39 @@ def read_text(path, what: str, max_bytes: int | None = MAX_INPUT_BYTES) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise UsageError(f"{what} {path} is not UTF-8 text (byte {e.start}): save it as UTF-8") from None
+
+
+def parse_json(raw: str | bytes):
+    """`json.loads`, with every way `raw` can be unusable raised as a ValueError: not JSON, not UTF-8
+    (UnicodeDecodeError), a number past Python's 4,300 digits, or nesting past the recursion limit
+    (`[[[[…`, a RecursionError otherwise, which callers catching ValueError would miss)."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError("nested too deeply for Python's JSON parser") from None
+
+
+def json_problem(e: ValueError) -> str:
+    """Why `parse_json` refused, in a few words for a one-line error."""
+    if isinstance(e, json.JSONDecodeError):
+        return f"not valid JSON ({e.msg} at line {e.lineno})"
+    if isinstance(e, UnicodeDecodeError):
+        return f"not UTF-8 text (byte {e.start})"
+    if "integer string conversion" in str(e):
+        return "not usable JSON (a number over 4,300 digits)"
+    return f"not usable JSON ({str(e)[:80]})"
+
+
+def read_json(path, what: str, fix: str) -> dict:
+    """The JSON object in `path`; a one-line UsageError naming `what`, `path` and ending with `fix`."""
+    text = read_text(path, what)
+    try:
+        doc = parse_json(text)
+    except ValueError as e:
+        raise UsageError(f"{what} {path} is {json_problem(e)}: {fix}") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"{what} {path} holds a JSON {type(doc).__name__}, not an object: {fix}")
+    return doc
 
 
 def same_content(path, text: str, what: str) -> bool | None:

@@ -279,6 +279,20 @@ def resume_vanilla_path_without_trainer_state(ctx):
 
 
 @case
+def resume_vanilla_path_with_a_text_step(ctx):
+    d = make_ckpt(ctx.tmp / "plain", 4, manifest=False)
+    (d / "trainer_state.json").write_text('{"global_step": "four", "max_steps": 60}')
+    return "script", [f"resume={d}"], 2, "trainer_state.json's global_step is \"four\", not a step count"
+
+
+@case
+def resume_vanilla_path_with_a_deep_trainer_state(ctx):
+    d = make_ckpt(ctx.tmp / "plain", 4, manifest=False)
+    (d / "trainer_state.json").write_text("[" * 100_000 + "]" * 100_000)
+    return "script", [f"resume={d}"], 2, "trainer_state.json is not usable JSON (nested too deeply"
+
+
+@case
 def resume_never_with_checkpoints(ctx):
     ctx.sealed(4)
     return "script", ["resume=never"], 2, "resume=never, but"

@@ -257,3 +257,24 @@ def test_the_printed_export_command_can_be_pasted_as_is():
     out = "/x/my run $(rm -rf ~) 'q\""
     words = shlex.split(export_command(SimpleNamespace(output_dir=out)))
     assert words == ["python", "-m", "kit", "export", "--adapter", f"{out}/final", "-o", f"{out}/merged"]
+
+
+@pytest.mark.parametrize("damage, noted", [(b'{"step": 6', True), (b"[" * 100_000, True), (b"[6]", False)],
+                         ids=["torn", "deep", "list"])
+def test_a_damaged_local_final_is_named_and_not_pushed(tmp_path, damage, noted):
+    """A job found complete pushes a local final/ the store lacks; a damaged eval_results.json there is
+    a note (or, valid JSON of the wrong shape, no step to match), never a crash of the wrap-up, and
+    nothing reaches the store."""
+    from types import SimpleNamespace
+
+    from kit.checkpoints.store import open_store
+    from kit.deliver import wrapup
+
+    final = tmp_path / "out" / "final"
+    final.mkdir(parents=True)
+    (final / "eval_results.json").write_bytes(damage)
+    store = open_store(str(tmp_path / "store"))
+    job = SimpleNamespace(cfg=SimpleNamespace(output_dir=str(tmp_path / "out")), store=store)
+    note = [f"note: {final / 'eval_results.json'} is unreadable; its final/ is not pushed"]
+    assert wrapup.push_if_missing(job, 6) == (0, note if noted else [])
+    assert store.final_step() is None

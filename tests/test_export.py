@@ -232,6 +232,8 @@ def _broken_copy(adapter, tmp_path, name: str, content) -> Path:
     ("adapter_config.json", b"{bad", "is not valid JSON"),
     ("adapter_config.json", b"\xff\xfe", "is not UTF-8 text"),
     ("adapter_config.json", b"[1, 2]", "holds a JSON list, not an object"),
+    ("adapter_config.json", b'{"r": 1' + b"0" * 5000 + b"}", "is not usable JSON (a number over 4,300 digits)"),
+    ("adapter_config.json", b"[" * 100_000 + b"]" * 100_000, "is not usable JSON (nested too deeply"),
     ("adapter_config.json", b'{"base_model_name_or_path": 5}', "base_model_name_or_path is 5, not a string"),
     ("adapter_config.json", b'{"base_model_name_or_path": "x/y", "revision": []}', "revision is [], not a string"),
     ("adapter_config.json", "dir", "adapter_config.json: is a directory"),

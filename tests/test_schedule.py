@@ -174,7 +174,7 @@ def test_unwritable_directory_store_is_one_line_exit_4(runs_with_a_notebook, tmp
 
 
 @pytest.mark.parametrize("content, words", [
-    ("# just markdown\n", "invalid JSON"),
+    ("# just markdown\n", "not valid JSON"),
     ('{"cells": 3}', "not a valid Jupyter notebook"),
     (json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}), "tagged `parameters`"),
 ])

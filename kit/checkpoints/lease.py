@@ -23,7 +23,6 @@ Hub's limit is the repo's, and a new session on another host would otherwise sta
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -32,6 +31,7 @@ import time
 import uuid
 
 from kit.errors import StoreError
+from kit.files import parse_json
 from kit.retry import retry
 from kit.checkpoints.store.base import Store, TransientStoreError
 from kit.checkpoints.store.leasing import LEASE_NAME, LOCK_NAME  # noqa: F401  (the records' names)
@@ -218,7 +218,7 @@ def _parse(text: str | bytes | None) -> dict | None:
     if not text:
         return None
     try:
-        data = json.loads(text)
+        data = parse_json(text)
     except ValueError:
         log.warning("lease record is not valid JSON; treating the store as unleased")
         return None

@@ -13,7 +13,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from kit.files import write_atomic
+from kit.files import parse_json, write_atomic
 
 MANIFEST_NAME = "kit_manifest.json"
 SCHEMA = 1
@@ -85,8 +85,8 @@ def write_manifest(ckpt_dir: Path, step: int, world_size: int, fingerprint: dict
 def parse_manifest(text: str | bytes) -> dict | None:
     """The manifest in ``text``, or None when it is not a kit manifest."""
     try:
-        data = json.loads(text)
-    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: `[[[[…` 100k deep
+        data = parse_json(text)
+    except ValueError:
         return None
     if not isinstance(data, dict) or not isinstance(data.get("files"), dict) or not _count(data.get("step")):
         return None

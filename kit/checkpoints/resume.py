@@ -18,6 +18,7 @@ from pathlib import Path
 
 from kit.checkpoints import fingerprint, leftovers, manifest
 from kit.errors import UsageError
+from kit.files import json_problem, parse_json
 
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 
@@ -70,9 +71,19 @@ def set_aside(path: Path, warnings: list, why: str = "does not verify") -> Path:
 
 def trainer_state(path: Path) -> dict:
     try:
-        return json.loads((Path(path) / "trainer_state.json").read_text())
-    except (OSError, ValueError) as e:
-        raise UsageError(f"{path} is not a Trainer checkpoint (trainer_state.json: {e})") from e
+        state = parse_json((Path(path) / "trainer_state.json").read_bytes())
+    except OSError as e:
+        raise UsageError(f"{path} is not a Trainer checkpoint (trainer_state.json: {e.strerror or e})") from None
+    except ValueError as e:
+        raise UsageError(f"{path} is not a Trainer checkpoint (trainer_state.json is {json_problem(e)})") from None
+    if not isinstance(state, dict):
+        raise UsageError(f"{path} is not a Trainer checkpoint (trainer_state.json is not a JSON object)")
+    for key in ("global_step", "max_steps"):
+        value = state.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise UsageError(f"{path} is not a Trainer checkpoint (trainer_state.json's {key} is "
+                             f"{json.dumps(state.get(key))[:40]}, not a step count)")
+    return state
 
 
 def check_fingerprint(path: Path, cfg, force: bool, warnings: list) -> None:
@@ -187,7 +198,7 @@ def choose(cfg, store, world_size: int, force: bool = False) -> Decision:
     path = Path(d.resume_from)
     check_fingerprint(path, cfg, force, d.warnings)
     state = trainer_state(path)
-    d.step = int(state.get("global_step", 0))
+    d.step = state.get("global_step") or 0
     d.max_steps = current_target(cfg.max_steps, d.step, state.get("max_steps"))
     d.complete = bool(d.max_steps) and d.step >= d.max_steps
     d.world_size = (manifest.read_manifest(path) or {}).get("world_size")

@@ -14,6 +14,8 @@ import json
 import logging
 import math
 
+from kit.files import parse_json
+
 log = logging.getLogger("kit.checkpoints.status")
 
 # Each field must be null/absent or of this type; they are what the readers compute with.
@@ -63,7 +65,7 @@ def _record(line: str | bytes) -> tuple[dict | None, str | None]:
     if not line.strip():
         return None, None
     try:
-        rec = json.loads(line)
+        rec = parse_json(line)
     except UnicodeDecodeError:
         return None, "is not UTF-8 text"
     except ValueError:

@@ -12,7 +12,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 from kit.checkpoints import goodput, resume, session_records
 from kit.checkpoints.session_records import is_integer, is_number
 from kit.errors import StoreError, UsageError
-from kit.files import GIB, regular_file
+from kit.files import GIB, parse_json, regular_file
 
 log = logging.getLogger("kit.checkpoints.status")
 
@@ -146,8 +145,8 @@ def _json(raw: str | bytes | None, what: str) -> dict | None:
     if raw is None:
         return None
     try:
-        data = json.loads(raw)  # bytes that are not UTF-8 raise UnicodeDecodeError, a ValueError
-    except (ValueError, RecursionError):
+        data = parse_json(raw)
+    except ValueError:
         log.warning("%s is not valid JSON; ignoring it", what)
         return None
     return data if isinstance(data, dict) else None

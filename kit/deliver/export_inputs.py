@@ -16,25 +16,13 @@ from pathlib import Path
 
 from kit.errors import UsageError
 from kit.evaluation import identity
-from kit.files import read_text, regular_file
+from kit.files import parse_json, read_json, read_text, regular_file
 
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
+FIX = "restore or rewrite it"
 MAX_HEADER_BYTES = 100 * 2**20  # the safetensors format's own limit
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
-
-
-def read_json(path, what: str) -> dict:
-    """The JSON object in `path`; a one-line UsageError naming `what` when it is unreadable or not an object."""
-    text = read_text(path, what)
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{what} {path} is not valid JSON ({e.msg} at line {e.lineno}): restore or rewrite "
-                         "it") from None
-    if not isinstance(doc, dict):
-        raise UsageError(f"{what} {path} holds a JSON {type(doc).__name__}, not an object: restore or rewrite it")
-    return doc
 
 
 def _optional_str(doc: dict, key: str, path) -> str | None:
@@ -56,7 +44,7 @@ def read_adapter(adapter_dir) -> tuple[dict, dict]:
         what = "a full model (nothing to merge)" if (folder / "config.json").is_file() else "not an adapter"
         raise UsageError(f"{folder} has no adapter_config.json: {what}; give --adapter a final/ or checkpoint-N folder "
                          "of a LoRA/QLoRA job")
-    adapter_cfg = read_json(cfg_path, "adapter config")
+    adapter_cfg = read_json(cfg_path, "adapter config", FIX)
     for key in ("base_model_name_or_path", "revision"):
         _optional_str(adapter_cfg, key, cfg_path)
     _check_lora_shape(adapter_cfg, cfg_path)
@@ -101,11 +89,11 @@ def _run_record(folder: Path) -> dict:
     run = {}
     for candidate in (folder / identity.RUN_LOCAL, folder.parent / identity.RUN_LOCAL):
         if regular_file(candidate, f"run record {candidate}"):
-            run = read_json(candidate, "run record")
+            run = read_json(candidate, "run record", FIX)
             break
     manifest = folder / "kit_manifest.json"
     if not run and regular_file(manifest, f"checkpoint manifest {manifest}"):  # it keeps the revision
-        extra = read_json(manifest, "checkpoint manifest").get("extra") or {}
+        extra = read_json(manifest, "checkpoint manifest", FIX).get("extra") or {}
         if not isinstance(extra, dict):
             raise UsageError(f"checkpoint manifest {manifest}: 'extra' is not an object: restore the file")
         run = {k: v for k, v in extra.items() if v}
@@ -118,7 +106,7 @@ def prompt_texts(adapter_dir, n: int = 3) -> list[str]:
     path = Path(adapter_dir) / "eval_results.json"
     if regular_file(path, f"eval results {path}") is None:
         return []
-    doc = read_json(path, "eval results")
+    doc = read_json(path, "eval results", FIX)
     texts = []
     for side in ("final", "baseline"):
         result = doc.get(side) if isinstance(doc.get(side), dict) else {}
@@ -177,7 +165,7 @@ def safetensors_header(path: Path) -> dict:
             (n,) = struct.unpack("<Q", f.read(8))
             if n > MAX_HEADER_BYTES:
                 raise ValueError(f"header of {n} bytes")
-            header = json.loads(f.read(n))
+            header = parse_json(f.read(n))
     except (OSError, struct.error, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise UsageError(f"{path} is not a readable safetensors file ({str(e)[:80]}): restore it") from None
     if not isinstance(header, dict) or not all(

@@ -11,7 +11,6 @@ again finds the job complete and pushes it then.
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ from kit.machine.command import launch_command
 from kit.errors import EXIT_STORE, StoreError
 from kit.evaluation import stage
 from kit.evaluation.results import change_line
+from kit.files import parse_json
 
 
 def rerun_command(world_size: int) -> str:
@@ -97,7 +97,11 @@ def push_if_missing(job, step: int) -> tuple[int, list[str]]:
     final = Path(job.cfg.output_dir) / FINAL_DIR
     if job.store is None or not (final / "eval_results.json").is_file():
         return 0, []
-    local_step = json.loads((final / "eval_results.json").read_text()).get("step")
+    try:
+        local = parse_json((final / "eval_results.json").read_bytes())
+    except (OSError, ValueError):  # damaged: nothing known to push (the next final evaluation rewrites it)
+        return 0, [f"note: {final / 'eval_results.json'} is unreadable; its final/ is not pushed"]
+    local_step = local.get("step") if isinstance(local, dict) else None
     if local_step != step or job.store.final_step() == step:
         return 0, []
     lines: list[str] = []

@@ -11,13 +11,13 @@ different revision unless `--force`.
 from __future__ import annotations
 
 import hashlib
-import json
 import struct
 import time
 import uuid
 from pathlib import Path
 
 from kit.errors import UsageError
+from kit.files import parse_json
 
 RUN_RECORD = "run.json"          # in the store, under kit/
 RUN_LOCAL = "kit_run.json"       # in output_dir, and in final/
@@ -76,7 +76,7 @@ def parse_record(text: str | None) -> dict | None:
     if not text:
         return None
     try:
-        data = json.loads(text)
-    except (ValueError, RecursionError):  # not JSON, a number past 4300 digits, or nested past the limit
+        data = parse_json(text)
+    except ValueError:  # not JSON, a number past 4300 digits, or nested past the limit
         return None
     return data if isinstance(data, dict) and data.get("run_id") else None

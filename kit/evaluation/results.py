@@ -62,8 +62,8 @@ def write_baseline(record: dict, output_dir, store) -> list[str]:
 
 def _parse(text: str | None) -> dict | None:
     try:
-        data = json.loads(text) if text else None
-    except (ValueError, RecursionError):  # not JSON, a number past 4300 digits, or nested past the limit
+        data = files.parse_json(text) if text else None
+    except ValueError:  # not JSON, a number past 4300 digits, or nested past the limit
         return None
     return data if isinstance(data, dict) and "run_id" in data else None
 

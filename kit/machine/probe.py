@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import json
 import os
 import platform as _platform
 import shutil
@@ -90,22 +89,10 @@ def gather(cwd: str | None = None) -> Facts:
 
 def load_facts(path: str) -> Facts:
     """Read another machine's `kit probe --json` output; raises UsageError (exit 2) when unusable."""
-    missing = UsageError(f"facts file {path!r} does not exist: write one with `kit probe --json > facts.json`")
+    fix = "write it with `kit probe --json > facts.json`"
     if files.regular_file(path, f"cannot read facts file {path!r}") is None:  # a folder or a FIFO: refused, not read
-        raise missing
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise missing from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"cannot read facts file {path!r}: {e}") from None
-    except json.JSONDecodeError as e:
-        raise UsageError(f"facts file {path!r} is not valid JSON ({e.msg} at line {e.lineno}): "
-                         "write it with `kit probe --json > facts.json`") from None
-    except (ValueError, RecursionError):  # a number past 4300 digits, or nested past Python's limit
-        raise UsageError(f"facts file {path!r} holds a value too large or nested too deep: write it with "
-                         "`kit probe --json > facts.json`") from None
+        raise UsageError(f"facts file {path!r} does not exist: {fix}")
+    data = files.read_json(path, "facts file", fix)  # not JSON, not UTF-8, too deep or too big: one line
     try:
         return Facts.from_dict(data)
     except ValueError as e:

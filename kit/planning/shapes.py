@@ -10,12 +10,12 @@ Parameter counts are computed from the shapes (decoder-only, gated MLP), text to
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import asdict, dataclass
 
 from kit.errors import UsageError
+from kit.files import json_problem, parse_json, read_json, regular_file
 
 
 @dataclass
@@ -174,8 +174,12 @@ def _from_hub(name: str, revision: str | None) -> tuple[ModelFacts | None, str]:
         path = hf_hub_download(name, "config.json", revision=revision)
     except Exception as e:  # network down, repo missing, gated: all mean "not from the Hub", with the reason
         return None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:160]
-    with open(path, encoding="utf-8") as fh:
-        return from_config_dict(name, json.load(fh), "hub"), ""
+    with open(path, "rb") as fh:
+        try:
+            cfg = parse_json(fh.read())
+        except ValueError as e:  # a damaged download in the Hub cache
+            return None, f"its config.json is {json_problem(e)}"
+    return from_config_dict(name, cfg, "hub"), ""
 
 
 def _local_dir(name: str) -> str | None:
@@ -197,13 +201,10 @@ def model_facts(name: str, revision: str | None = None) -> ModelFacts:
     local = _local_dir(name)
     if local:
         path = os.path.join(local, "config.json")
-        try:
-            with open(path, encoding="utf-8") as fh:
-                return from_config_dict(name, json.load(fh), "local")
-        except OSError as e:
-            raise UsageError(f"model directory {name} has no readable config.json ({e.strerror})") from None
-        except json.JSONDecodeError as e:
-            raise UsageError(f"{path} is not valid JSON (line {e.lineno}): {e.msg}") from None
+        if regular_file(path, f"model directory {name}: config.json") is None:
+            raise UsageError(f"model directory {name} has no config.json: is it a Hugging Face model folder?")
+        return from_config_dict(name, read_json(path, "model config", "restore it from the model's source"),
+                                "local")
     facts = from_table(name)
     if facts is not None:
         return facts

@@ -7,11 +7,10 @@ so a reader (a notebook showing it, a web page) never sees half a PNG.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from kit.errors import UsageError
-from kit.files import atomic_path, check_output
+from kit.files import atomic_path, check_output, parse_json
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -71,7 +70,7 @@ def log_history(ckpt_or_state) -> list[dict]:
     if path.is_dir():
         path = path / "trainer_state.json"
     try:
-        state = json.loads(path.read_text())
+        state = parse_json(path.read_bytes())
     except (OSError, ValueError) as err:
         raise UsageError(f"cannot read the training log {path}: {getattr(err, 'strerror', None) or err}") from None
     history = state.get("log_history") if isinstance(state, dict) else None

@@ -8,7 +8,6 @@ snapshot of the file listing, byte reads and downloads; this class decides what 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -18,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from kit.errors import StoreError
+from kit.files import parse_json
 from kit.retry import retry
 from kit.checkpoints.leftovers import owned_name
 from kit.checkpoints.manifest import MANIFEST_NAME, parse_manifest, read_manifest, verify_files
@@ -82,7 +82,7 @@ class Store(ABC):
         """The step of the ``final/`` folder the store holds, or None when it holds none."""
         raw = self._read_bytes("final/eval_results.json", self._snapshot())
         try:
-            return int(json.loads(raw)["step"]) if raw else None
+            return int(parse_json(raw)["step"]) if raw else None
         except (ValueError, KeyError, TypeError):
             return None
 
@@ -144,7 +144,7 @@ class Store(ABC):
             return None
         raw = self._read_bytes(f"{VANILLA_DIR}/trainer_state.json", snap)
         try:
-            return int(json.loads(raw or b"")["global_step"])
+            return int(parse_json(raw or b"")["global_step"])
         except (ValueError, KeyError, TypeError):
             log.warning("%s: %s/trainer_state.json has no readable global_step; ignoring it",
                         self.describe(), VANILLA_DIR)

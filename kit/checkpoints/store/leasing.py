@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 
 from kit.errors import StoreError
-from kit.files import write_atomic
+from kit.files import parse_json, write_atomic
 from kit.checkpoints.store.layout import StaleHead, TransientStoreError
 
 log = logging.getLogger("kit.checkpoints.lease")
@@ -97,7 +97,7 @@ def dir_swap(store, path: Path, decide) -> None:
 
 def _holder_id(raw: bytes):
     try:
-        data = json.loads(raw)
+        data = parse_json(raw)
     except ValueError:
         return None
     return data.get("id") if isinstance(data, dict) else None

@@ -25,7 +25,7 @@ import libcst as cst
 
 from kit.notebooks.convert.syntax import Change
 from kit.errors import UsageError
-from kit.files import read_text, regular_file
+from kit.files import json_problem, parse_json, read_text, regular_file
 
 # Cell magics whose body is still Python; the body of any other (%%bash, %%writefile…) is not.
 PYTHON_BODY_MAGICS = {"capture", "time", "timeit", "prun", "memit", "debug"}
@@ -54,9 +54,9 @@ def read_code_cells(path: str | Path) -> list[tuple[int, str]]:
     if regular_file(p, f"notebook {p}") is None:  # a folder, FIFO or device is refused by name
         raise UsageError(f"{p}: no such notebook file: give the path of an .ipynb file")
     try:
-        raw = json.loads(read_text(p, "notebook"))
-    except (json.JSONDecodeError, RecursionError) as e:  # RecursionError: nested past Python's limit
-        raise UsageError(f"{p}: not valid JSON ({clip(str(e))}): is this really an .ipynb notebook?") from None
+        raw = parse_json(read_text(p, "notebook"))
+    except ValueError as e:
+        raise UsageError(f"{p}: {json_problem(e)}: is this really an .ipynb notebook?") from None
     # nbformat 3 keeps its cells under "worksheets"; nbformat.reads upgrades it to 4.
     if not isinstance(raw, dict) or "nbformat" not in raw or not (
             isinstance(raw.get("cells"), list) or isinstance(raw.get("worksheets"), list)):

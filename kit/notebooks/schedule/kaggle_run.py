@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from kit.auth import scrub_file
+from kit.files import parse_json
 from kit.notebooks.schedule import kaggle_api, stops
 from kit.notebooks.schedule.kaggle_notebook import OUTCOME_FILE
 from kit.retry import retry
@@ -61,7 +62,7 @@ def _hours_record(line: bytes) -> dict | None:
     from kit.checkpoints.session_records import is_number
 
     try:
-        rec = json.loads(line)
+        rec = parse_json(line)
     except ValueError:  # UnicodeDecodeError too
         return None
     if not isinstance(rec, dict) or not is_number(rec.get("ended")) or not is_number(rec.get("hours")):
@@ -71,7 +72,7 @@ def _hours_record(line: bytes) -> dict | None:
 
 def _read_outcome(folder: Path) -> dict | None:
     try:
-        data = json.loads((folder / OUTCOME_FILE).read_text())
+        data = parse_json((folder / OUTCOME_FILE).read_bytes())
     except (FileNotFoundError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kit import auth
 from kit.errors import UsageError
-from kit.files import read_text, regular_file
+from kit.files import json_problem, parse_json, read_text, regular_file
 from kit.notebooks.schedule.papermill_run import Plan, execute, is_done, is_failure
 from kit.notebooks.schedule.runs_lock import RunsLock
 
@@ -51,9 +51,9 @@ def check_notebook(path: Path) -> Path:
     if regular_file(path, f"--notebook {path}") is None:  # a folder, pipe or device: refused by name
         raise UsageError(f"--notebook {path}: no such file")
     try:
-        raw = json.loads(read_text(path, "--notebook"))
+        raw = parse_json(read_text(path, "--notebook"))
     except ValueError as err:
-        raise UsageError(f"--notebook {path} is not a notebook (invalid JSON: {err})") from None
+        raise UsageError(f"--notebook {path} is not a notebook ({json_problem(err)})") from None
     try:
         nb = nbformat.reads(json.dumps(raw), as_version=4)
         nbformat.validate(nb)

@@ -17,7 +17,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from kit.errors import UsageError
-from kit.files import regular_file
+from kit.files import parse_json, regular_file
 
 LOCK_NAME = ".kit-schedule.lock"  # who holds it (JSON); the OS lock is on LOCK_NAME + ".flock"
 
@@ -63,7 +63,7 @@ class RunsLock:
 
     def _read(self) -> dict | None:
         try:
-            data = json.loads(self.path.read_text())
+            data = parse_json(self.path.read_bytes())
         except (OSError, ValueError):
             return None  # not written yet, or being written
         return data if isinstance(data, dict) else None
