@@ -334,6 +334,13 @@ SCRIPT_CASES = [
      ["data.path=d.jsonl"], 2, "no example of d.jsonl has an assistant turn"),
     ("data-csv-ragged", {"d.csv": "prompt,completion\n" + "".join(f"q{i},a{i}\n" for i in range(8)) + "q8,a8,extra\n"},
      ["data.path=d.csv"], 2, "d.csv row 10: 3 fields, the header has 2"),
+    ("data-csv-ragged-in-folder", {"parts/a.csv": "prompt,completion\n" + "".join(f"q{i},a{i}\n" for i in range(8)),
+                                   "parts/b.csv": "prompt,completion\nq,a\nq9,a9,extra\n"},
+     ["data.path=parts"], 2, "b.csv row 3: 3 fields, the header has 2"),
+    ("data-csv-not-utf8", {"d.csv": b"prompt,completion\n" + b"".join(b"q%d,a%d\n" % (i, i) for i in range(8)) +
+                           b"q\xff,a\n"}, ["data.path=d.csv"], 2, "d.csv line 10 is not UTF-8 text"),
+    ("data-jsonl-not-utf8-line", {"d.jsonl": jsonl(GOOD_ROWS[:3]).encode() + b'{"text": "\xff"}\n'},
+     ["data.path=d.jsonl"], 2, "d.jsonl line 4 is not UTF-8 text"),
     ("data-is-a-device", {}, ["data.path=/dev/zero"], 2, "data file /dev/zero \\(data.path\\): not a regular file"),
     ("lora-targets-missing", {}, ["lora.target_modules=[q_proj, nope_proj]", "max_steps=1"], 2,
      "nope_proj is no module of models/tiny-qwen3; its linear layers are down_proj, gate_proj"),

@@ -87,6 +87,19 @@ def test_csv_and_parquet_and_folders(tmp_path, tok):
     assert len(data.prepare(cfg_for(folder), tok).train) == 12
 
 
+def test_valid_rows_that_a_naive_reader_would_split_or_refuse_are_read(tmp_path, tok):
+    """JSON strings may hold U+2028/U+0085 raw (ensure_ascii=False writes them so), and a CSV field may
+    be longer than Python csv's default 128 KiB: Arrow and pandas read both, so kit's checks must too."""
+    rows = [{"prompt": f"line one\u2028line two\x85 {i}", "completion": f"ok {i}"} for i in range(6)]
+    path = tmp_path / "scraped.jsonl"
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    assert "\u2028" in path.read_text(encoding="utf-8")
+    assert len(data.prepare(cfg_for(path), tok).train) == 6
+    long = tmp_path / "long.csv"
+    long.write_text('prompt,completion\n"' + "word " * 40_000 + '",short\n' + "".join(f"p{i},c{i}\n" for i in range(5)))
+    assert len(data.prepare(cfg_for(long), tok).train) == 5  # the 200 KB prompt leaves no answer within seq_len
+
+
 def test_eval_split_and_duplicate_check(tmp_path, tok):
     unique = [{"prompt": f"p{i}", "completion": f"c{i}"} for i in range(40)]
     cfg = cfg_for(write_jsonl(tmp_path / "u.jsonl", unique), eval_fraction=0.25)

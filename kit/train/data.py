@@ -80,9 +80,11 @@ def _load_located(data_cfg):
         kinds = {LOCAL_TYPES[Path(f).suffix] for f in files}
         if len(kinds) > 1:
             raise UsageError(f"data folder {path} mixes file types {sorted(kinds)}; keep one type")
-        for f in files:  # a bad line is named here, not deep inside Arrow
+        for f in files:  # a bad line or row is named here, not deep inside Arrow (or shifted silently)
             if LOCAL_TYPES[Path(f).suffix] == "json":
                 scan_json_lines(Path(f))
+            elif LOCAL_TYPES[Path(f).suffix] == "csv":
+                scan_csv_rows(Path(f))
         try:
             ds = datasets.load_dataset(kinds.pop(), data_files=files, split="train")
         except OSError as e:

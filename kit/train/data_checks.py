@@ -2,6 +2,7 @@
 row, and the shape that was expected.
 
 - `scan_json_lines(path)`: every line of a JSONL file is a JSON object (or the line is named).
+- `scan_csv_rows(path)`: every CSV row has the header's number of fields (or the row is named).
 - `explain_mixed_types(path, lines)`: which line's fields have another type than the first row's,
   when Arrow cannot build one table from the file.
 - `row_problem(row, fmt, names)`: what is wrong with one row for its format, or None.
@@ -14,7 +15,7 @@ import json
 from pathlib import Path
 
 from kit.errors import UsageError
-from kit.files import read_text
+from kit.files import read_text, regular_file
 
 ROLES = ("system", "user", "assistant", "tool")
 # ShareGPT's speaker names (FastChat, axolotl's sharegpt loader) onto chat-template roles.
@@ -35,10 +36,13 @@ def _unusable(e: Exception) -> str:
 def scan_json_lines(path: Path) -> list[int] | None:
     """The 1-based line number of each row of a JSON Lines file; UsageError naming the first bad line.
 
-    A `.json` file that holds one JSON array (not lines) is checked as a whole and gets None.
+    A `.json` file that holds one JSON array (not lines) is checked as a whole and gets None. Lines
+    are read one at a time and split at "\\n" only, as Arrow's reader splits them: a multi-GB file is
+    never held whole, and a U+2028 or U+0085 inside a JSON string (valid, and common in scraped text
+    written with ensure_ascii=False) does not cut its row in two.
     """
-    text = read_text(path, "data file", max_bytes=None)
-    if path.suffix == ".json" and text.lstrip().startswith("["):
+    if path.suffix == ".json" and _first_char(path) == "[":
+        text = read_text(path, "data file", max_bytes=None)
         try:
             rows = json.loads(text)
         except json.JSONDecodeError as e:
@@ -51,7 +55,7 @@ def scan_json_lines(path: Path) -> list[int] | None:
                              "not an object of named fields")
         return None
     lines, seen = [], {}
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in _text_lines(path):
         if not line.strip():
             continue
         try:
@@ -73,6 +77,31 @@ def scan_json_lines(path: Path) -> list[int] | None:
                                  f"{first[0]}; every row needs the same shape")
         lines.append(n)
     return lines
+
+
+def _text_lines(path: Path):
+    """(line number, text) of each "\\n"-ended line, decoded one at a time; UsageError naming the
+    file, or the line that is not UTF-8."""
+    if regular_file(path, f"cannot read data file {path}") is None:
+        raise UsageError(f"cannot read data file {path}: no such file")
+    try:
+        with open(path, "rb") as f:
+            for n, raw in enumerate(f, 1):
+                try:
+                    yield n, raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise UsageError(f"data file {path} line {n} is not UTF-8 text (byte {e.start} of the line): "
+                                     "save it as UTF-8") from None
+    except OSError as e:
+        raise UsageError(f"cannot read data file {path}: {e.strerror or e}") from None
+
+
+def _first_char(path: Path) -> str:
+    """The first character that is not whitespace, read from the file's start ("" when there is none)."""
+    for _, line in _text_lines(path):
+        if line.strip():
+            return line.lstrip()[0]
+    return ""
 
 
 def _shape(row: dict) -> dict[str, str]:
@@ -97,25 +126,40 @@ def scan_csv_rows(path: Path) -> None:
     """UsageError naming the first CSV row whose field count differs from the header's: `datasets`
     would read a longer row's first field as an index and shift every column by one, silently."""
     import csv
-    import io
 
-    text = read_text(path, "data file", max_bytes=None)
-    rows = csv.reader(io.StringIO(text, newline=""))  # a quoted field may hold newlines
-    header = next(rows, None)
-    if not header:
-        raise UsageError(f"data file {path} has no header row (the column names, e.g. prompt,completion)")
-    for n, row in enumerate(rows, 2):
-        if row and len(row) != len(header):
-            raise UsageError(f"data file {path} row {n}: {len(row)} fields, the header has {len(header)} "
-                             f"({','.join(header)}); quote fields that hold a comma")
+    # Streamed (a quoted field may hold newlines, so rows, not lines, are counted); never held whole.
+    # csv's default field limit (128 KiB) is lifted for the scan: pandas, which datasets uses, has none.
+    if regular_file(path, f"cannot read data file {path}") is None:
+        raise UsageError(f"cannot read data file {path}: no such file")
+    limit = csv.field_size_limit(2**31 - 1)
+    rows = None
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            rows = csv.reader(f)
+            header = next(rows, None)
+            if not header:
+                raise UsageError(f"data file {path} has no header row (the column names, e.g. prompt,completion)")
+            for n, row in enumerate(rows, 2):
+                if row and len(row) != len(header):
+                    raise UsageError(f"data file {path} row {n}: {len(row)} fields, the header has {len(header)} "
+                                     f"({','.join(header)}); quote fields that hold a comma")
+    except UnicodeDecodeError:  # decoded in blocks, so the reader's place is not the line: find it
+        for _ in _text_lines(path):  # raises, naming the first line that is not UTF-8
+            pass
+        raise UsageError(f"data file {path} is not UTF-8 text: save it as UTF-8") from None
+    except csv.Error as e:  # a NUL byte, say
+        raise UsageError(f"data file {path} line {rows.line_num if rows else 1}: not readable as CSV ({e})") from None
+    except OSError as e:
+        raise UsageError(f"cannot read data file {path}: {e.strerror or e}") from None
+    finally:
+        csv.field_size_limit(limit)
 
 
 def explain_mixed_types(path: Path, lines: list[int] | None) -> str | None:
     """The first line whose fields have another JSON type than the same fields of the first row."""
     if not lines:
         return None
-    with open(path, encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    rows = [json.loads(line) for _, line in _text_lines(path) if line.strip()]
     first = {k: type(v).__name__ for k, v in rows[0].items() if v is not None}
     for row, n in zip(rows[1:], lines[1:]):
         for key, value in row.items():
