@@ -618,3 +618,15 @@ def test_missing_token_stops_before_any_work(tmp_path):
                          timeout=120)
     assert res.returncode == 1 and "No Hugging Face token: set HF_TOKEN" in res.stderr
     assert not (tmp_path / "started").exists()
+
+
+def test_a_collective_inside_a_print_runs_on_every_rank(tmp_path):
+    """`print(trainer.evaluate())` under `if is_main:` would leave rank 0 waiting in evaluate()'s
+    gather for ranks that never come: the call is hoisted for every rank, only the print is rank 0's
+    (the corpus notebook hf_trainer_clm_full runs this shape under real torchrun)."""
+    conv = convert_notebook(make_nb(tmp_path, [*TRAIN, "print(f\"F1: {trainer.predict(test).metrics['f1']}\")\n"
+                                                       "for d in sets:\n    json.dump(trainer.evaluate(d), f)"]))
+    body = conv.source.split("training_ok = False", 1)[1]
+    assert "\n    kit_result = trainer.predict(test)\n    if is_main:\n        print(f\"F1: {kit_result.metrics" in body
+    assert "\n        kit_result = trainer.evaluate(d)\n        if is_main:\n            json.dump(kit_result, f)" in body
+    assert any("trainer.predict() taken out of the line that shows its result" in c for c in texts(conv))

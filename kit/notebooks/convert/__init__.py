@@ -36,7 +36,7 @@ from kit.notebooks.convert.refusals import check_convertible, check_written_scri
 from kit.machine.command import launch_command
 from kit.notebooks.convert.script import (DOCSTRING, DRY_NOTE, RANK_BLOCK, TOKEN_CHECK, TRY_TEMPLATE, BlankLines,
                                           docstring, dropped_note, is_future_import, merge_main_blocks)
-from kit.notebooks.convert.syntax import Change, comments
+from kit.notebooks.convert.syntax import Change, call_name, code, comments
 from kit.errors import KitError, UsageError
 
 PRECISION_CHOICES = ("auto", "fp16", "bf16", "fp32")
@@ -200,9 +200,12 @@ def _rewrite_cell(cell: int, module: cst.Module, facts: Facts, rewriter: CellRew
         if barrier_due and not whole:
             out.append(barrier_statement())
             barrier_due = False
-        guard = Guard()
+        guard = Guard(lambda call: facts.is_collective(call_name(call), ast.parse(code(call), mode="eval").body))
         out.extend(guard.body([new]))
         guarded += guard.guarded
+        if guard.hoisted:
+            changes.append(Change(cell, f"{', '.join(dict.fromkeys(guard.hoisted))} taken out of the line that shows its result, "
+                                        "into kit_result: every rank must make that call, and only rank 0 shows"))
         if guard.wrote and facts.read_after((cell, i)):
             barrier_due = True
             if not barrier_said:

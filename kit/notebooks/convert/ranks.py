@@ -14,11 +14,11 @@ freed, and a vLLM engine started there finds no process group to join.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import libcst as cst
 
-from kit.notebooks.convert.syntax import call_name, short_name
+from kit.notebooks.convert.syntax import call_name, calls_in, code, comments, short_name
 
 WRITE_METHODS = {"save_model", "save_pretrained", "save_pretrained_merged", "save_pretrained_gguf", "save_lora",
                  "push_to_hub", "push_to_hub_merged", "push_to_hub_gguf", "to_json", "to_csv", "to_parquet",
@@ -85,11 +85,18 @@ def writes_file(stmt: cst.BaseStatement) -> bool:
 
 
 class Guard:
-    """Puts rank-0 side effects under `if is_main:` inside one top-level statement, at any depth."""
+    """Puts rank-0 side effects under `if is_main:` inside one top-level statement, at any depth.
 
-    def __init__(self):
+    A side effect whose arguments make a collective call (`print(trainer.evaluate())`) has that call
+    hoisted out first, into `kit_result = trainer.evaluate()` that every rank runs: under `if is_main:`
+    rank 0 would wait in evaluate()'s gather for ranks that never come (an NCCL hang).
+    """
+
+    def __init__(self, collective: Callable[[cst.Call], bool] = lambda call: False):
         self.guarded: list[str] = []  # what went under `if is_main:`, for the change list
+        self.hoisted: list[str] = []  # collective calls taken out of a guarded line, for the change list
         self.wrote = False
+        self.collective = collective
 
     def body(self, stmts: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
         out: list[cst.BaseStatement] = []
@@ -104,6 +111,13 @@ class Guard:
 
         for stmt in stmts:
             kind = side_effect(stmt) or ("write" if writes_file(stmt) else None) or _one_line_block(stmt)
+            found = [c for c in calls_in(stmt) if self.collective(c)] if kind is not None else []
+            if found and not isinstance(stmt, cst.SimpleStatementLine):
+                kind = None  # a block around the collective: every rank runs it (and prints, twice at worst)
+            elif found:
+                flush()
+                hoisted, stmt = self._hoist(stmt, found)
+                out.extend(hoisted)
             if kind is not None:
                 self.wrote |= kind == "write"
                 self.guarded.extend(self._names(stmt))
@@ -131,6 +145,25 @@ class Guard:
                 changes["handlers"] = [self.compound(h) for h in stmt.handlers]
             return stmt.with_changes(**changes)
         return stmt
+
+    def _hoist(self, stmt: cst.SimpleStatementLine, found: list[cst.Call]):
+        """(`kit_result = <call>` for each outermost collective call, `stmt` reading kit_result instead)."""
+        inner = {id(c) for outer in found for c in calls_in(outer) if c is not outer}
+        outer = [c for c in found if id(c) not in inner]
+        names = {id(c): "kit_result" if len(outer) == 1 else f"kit_result{i}" for i, c in enumerate(outer, 1)}
+
+        class _Swap(cst.CSTTransformer):
+            def leave_Call(self, original, updated):
+                return cst.Name(names[id(original)]) if id(original) in names else updated
+
+        hoisted = []
+        for c in outer:
+            line = cst.parse_statement(f"{names[id(c)]} = {code(c)}\n")
+            self.hoisted.append(f"{call_name(c)}()")
+            hoisted.append(line.with_changes(leading_lines=[] if hoisted else [
+                *stmt.leading_lines, *comments(f"every rank runs {call_name(c)}() (it needs them all); rank 0 "
+                                              "shows the result", "kit: ")]))
+        return hoisted, stmt.with_changes(leading_lines=()).visit(_Swap())
 
     @staticmethod
     def _names(stmt: cst.BaseStatement) -> list[str]:
