@@ -630,3 +630,14 @@ def test_a_collective_inside_a_print_runs_on_every_rank(tmp_path):
     assert "\n    kit_result = trainer.predict(test)\n    if is_main:\n        print(f\"F1: {kit_result.metrics" in body
     assert "\n        kit_result = trainer.evaluate(d)\n        if is_main:\n            json.dump(kit_result, f)" in body
     assert any("trainer.predict() taken out of the line that shows its result" in c for c in texts(conv))
+
+
+def test_hub_use_in_dead_code_asks_for_no_token(tmp_path):
+    """Unsloth's notebooks keep their merge/push cells under `if False:`; only a live push or login
+    makes the script refuse to start without a token."""
+    dead = ["if False: model.push_to_hub_merged('me/x', tokenizer, save_method='merged_16bit')",
+            "if True:\n    pass\nelse:\n    model.push_to_hub('me/x')", "if 0:\n    login(token='x')"]
+    conv = convert_notebook(make_nb(tmp_path, [*TRAIN, *dead]))
+    assert "get_token() is None" not in conv.source
+    live = convert_notebook(make_nb(tmp_path, [*TRAIN, *dead, "if True: model.push_to_hub('me/x')"], "live.ipynb"))
+    assert "if huggingface_hub.get_token() is None:" in live.source

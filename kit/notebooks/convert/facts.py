@@ -134,9 +134,23 @@ def _seed(trees: list[ast.Module]) -> tuple[int, str]:
     return value, where
 
 
+def live_nodes(tree: ast.AST):
+    """`ast.walk`, without what cannot run: the body of `if False:`/`if 0:` (Unsloth's notebooks keep
+    their save, merge and GGUF cells that way) and the `else:` of `if True:`."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Constant):
+            stack.append(node.test)
+            stack.extend(node.body if node.test.value else node.orelse)
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+
+
 def _uses_hub(trees: list[ast.Module]) -> bool:
     for tree in trees:
-        for node in ast.walk(tree):
+        for node in live_nodes(tree):
             if isinstance(node, ast.Call):
                 func = ast.unparse(node.func)
                 short = func.rsplit(".", 1)[-1]
@@ -159,7 +173,7 @@ def vllm_refusal(trees: list[tuple[int, ast.Module]], facts: Facts) -> tuple[int
     """
     fast, uses = None, []
     for cell, tree in trees:
-        for node in ast.walk(tree):
+        for node in live_nodes(tree):
             if isinstance(node, ast.Call):
                 func = ast.unparse(node.func)
                 if any(k.arg == "fast_inference" and ast.unparse(k.value) == "True" for k in node.keywords):
