@@ -641,3 +641,31 @@ def test_hub_use_in_dead_code_asks_for_no_token(tmp_path):
     assert "get_token() is None" not in conv.source
     live = convert_notebook(make_nb(tmp_path, [*TRAIN, *dead, "if True: model.push_to_hub('me/x')"], "live.ipynb"))
     assert "if huggingface_hub.get_token() is None:" in live.source
+
+
+def test_a_login_with_the_notebooks_own_token_is_kept_as_its_token(tmp_path):
+    """`login(token=hf_token)` after load_dotenv(): the token is the notebook's own, so it becomes
+    HF_TOKEN for every rank, and no up-front check refuses a run whose token is not in HF_TOKEN yet.
+    A Kaggle/Colab secret stays an environment lookup with the up-front check, as before."""
+    own = convert_notebook(make_nb(tmp_path, ["import os\nfrom dotenv import load_dotenv\nload_dotenv()\n"
+                                              "hf_token = os.getenv('hf_api_key')\nif hf_token: login(token=hf_token)",
+                                              *TRAIN, "model.push_to_hub('me/x')"]))
+    assert "set_hub_token(hf_token)" in own.source and "get_token() is None" not in own.source
+    assert "if hf_token: set_hub_token(hf_token)" in own.source and " login(token=hf_token)" not in own.source
+    ns = {"os": os}
+    exec(compile(own.source[own.source.index("def set_hub_token"):own.source.index("\n\n", own.source.index(
+        "def set_hub_token"))], "s", "exec"), ns)
+    saved = os.environ.pop("HF_TOKEN", None)
+    try:
+        ns["set_hub_token"](None)  # an empty token: nothing set, and no prompt
+        assert "HF_TOKEN" not in os.environ
+        ns["set_hub_token"]("hf_x")
+        assert os.environ["HF_TOKEN"] == "hf_x"
+    finally:
+        os.environ.pop("HF_TOKEN", None)
+        if saved is not None:
+            os.environ["HF_TOKEN"] = saved
+    secret = convert_notebook(make_nb(tmp_path, ["from kaggle_secrets import UserSecretsClient\n"
+                                                 "hf_token = UserSecretsClient().get_secret('HF_TOKEN')\n"
+                                                 "login(token=hf_token)", *TRAIN], "kaggle.ipynb"))
+    assert "set_hub_token" not in secret.source and "if huggingface_hub.get_token() is None:" in secret.source

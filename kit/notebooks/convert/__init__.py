@@ -34,8 +34,8 @@ from kit.notebooks.convert.facts import Facts, gather
 from kit.notebooks.convert.ranks import Guard, writes_file, barrier_statement, rank0_block, side_effect, split_statements
 from kit.notebooks.convert.refusals import check_convertible, check_written_script
 from kit.machine.command import launch_command
-from kit.notebooks.convert.script import (DOCSTRING, DRY_NOTE, RANK_BLOCK, TOKEN_CHECK, TRY_TEMPLATE, BlankLines,
-                                          docstring, dropped_note, is_future_import, merge_main_blocks)
+from kit.notebooks.convert.script import (DOCSTRING, DRY_NOTE, OWN_TOKEN, RANK_BLOCK, TOKEN_CHECK, TRY_TEMPLATE,
+                                          BlankLines, docstring, dropped_note, is_future_import, merge_main_blocks)
 from kit.notebooks.convert.syntax import Change, call_name, code, comments
 from kit.errors import KitError, UsageError
 
@@ -106,7 +106,7 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
     peft = any(isinstance(n, (ast.Import, ast.ImportFrom)) and "peft" in ast.unparse(n) or
                (isinstance(n, ast.Name) and n.id in ("peft_config", "LoraConfig", "get_peft_model"))
                or (isinstance(n, ast.Attribute) and n.attr == "get_peft_model") for _, t in trees for n in ast.walk(t))
-    rewriter = CellRewriter(precision, facts.seed, keep_global_batch, peft=peft)
+    rewriter = CellRewriter(precision, facts.seed, keep_global_batch, peft=peft, secret_names=facts.secret_names)
     dry = None
     if dry_run:
         extra = {k: v for k, v in (("model", dry_run_model), ("data", dry_run_data)) if v is not None}
@@ -160,7 +160,7 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
     if future:
         head += "\n" + "".join(cst.Module(body=[]).code_for_node(s).lstrip("\n") for s in future)
     rank_block = RANK_BLOCK.format(imports=imports, seeds=seeds,
-                                   token=TOKEN_CHECK if facts.uses_hub else "")
+                                   token=OWN_TOKEN if rewriter.own_token else TOKEN_CHECK if facts.uses_hub else "")
     source = f"{head}\n{rank_block}{body}"
     try:  # compile, not just parse: `await` or `return` where Python refuses them fails here too
         compile(source, script_name, "exec", dont_inherit=True)

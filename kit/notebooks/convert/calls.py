@@ -56,6 +56,12 @@ def is_training_args(call: cst.Call) -> bool:
     return short.endswith("Config") and any(kwarg(call, k) for k in TRAINER_KEYWORDS)
 
 
+def _token_arg(call: cst.Call) -> cst.BaseExpression | None:
+    """The token a login call passes (`login(token=x)` or `login(x)`), if any."""
+    arg = kwarg(call, "token") or (call.args[0] if call.args and call.args[0].keyword is None else None)
+    return None if arg is None else arg.value
+
+
 def _secret_lookup(name_node: cst.BaseExpression) -> str:
     """An HF token through huggingface_hub's own resolution; any other secret from the environment."""
     label = name_node.evaluated_value.upper() if isinstance(name_node, cst.SimpleString) else ""
@@ -82,15 +88,29 @@ class CellRewriter(cst.CSTTransformer):
         peft: the notebook trains adapters (for the find_unused_parameters reason).
     """
 
-    def __init__(self, precision: str, seed: int, keep_global_batch: bool = False, peft: bool = True):
+    def __init__(self, precision: str, seed: int, keep_global_batch: bool = False, peft: bool = True,
+                 secret_names: frozenset[str] = frozenset()):
         super().__init__()
         self.precision, self.seed, self.keep_global_batch, self.peft = precision, seed, keep_global_batch, peft
+        self.secret_names = secret_names  # names the notebook assigns from a Kaggle/Colab secret
         self.notes: list[tuple[bool, str]] = []  # (review?, text) for the statement being visited
         self.found_training_args = False
         self.needs_hub_import = False
+        self.own_token = False  # a login(token=...) with a token of the notebook's own (a .env file, say)
 
     def note(self, text: str, review: bool = False) -> None:
         self.notes.append((review, text))
+
+    def _own_token(self, call: cst.Call) -> cst.BaseExpression | None:
+        """The login's token when it is the notebook's own: not a literal (refused below), not a Kaggle/Colab
+        secret (those become environment lookups, and the up-front check covers them)."""
+        token = _token_arg(call)
+        if token is None or isinstance(token, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)):
+            return None
+        shown = code(token)
+        if "get_token()" in shown or "os.environ" in shown or shown in self.secret_names:
+            return None
+        return token
 
     # --- lines that go away -------------------------------------------------------------------
 
@@ -150,6 +170,12 @@ class CellRewriter(cst.CSTTransformer):
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         name, short = call_name(updated), short_name(updated)
+        if name in HUB_LOGINS and (token := self._own_token(updated)) is not None:
+            self.own_token = True
+            self.note(f"{name}(token={code(token)}) → set_hub_token({code(token)}): the notebook brings its own "
+                      "token, so every rank takes it from there (login() prompts, which hangs under torchrun, "
+                      "when it is empty), and the script does not ask for HF_TOKEN up front")
+            return cst.Call(func=cst.Name("set_hub_token"), args=[cst.Arg(token)])
         updated = self._match_dtype(updated, name)
         if short == "to" and isinstance(updated.func, cst.Attribute) and updated.args:
             first = updated.args[0]

@@ -44,6 +44,7 @@ class Facts:
     seed: int = DEFAULT_SEED
     seed_from: str = ""  # where the seed came from; "" when kit chose it
     uses_hub: bool = False  # pushes, logs in or reads a Hub token
+    secret_names: frozenset[str] = frozenset()  # names assigned from a Kaggle/Colab secret getter
     reads: list[Where] = field(default_factory=list)  # statements that load something back
 
     def is_training(self, func: str, call: ast.Call) -> bool:
@@ -105,6 +106,9 @@ def gather(trees: list[tuple[int, ast.Module]]) -> Facts:
             facts.reads.append(where)
     facts.seed, facts.seed_from = _seed([t for _, t in trees])
     facts.uses_hub = _uses_hub([t for _, t in trees])
+    facts.secret_names = frozenset(
+        t.id for _, tree in trees for n in ast.walk(tree) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+        and ast.unparse(n.value.func).endswith(tuple(SECRET_GETTERS)) for t in n.targets if isinstance(t, ast.Name))
     return facts
 
 

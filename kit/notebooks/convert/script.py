@@ -72,6 +72,15 @@ if huggingface_hub.get_token() is None:
                      "`hf auth login`, then launch again")
 '''
 
+OWN_TOKEN = '''\
+def set_hub_token(token):
+    """The notebook's login(token=...): its token for the Hub client in this process. login() itself
+    would prompt when the token is empty, and nobody can answer a prompt under torchrun."""
+    if token:
+        os.environ["HF_TOKEN"] = token
+
+'''
+
 TRY_TEMPLATE = '''\
 try:
     pass
