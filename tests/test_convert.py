@@ -669,3 +669,15 @@ def test_a_login_with_the_notebooks_own_token_is_kept_as_its_token(tmp_path):
                                                  "hf_token = UserSecretsClient().get_secret('HF_TOKEN')\n"
                                                  "login(token=hf_token)", *TRAIN], "kaggle.ipynb"))
     assert "set_hub_token" not in secret.source and "if huggingface_hub.get_token() is None:" in secret.source
+
+
+def test_device_map_after_training_is_the_notebooks(tmp_path):
+    """Before training each rank loads its own copy (device_map → the rank's GPU); after it rank 0
+    runs alone with every GPU free, so a merge load keeps device_map="auto" and may spread out."""
+    conv = convert_notebook(make_nb(tmp_path, [
+        "from transformers import AutoModelForCausalLM\nm = AutoModelForCausalLM.from_pretrained('a', device_map='auto')",
+        *TRAIN, "base = AutoModelForCausalLM.from_pretrained('a', device_map='auto')\nbase.push_to_hub('me/x')"]))
+    body = conv.source.split("training_ok = False", 1)[1]
+    before, after = body.split("dist.destroy_process_group()", 1)
+    assert "from_pretrained('a', device_map={\"\": rank_device})" in before
+    assert "from_pretrained('a', device_map='auto')" in after

@@ -181,6 +181,7 @@ def _rewrite_cell(cell: int, module: cst.Module, facts: Facts, rewriter: CellRew
     rewriter.found_training_args = False
     for i, stmt in enumerate(module.body):
         rewriter.notes = []
+        rewriter.after_training = facts.after_training((cell, i))
         new = stmt.visit(rewriter)
         notes = list(rewriter.notes)
         if dry is not None and isinstance(new, cst.CSTNode):

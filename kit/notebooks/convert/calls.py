@@ -97,6 +97,7 @@ class CellRewriter(cst.CSTTransformer):
         self.found_training_args = False
         self.needs_hub_import = False
         self.own_token = False  # a login(token=...) with a token of the notebook's own (a .env file, say)
+        self.after_training = False  # the statement being visited runs on rank 0 alone, all GPUs free
 
     def note(self, text: str, review: bool = False) -> None:
         self.notes.append((review, text))
@@ -187,8 +188,8 @@ class CellRewriter(cst.CSTTransformer):
             self.note(f"{name}: fast_inference=True → False: Unsloth's vLLM engine does not run inside a "
                       "torchrun rank; generation during training uses transformers instead (slower, same result)")
             updated = set_kwarg(updated, "fast_inference", "False")
-        if short == "from_pretrained":
-            return self._pin_device_map(updated, name)
+        if short == "from_pretrained":  # after training rank 0 alone loads, and may spread over every GPU
+            return updated if self.after_training else self._pin_device_map(updated, name)
         if is_training_args(updated):
             self.found_training_args = True
             return self._fix_training_args(updated, short)
