@@ -681,3 +681,20 @@ def test_device_map_after_training_is_the_notebooks(tmp_path):
     before, after = body.split("dist.destroy_process_group()", 1)
     assert "from_pretrained('a', device_map={\"\": rank_device})" in before
     assert "from_pretrained('a', device_map='auto')" in after
+
+
+@pytest.mark.parametrize("loader, ckpt, forced", [
+    ("AutoModelForCausalLM", "False", True),          # a causal LM uses every parameter each step
+    ("AutoModelForAudioClassification", "False", False),  # wav2vec2's LayerDrop skips layers: False fails
+    ("AutoModelForAudioClassification", "True", True),    # checkpointing on: Trainer's own default is False
+])
+def test_find_unused_parameters_is_forced_off_only_where_every_parameter_is_used(tmp_path, loader, ckpt, forced):
+    nb = make_nb(tmp_path, [f"from transformers import {loader}, TrainingArguments, Trainer\n"
+                            f"m = {loader}.from_pretrained('x')\n"
+                            f"args = TrainingArguments('out', gradient_checkpointing={ckpt})\n"
+                            "trainer = Trainer(model=m, args=args)\ntrainer.train()"])
+    conv = convert_notebook(nb)
+    args = keywords(conv.source, "TrainingArguments")
+    assert args.get("ddp_find_unused_parameters") == ("False" if forced else None)
+    if not forced:
+        assert any("ddp_find_unused_parameters left to Trainer" in c for c in texts(conv))

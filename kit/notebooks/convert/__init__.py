@@ -27,7 +27,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from kit.notebooks.convert.calls import CellRewriter
+from kit.notebooks.convert.calls import CellRewriter, uses_every_parameter
 from kit.notebooks.convert.cells import is_comment_only, parse_cell, read_cells
 from kit.notebooks.convert.dryrun import DryRun
 from kit.notebooks.convert.facts import Facts, gather
@@ -106,7 +106,9 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
     peft = any(isinstance(n, (ast.Import, ast.ImportFrom)) and "peft" in ast.unparse(n) or
                (isinstance(n, ast.Name) and n.id in ("peft_config", "LoraConfig", "get_peft_model"))
                or (isinstance(n, ast.Attribute) and n.attr == "get_peft_model") for _, t in trees for n in ast.walk(t))
-    rewriter = CellRewriter(precision, facts.seed, keep_global_batch, peft=peft, secret_names=facts.secret_names)
+    called = {ast.unparse(n.func) for _, t in trees for n in ast.walk(t) if isinstance(n, ast.Call)}
+    rewriter = CellRewriter(precision, facts.seed, keep_global_batch, peft=peft, secret_names=facts.secret_names,
+                            dense=uses_every_parameter(called, peft))
     dry = None
     if dry_run:
         extra = {k: v for k, v in (("model", dry_run_model), ("data", dry_run_data)) if v is not None}

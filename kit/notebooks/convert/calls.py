@@ -16,6 +16,7 @@ SPLIT_DEVICE_MAPS = {"auto", "balanced", "balanced_low_0", "sequential"}
 UNSLOTH_LOADERS = {"FastLanguageModel", "FastModel", "FastVisionModel"}
 TRL_CONFIGS = {"SFTConfig", "DPOConfig", "GRPOConfig", "ORPOConfig", "KTOConfig", "CPOConfig",
                "RewardConfig", "PPOConfig", "RLOOConfig", "GKDConfig", "OnlineDPOConfig"}
+TRL_TRAINERS = {c.replace("Config", "Trainer") for c in TRL_CONFIGS}
 TRAINER_KEYWORDS = {"output_dir", "per_device_train_batch_size", "num_train_epochs", "max_steps",
                     "learning_rate", "gradient_accumulation_steps"}
 HUB_LOGINS = {f"{m}{f}" for m in ("", "huggingface_hub.") for f in ("login", "notebook_login", "interpreter_login")}
@@ -34,7 +35,19 @@ SPLIT_WHY = ("a model split across GPUs with device_map cannot be trained under 
              "GPUs one after another; each rank loads a whole copy on its own GPU instead")
 
 
-def find_unused_why(peft: bool) -> str:
+def uses_every_parameter(func_names: set[str], peft: bool) -> bool:
+    """True when each step uses every trainable parameter, so DDP need not search for unused ones:
+    adapters, or a causal LM (loaded as one, by Unsloth, or by a TRL trainer). An encoder with
+    LayerDrop (wav2vec2) or an unused head is not: there find_unused_parameters=False fails."""
+    shorts = {part for f in func_names for part in f.split(".")}  # `AutoModelForCausalLM.from_pretrained`
+    return peft or any(s in UNSLOTH_LOADERS or s.endswith(("ForCausalLM", "LMHeadModel")) or s in TRL_TRAINERS
+                       for s in shorts)
+
+
+def find_unused_why(peft: bool, dense: bool = True) -> str:
+    if not dense:
+        return ("gradient checkpointing is on, and with it DDP's search for unused parameters fails "
+                "('Expected to mark a variable ready only once')")
     if peft:
         return ("Trainer turns it on for a PEFT model, and with gradient checkpointing DDP then fails with "
                 "'Expected to mark a variable ready only once'")
@@ -86,13 +99,15 @@ class CellRewriter(cst.CSTTransformer):
         seed: the notebook's seed, given to unseeded shuffles and splits.
         keep_global_batch: divide gradient accumulation by the number of ranks.
         peft: the notebook trains adapters (for the find_unused_parameters reason).
+        dense: every step uses every trainable parameter (`uses_every_parameter`).
     """
 
     def __init__(self, precision: str, seed: int, keep_global_batch: bool = False, peft: bool = True,
-                 secret_names: frozenset[str] = frozenset()):
+                 secret_names: frozenset[str] = frozenset(), dense: bool = True):
         super().__init__()
         self.precision, self.seed, self.keep_global_batch, self.peft = precision, seed, keep_global_batch, peft
         self.secret_names = secret_names  # names the notebook assigns from a Kaggle/Colab secret
+        self.dense = dense
         self.notes: list[tuple[bool, str]] = []  # (review?, text) for the statement being visited
         self.found_training_args = False
         self.needs_hub_import = False
@@ -287,14 +302,18 @@ class CellRewriter(cst.CSTTransformer):
             self.note(f"{short}: use_cpu=not torch.cuda.is_available(): without it a CPU run is not DDP "
                       "(each rank trains alone on all the data)")
         call = self._global_batch(call, short)
-        unused = kwarg(call, "ddp_find_unused_parameters")
-        if unused is None or code(unused.value) != "False":
-            call = set_kwarg(call, "ddp_find_unused_parameters", "False")
-            self.note(f"{short}: ddp_find_unused_parameters=False: {find_unused_why(self.peft)}")
         # transformers 5 renames gradient_* to activation_*; follow whichever name the notebook uses.
         word = "activation" if kwarg(call, "activation_checkpointing") else "gradient"
         ckpt = kwarg(call, f"{word}_checkpointing")
         ckpt_on = code(ckpt.value) == "True" if ckpt is not None else short in TRL_CONFIGS  # TRL's default
+        unused = kwarg(call, "ddp_find_unused_parameters")
+        if (self.dense or ckpt_on) and (unused is None or code(unused.value) != "False"):
+            call = set_kwarg(call, "ddp_find_unused_parameters", "False")
+            self.note(f"{short}: ddp_find_unused_parameters=False: {find_unused_why(self.peft, self.dense)}")
+        elif unused is None:
+            self.note(f"{short}: ddp_find_unused_parameters left to Trainer (it searches for unused parameters "
+                      "when gradient checkpointing is off): this is not a causal LM or an adapter, and its "
+                      "steps may skip parameters (LayerDrop, an unused head), where False fails")
         if ckpt_on and kwarg(call, f"{word}_checkpointing_kwargs") is None:
             call = set_kwarg(call, f"{word}_checkpointing_kwargs", NO_REENTRANT)
             self.note(f"{short}: {word}_checkpointing_kwargs={NO_REENTRANT}: {REENTRANT_WHY}")
