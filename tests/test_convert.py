@@ -698,3 +698,18 @@ def test_find_unused_parameters_is_forced_off_only_where_every_parameter_is_used
     assert args.get("ddp_find_unused_parameters") == ("False" if forced else None)
     if not forced:
         assert any("ddp_find_unused_parameters left to Trainer" in c for c in texts(conv))
+
+
+def test_a_shell_line_inside_a_block_is_flagged_and_a_token_in_one_is_never_written(tmp_path):
+    """`!pip install` inside `if IN_COLAB:` is setup, dropped as before; a command run per pass of a
+    loop cannot be "run first": it is flagged for review where it was. A dropped line holding a token
+    is listed with the token as *** (the script never holds a token)."""
+    token = "hf_" + "a" * 30
+    conv = convert_notebook(make_nb(tmp_path, [
+        f"if IN_COLAB:\n    !pip install unsloth\n!huggingface-cli login --token {token}",
+        "for f in files:\n    !python make_pairs.py {f} --out data/{f}.json\n    n = 1", *TRAIN]))
+    assert token not in conv.source and "!huggingface-cli login --token ***" in conv.source
+    assert "    pass  # kit: REVIEW (cell 2): `!python make_pairs.py {f} --out data/{f}.json` was dropped" \
+        in conv.source
+    reviews = [c for c in texts(conv) if "REVIEW" in c]
+    assert len(reviews) == 1 and "make_pairs.py" in reviews[0]  # not the pip install

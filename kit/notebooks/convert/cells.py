@@ -25,6 +25,7 @@ import libcst as cst
 
 from kit.notebooks.convert.syntax import Change
 from kit.errors import UsageError
+from kit.auth import redact
 from kit.files import json_problem, parse_json, read_text, regular_file
 
 # Cell magics whose body is still Python; the body of any other (%%bash, %%writefile…) is not.
@@ -34,6 +35,7 @@ PYTHON_ARG_MAGICS = {"%" + m for m in PYTHON_BODY_MAGICS - {"capture"}}
 VALUE_OPTIONS = {"-n", "-r", "-s", "-l", "-T", "-D", "-p", "-b"}  # options of those magics that take a value
 # IPython's `lhs = !cmd` / `lhs = %magic args` (its assign_from_system/assign_from_magic transforms).
 ASSIGNED = re.compile(r"(?P<lhs>[A-Za-z_][\w.]*(?:\s*,\s*[A-Za-z_][\w.]*)*)\s*=\s*(?P<rhs>[!%].*)")
+INSTALLERS = {"pip", "pip3", "apt", "apt-get", "conda", "mamba", "micromamba"}
 LAUNCHERS = ("accelerate launch", "torchrun", "python -m torch.distributed.run", "python", "python3",
              "deepspeed")
 
@@ -155,6 +157,13 @@ def _captured(lhs: str, rhs: str, where: str) -> str:
     return f"{lhs} = {statement}"
 
 
+def _is_install(line: str) -> bool:
+    """`!pip install x`, `%pip install x`, `!apt-get install y`: setup that may run first, once."""
+    words = line.lstrip("!%").split()
+    return bool(words) and (words[0] in INSTALLERS or words[:2] in (["python", "-m"], ["python3", "-m"])
+                            and len(words) > 2 and words[2] in INSTALLERS or words[0] == "uv" and words[1:2] == ["pip"])
+
+
 def _launched_script(line: str) -> str | None:
     """The .py file a shell line launches (`!accelerate launch --multi_gpu train.py`), if any."""
     body = line.lstrip("!%").strip()
@@ -212,6 +221,15 @@ def strip_magics(source: str, cell: int, changes: list[Change], cells: Cells | N
             here.append(stripped)
             if not continued and (script := _launched_script(stripped)):
                 cells.launches.append((cell, stripped, script))
+            if indent and not continued and not _is_install(stripped):
+                # Inside a loop or a branch it ran there, maybe once per pass: nobody can run it "first".
+                shown = redact(clip(stripped, 60))
+                changes.append(Change(cell, f"`{shown}` dropped from inside a block, where the code around it "
+                                            "depends on it: port it to subprocess.run, or run it by hand", True))
+                kept.append(f"{indent}pass  # kit: REVIEW (cell {cell}): `{shown}` was dropped here: port it to "
+                            "subprocess.run")
+                continued = stripped.endswith("\\")
+                continue
             kept.append(f"{indent}pass" if indent and not continued else "")
             continued = stripped.endswith("\\")  # `!pip install a \` goes on on the next line
         else:

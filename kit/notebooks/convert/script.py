@@ -9,6 +9,8 @@ import warnings
 
 import libcst as cst
 
+from kit.auth import redact
+
 TRIPLE = '"' * 3  # would end the script's docstring early
 
 DOCSTRING = '''\
@@ -149,7 +151,7 @@ def _reads_as(literal: str, text: str) -> bool:
 
 def dropped_note(dropped: list[str]) -> str:
     """The docstring's list of the shell/magic lines kit dropped, so the user can run them first."""
-    shell = [d.replace(TRIPLE, "'" * 3) for d in dropped if not d.startswith("%%")]
+    shell = [redact(d).replace(TRIPLE, "'" * 3) for d in dropped if not d.startswith("%%")]  # `--token hf_…`
     if not shell:
         return ""
     shown = "".join(f"    {d}\n" for d in shell[:12]) + ("    ...\n" if len(shell) > 12 else "")
