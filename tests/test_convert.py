@@ -269,6 +269,10 @@ def test_training_args_call_without_keywords_is_completed(tmp_path):
     (["import torch\nmodel.train()\nfor b in data:\n    loss(b).backward()"], "no training code found"),
     (["md:# only words"], "no training code found"),
     (["x = 1"], "no training code found"),
+    (["from accelerate import Accelerator, notebook_launcher",
+      "def loop():\n    acc = Accelerator()\n    model, opt = acc.prepare(m, o)\n    for b in data:\n"
+      "        acc.backward(model(b).loss)", "notebook_launcher(loop, (), num_processes=2)"],
+     "cell 2, line 2: this notebook trains in its own loop through accelerate's Accelerator"),
     (["x = 1", "y = !ls {path}", *TRAIN], "cell 2, line 1: `y = !ls {path}` captures a shell command with "
                                           "IPython's {var}/$var expansion"),
     (["x = 1", "if x:\n    names = %who_ls", *TRAIN], "cell 2, line 2: `names = %who_ls` captures the result of "
@@ -713,3 +717,9 @@ def test_a_shell_line_inside_a_block_is_flagged_and_a_token_in_one_is_never_writ
         in conv.source
     reviews = [c for c in texts(conv) if "REVIEW" in c]
     assert len(reviews) == 1 and "make_pairs.py" in reviews[0]  # not the pip install
+
+
+def test_bf16_hard_coded_through_a_constant_is_flagged(tmp_path):
+    conv = convert_notebook(make_nb(tmp_path, ["BF16 = True", TRAIN[0], TRAIN[1].replace(
+        "SFTConfig(output_dir='o')", "SFTConfig(output_dir='o', bf16=BF16)")]))
+    assert any("REVIEW: SFTConfig: bf16=BF16 is hard-coded" in c for c in texts(conv))

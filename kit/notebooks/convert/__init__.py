@@ -108,7 +108,10 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
                or (isinstance(n, ast.Attribute) and n.attr == "get_peft_model") for _, t in trees for n in ast.walk(t))
     called = {ast.unparse(n.func) for _, t in trees for n in ast.walk(t) if isinstance(n, ast.Call)}
     rewriter = CellRewriter(precision, facts.seed, keep_global_batch, peft=peft, secret_names=facts.secret_names,
-                            dense=uses_every_parameter(called, peft))
+                            dense=uses_every_parameter(called, peft), true_names=frozenset(
+                                t.id for _, tree in trees for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                                and isinstance(n.value, ast.Constant) and n.value.value is True
+                                for t in n.targets if isinstance(t, ast.Name)))
     dry = None
     if dry_run:
         extra = {k: v for k, v in (("model", dry_run_model), ("data", dry_run_data)) if v is not None}

@@ -103,11 +103,13 @@ class CellRewriter(cst.CSTTransformer):
     """
 
     def __init__(self, precision: str, seed: int, keep_global_batch: bool = False, peft: bool = True,
-                 secret_names: frozenset[str] = frozenset(), dense: bool = True):
+                 secret_names: frozenset[str] = frozenset(), dense: bool = True,
+                 true_names: frozenset[str] = frozenset()):
         super().__init__()
         self.precision, self.seed, self.keep_global_batch, self.peft = precision, seed, keep_global_batch, peft
         self.secret_names = secret_names  # names the notebook assigns from a Kaggle/Colab secret
         self.dense = dense
+        self.true_names = true_names  # names the notebook sets to True (`BF16 = True`)
         self.notes: list[tuple[bool, str]] = []  # (review?, text) for the statement being visited
         self.found_training_args = False
         self.needs_hub_import = False
@@ -289,8 +291,8 @@ class CellRewriter(cst.CSTTransformer):
                 call = set_kwarg(set_kwarg(call, "fp16", wanted["fp16"]), "bf16", wanted["bf16"])
                 was = ", ".join(f"{k}={v}" for k, v in before.items()) or "unset"
                 self.note(f"{short}: fp16={fp16}, bf16={bf16} (--precision {self.precision}; was {was})")
-        elif (a := kwarg(call, "bf16")) is not None and code(a.value) == "True":
-            self.note(f"{short}: bf16=True is hard-coded, and a T4 or P100 has no native bf16: rerun with "
+        elif (a := kwarg(call, "bf16")) is not None and code(a.value) in {"True", *self.true_names}:
+            self.note(f"{short}: bf16={code(a.value)} is hard-coded, and a T4 or P100 has no native bf16: rerun with "
                       "--precision fp16 for those GPUs", review=True)
         if (a := kwarg(call, "fp16")) is not None and code(a.value) not in ("False", "None") \
                 and "cuda.is_available" not in code(a.value):

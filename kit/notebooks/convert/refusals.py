@@ -41,6 +41,10 @@ def check_convertible(trees: list[tuple[int, ast.Module]], facts: Facts) -> None
     if problems:
         cell, line, what = min(problems)
         raise UsageError(f"cell {cell}, line {line}: {what}; then convert again")
+    if facts.last_train is None and (accel := _accelerate_loop(trees)) is not None:
+        raise UsageError(f"cell {accel[0]}, line {accel[1]}: this notebook trains in its own loop through accelerate's "
+                         "Accelerator, which is already a multi-GPU program: put that function in a .py file and "
+                         "run `accelerate launch --num_processes 2 FILE.py` (kit converts Trainer code only)")
     if facts.last_train is None:
         raise UsageError("no training code found: kit convert needs a Trainer's `trainer.train()` call "
                          "(a hand-written loop needs DistributedDataParallel, which kit does not add)")
@@ -59,3 +63,13 @@ def check_written_script(name: str, cell: int, launch: tuple[int, str] | None, t
                          "launch` as it is")
     raise UsageError(f"cell {cell}: the notebook writes {name}{how}, but no Trainer's train() call was found "
                      "in it or in the notebook: kit converts Trainer code only")
+
+
+def _accelerate_loop(trees: list[tuple[int, ast.Module]]) -> tuple[int, int] | None:
+    """(cell, line) of the notebook's `Accelerator(...)` or `notebook_launcher(...)`, if it has one."""
+    for cell, tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and ast.unparse(node.func).rsplit(".", 1)[-1] in (
+                    "Accelerator", "notebook_launcher"):
+                return cell, node.lineno
+    return None
