@@ -723,3 +723,9 @@ def test_bf16_hard_coded_through_a_constant_is_flagged(tmp_path):
     conv = convert_notebook(make_nb(tmp_path, ["BF16 = True", TRAIN[0], TRAIN[1].replace(
         "SFTConfig(output_dir='o')", "SFTConfig(output_dir='o', bf16=BF16)")]))
     assert any("REVIEW: SFTConfig: bf16=BF16 is hard-coded" in c for c in texts(conv))
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="PEP 701 f-strings parse from Python 3.12")
+def test_a_python_312_f_string_is_named_as_such(tmp_path):
+    with pytest.raises(UsageError, match=r"cell 1, line 1: f-string: .* \(valid from Python 3\.12; kit runs on 3\.1"):
+        convert_notebook(make_nb(tmp_path, ['print(f"{d["q"]}")', *TRAIN]))

@@ -17,6 +17,7 @@ import ast
 import json
 import re
 import shlex
+import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -282,8 +283,11 @@ def _reason(e: Exception) -> str:
     if isinstance(e, MemoryError):
         return "too large or too deeply nested for Python's parser"
     msg = getattr(e, "msg", None) or str(e)
+    hint = ""
+    if msg.startswith("f-string") and sys.version_info < (3, 12):  # PEP 701: quotes nest in f-strings from 3.12
+        hint = f" (valid from Python 3.12; kit runs on {sys.version_info[0]}.{sys.version_info[1]} here)"
     text = (getattr(e, "text", None) or "").strip()
-    return f"{clip(msg)} in {clip(text)!r}" if text else clip(msg)
+    return f"{clip(msg)}{hint} in {clip(text)!r}" if text else clip(msg) + hint
 
 
 def is_comment_only(source: str) -> bool:
