@@ -729,3 +729,16 @@ def test_bf16_hard_coded_through_a_constant_is_flagged(tmp_path):
 def test_a_python_312_f_string_is_named_as_such(tmp_path):
     with pytest.raises(UsageError, match=r"cell 1, line 1: f-string: .* \(valid from Python 3\.12; kit runs on 3\.1"):
         convert_notebook(make_nb(tmp_path, ['print(f"{d["q"]}")', *TRAIN]))
+
+
+def test_a_result_a_cell_showed_after_training_is_printed_by_rank_0(tmp_path):
+    conv = convert_notebook(make_nb(tmp_path, [*TRAIN, "model.print_trainable_parameters()\nscore = 1",
+                                               "metric.compute(predictions=p, references=r)",
+                                               "outputs = model.generate(x)\ntokenizer.batch_decode(outputs)",
+                                               "model.save_pretrained('o')"]))
+    tail = rank0_tail(conv.source)
+    assert "print(metric.compute(predictions=p, references=r))" in tail
+    assert "print(tokenizer.batch_decode(outputs))" in tail and "print(model.save_pretrained" not in tail
+    assert any("the cell's last line `metric.compute(" in c for c in texts(conv))
+    early = convert_notebook(make_nb(tmp_path, ["model.print_trainable_parameters()", *TRAIN], "early.ipynb"))
+    assert "if is_main:\n        model.print_trainable_parameters()" in early.source

@@ -28,10 +28,11 @@ from pathlib import Path
 import libcst as cst
 
 from kit.notebooks.convert.calls import CellRewriter, uses_every_parameter
-from kit.notebooks.convert.cells import is_comment_only, parse_cell, read_cells
+from kit.notebooks.convert.cells import clip, is_comment_only, parse_cell, read_cells
 from kit.notebooks.convert.dryrun import DryRun
 from kit.notebooks.convert.facts import Facts, gather
-from kit.notebooks.convert.ranks import Guard, writes_file, barrier_statement, rank0_block, side_effect, split_statements
+from kit.notebooks.convert.ranks import (Guard, barrier_statement, rank0_block, shown_result, side_effect,
+                                         split_statements, writes_file)
 from kit.notebooks.convert.refusals import check_convertible, check_written_script
 from kit.machine.command import launch_command
 from kit.notebooks.convert.script import (DOCSTRING, DRY_NOTE, OWN_TOKEN, RANK_BLOCK, TOKEN_CHECK, TRY_TEMPLATE,
@@ -200,6 +201,10 @@ def _rewrite_cell(cell: int, module: cst.Module, facts: Facts, rewriter: CellRew
         if lines:
             new = new.with_changes(leading_lines=(*new.leading_lines, *lines))
         if facts.after_training((cell, i)):
+            if i == len(module.body) - 1 and (shown := shown_result(new)) is not None:
+                changes.append(Change(cell, f"the cell's last line `{clip(code(new).strip(), 50)}` → print(...): "
+                                            "the notebook showed its value, a script shows nothing"))
+                new = shown
             post.append(new)
             continue
         whole = side_effect(new) is not None or writes_file(new)

@@ -27,7 +27,9 @@ WRITE_METHODS = {"save_model", "save_pretrained", "save_pretrained_merged", "sav
 WRITE_FUNCTIONS = {"torch.save", "json.dump", "pickle.dump", "np.save", "shutil.copy", "shutil.copytree",
                    "shutil.make_archive"}
 SHOW_FUNCTIONS = {"print", "pprint", "pprint.pprint", "display"}
-SHOW_METHODS = {"show"}
+SHOW_METHODS = {"show", "print_trainable_parameters"}
+# A cell's last expression is shown by the notebook; after training these become print(...) on rank 0.
+SHOWN_RESULTS = {"compute", "batch_decode", "decode", "evaluate", "predict", "head", "describe", "to_pandas"}
 PLOT_MODULES = ("plt.", "sns.", "matplotlib.", "seaborn.", "px.")
 TRACKERS = ("wandb.", "trackio.", "mlflow.", "comet_ml.")
 GENERATION = {"generate", "fast_generate"}
@@ -201,6 +203,20 @@ def rank0_block(stmts: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
         if stmt is not None:
             out.append(stmt)
     return out
+
+
+def shown_result(stmt: cst.BaseStatement) -> cst.BaseStatement | None:
+    """`metric.compute(...)` or `results` as a cell's last line, as `print(...)`: the notebook showed
+    the value, a script shows nothing. None for anything else (a call run for its effect, a string)."""
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Expr)):
+        return None
+    value = stmt.body[0].value
+    if isinstance(value, cst.Call):
+        if not (isinstance(value.func, cst.Attribute) and value.func.attr.value in SHOWN_RESULTS):
+            return None
+    elif not isinstance(value, (cst.Name, cst.Attribute, cst.Subscript)):
+        return None
+    return stmt.with_changes(body=[cst.Expr(cst.Call(func=cst.Name("print"), args=[cst.Arg(value)]))])
 
 
 def split_statements() -> list[cst.BaseStatement]:
