@@ -609,7 +609,7 @@ def test_dry_run_swaps_hub_ids_but_not_the_notebooks_own(tmp_path):
     rows = dry_run_dataset("alpaca", split="train[:10]")
     assert len(rows) == 10 and set(rows.column_names) == {"instruction", "input", "output"}
     assert len(dry_run_dataset("sharegpt", split="train[:50%]")) == 212
-    assert list(dry_run_dataset("messages")) == ["train"]
+    assert list(dry_run_dataset("messages")) == ["train", "validation", "test"]  # notebooks read all three
 
 
 def test_missing_token_stops_before_any_work(tmp_path):
@@ -742,3 +742,12 @@ def test_a_result_a_cell_showed_after_training_is_printed_by_rank_0(tmp_path):
     assert any("the cell's last line `metric.compute(" in c for c in texts(conv))
     early = convert_notebook(make_nb(tmp_path, ["model.print_trainable_parameters()", *TRAIN], "early.ipynb"))
     assert "if is_main:\n        model.print_trainable_parameters()" in early.source
+
+
+def test_dry_run_swaps_a_model_named_in_a_tuple_assignment_and_turns_liger_off(tmp_path):
+    conv = convert_notebook(make_nb(tmp_path, ["model_id, output_dir = 'Qwen/Qwen3-14B', 'out'",
+                                               "from trl import SFTTrainer, SFTConfig",
+                                               "trainer = SFTTrainer(model=model_id, args=SFTConfig(output_dir=output_dir, "
+                                               "use_liger_kernel=True), train_dataset=d)\ntrainer.train()"]), dry_run=True)
+    assert "SFTTrainer(model='" in conv.source and "tiny-qwen3" in conv.source.split("SFTTrainer(model=", 1)[1][:200]
+    assert "use_liger_kernel=False" in conv.source

@@ -53,6 +53,12 @@ def _plan(trees: list[ast.Module]) -> tuple[set[str], dict[str, str], str]:
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) \
                     and isinstance(node.value.value, str):
                 literals |= {t.id: node.value.value for t in node.targets if isinstance(t, ast.Name)}
+            elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Tuple):  # `model_id, out = "a", "b"`
+                for target in node.targets:
+                    if isinstance(target, ast.Tuple) and len(target.elts) == len(node.value.elts):
+                        literals |= {t.id: v.value for t, v in zip(target.elts, node.value.elts)
+                                     if isinstance(t, ast.Name) and isinstance(v, ast.Constant)
+                                     and isinstance(v.value, str)}
         for node in ast.walk(tree):
             if isinstance(node, ast.Call):
                 if ast.unparse(node.func).rsplit(".", 1)[-1] in PRODUCERS and node.args:
@@ -132,6 +138,9 @@ class DryRun(cst.CSTTransformer):
             if (a := kwarg(updated, "optim")) is not None and any(w in code(a.value) for w in ("8bit", "paged", "bnb")):
                 updated = set_kwarg(updated, "optim", '"adamw_torch"')
                 self.notes.append(f"{short}: optim {code(a.value)} → 'adamw_torch' (no bitsandbytes)")
+            if (a := kwarg(updated, "use_liger_kernel")) is not None and code(a.value) != "False":
+                updated = set_kwarg(updated, "use_liger_kernel", "False")
+                self.notes.append(f"{short}: use_liger_kernel=False (Liger's Triton kernels need a GPU)")
             for key, cap in (("max_completion_length", 16), ("max_new_tokens", MAX_NEW_TOKENS)):
                 if kwarg(updated, key) is not None:
                     updated = set_kwarg(updated, key, str(cap))
@@ -174,12 +183,14 @@ def _shape(schema: str, rows: list[tuple[str, str, str]]) -> dict[str, list]:
 
 
 def dry_run_dataset(schema: str, split: str | None = None, path: str = str(TINY_DATA)):
-    """The embedded rows in `schema`'s columns; a Dataset for a split (slices too), else a DatasetDict."""
+    """The embedded rows in `schema`'s columns; a Dataset for a split (slices too), else a DatasetDict
+    with train, validation and test splits (the last two: the first 16 rows)."""
     from datasets import Dataset, DatasetDict
 
     data = Dataset.from_dict(_shape(schema, _rows(path)))
     if split is None:
-        return DatasetDict({"train": data})
+        held_out = data.select(range(min(16, len(data))))
+        return DatasetDict({"train": data, "validation": held_out, "test": held_out})
     name, _, part = split.partition("[")
     if not part:
         return data
