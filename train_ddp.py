@@ -201,7 +201,9 @@ def main(argv: list[str]) -> int:
             completion_only_loss=True,  # the loss masks come from kit.train.data
             save_strategy="steps",
             save_steps=cfg.save_steps,
-            save_total_limit=cfg.keep_checkpoints,
+            # kit keeps the newest keep_checkpoints checkpoint-<step> folders itself (and no other folder
+            # of output_dir): Trainer's rotation counted any checkpoint-* folder, a user's included.
+            save_total_limit=None,
             logging_steps=cfg.logging_steps,
             eval_strategy="steps" if cfg.eval_steps and dataset.eval is not None else "no",
             eval_steps=cfg.eval_steps,

@@ -16,7 +16,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from kit.train import dist
-from kit.checkpoints import manifest
+from kit.checkpoints import manifest, rotation
 from kit.planning import save_cadence
 from kit.files import GIB
 
@@ -115,8 +115,9 @@ class Control(TrainerCallback):
 class Checkpoints(TrainerCallback):
     """Seal each checkpoint with a manifest, then hand it to the background uploader (rank 0)."""
 
-    def __init__(self, ctx, fingerprint: dict, sync=None, extra: dict | None = None):
+    def __init__(self, ctx, fingerprint: dict, sync=None, extra: dict | None = None, keep: int = 0):
         self.ctx, self.fingerprint, self.sync = ctx, fingerprint, sync
+        self.keep = keep  # local checkpoint-<step> folders kept (kit.checkpoints.rotation); 0: all
         self.extra = extra  # run id and base revision, kept in each manifest
         self.last_seal_s = 0.0
 
@@ -130,7 +131,8 @@ class Checkpoints(TrainerCallback):
         manifest.write_manifest(path, state.global_step, self.ctx.world_size, self.fingerprint, self.extra)
         self.last_seal_s = time.monotonic() - started
         if self.sync is not None:
-            self.sync.submit(path, state.global_step)
+            self.sync.submit(path, state.global_step)  # staged first: rotating the original is safe
+        rotation.rotate(args.output_dir, self.keep, path)
 
 
 class Meter(TrainerCallback):

@@ -213,7 +213,8 @@ class Job:
         self._control = Control(self.ctx, self.deadline, self.cfg.save_every_minutes, self.signals,
                                 self._save_cost_s, say=self.log, halt=self._lease_lost)
         self._checkpoints = Checkpoints(self.ctx, fingerprint.of_job(self.cfg), self.sync,
-                                        extra={k: self.run.get(k) for k in ("run_id", "base_revision")})
+                                        extra={k: self.run.get(k) for k in ("run_id", "base_revision")},
+                                        keep=self.cfg.keep_checkpoints)
         self._meter = Meter(self.ctx.device, self.plan.global_batch * dataset.mean_tokens, self._on_step)
         if self.ctx.is_main and not self.smoke:
             # A session that dies once training began (an exception, not kill -9) is recorded too.

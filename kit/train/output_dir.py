@@ -6,7 +6,16 @@ import os
 import tempfile
 from pathlib import Path
 
+from kit.checkpoints.rotation import STEP_DIR
+from kit.deliver.final import FINAL_DIR
 from kit.errors import UsageError
+from kit.evaluation.identity import RUN_LOCAL
+from kit.evaluation.results import BASELINE_LOCAL
+from kit.train.sessions import LOCAL as SESSIONS_LOCAL
+
+# The files kit and Trainer write at output_dir's top: the run record, the baseline, the session
+# records, Trainer's model card.
+FILES = (RUN_LOCAL, BASELINE_LOCAL, SESSIONS_LOCAL, "README.md")
 
 
 def check_output_dir(path: str) -> None:
@@ -27,3 +36,23 @@ def check_output_dir(path: str) -> None:
             pass
     except OSError as e:
         raise UsageError(f"output_dir {out} is not writable ({e.strerror or e}): choose another output_dir") from None
+    _check_entries(out)
+
+
+def _check_entries(out: Path) -> None:
+    """What kit and Trainer write into output_dir must be free to be written: a folder where a file
+    goes (kit_run.json, README.md) or a file or symlink named like a checkpoint would fail a save
+    after hours of training, or resume from the wrong step."""
+    for name in FILES:
+        path = out / name
+        if path.is_symlink() or path.exists() and not path.is_file():
+            raise UsageError(f"output_dir {out} holds {name}, which is not a file (kit writes that file there): "
+                             "move it away or choose another output_dir")
+    final = out / FINAL_DIR
+    if final.is_symlink() or final.exists() and not final.is_dir():
+        raise UsageError(f"output_dir {out} holds {FINAL_DIR}, which is not a folder (kit writes the finished "
+                         "adapter there): move it away or choose another output_dir")
+    for path in out.iterdir():
+        if STEP_DIR.fullmatch(path.name) and (path.is_symlink() or not path.is_dir()):
+            raise UsageError(f"output_dir {out} holds {path.name}, which is not a checkpoint folder (a file or a "
+                             "link): move it away or choose another output_dir")
