@@ -166,3 +166,16 @@ def test_reports_render_all_three_forms():
 def test_html_escapes_names():
     facts = with_gpus("h200", [{"name": "<script>x</script>", "capability": "9.0", "memory_total_bytes": 1}])
     assert "<script>" not in report.to_html(facts, judge(facts))
+
+
+def test_an_unread_capability_is_assumed_to_run_and_planned_in_fp16():
+    """nvidia-smi without compute_cap writes capability null: the GPU is assumed to run (with a
+    warning), bf16 is not assumed, and the plan trains in fp16 (it crashed with 'a bug in kit')."""
+    from kit.planning import config
+    from kit.planning.plan import make_plan
+
+    facts = with_gpus("kaggle_t4x2", [{**g, "capability": None} for g in machine("kaggle_t4x2").gpus])
+    v = judge(facts)
+    assert v.ok and not v.bf16 and "compute capability could not be read" in v.warnings[0]
+    assert bf16_native("nvidia", None) is False
+    assert make_plan(facts, config.load(None, [])).precision == "fp16"

@@ -51,8 +51,10 @@ class Verdicts:
         return asdict(self)
 
 
-def arch_name(vendor: str, capability: str) -> str:
+def arch_name(vendor: str, capability: str | None) -> str:
     """The name torch's arch list uses for a GPU: `"7.5"` → `"sm_75"`; AMD `"gfx90a:xnack-"` → `"gfx90a"`."""
+    if not capability:
+        return "arch unknown"
     if vendor == "nvidia":
         major, minor = _capability(capability)
         return f"sm_{major}{minor}"
@@ -106,8 +108,11 @@ def arch_supported(capability: str, arch_list: list[str], vendor: str) -> tuple[
     return False, f"is not in this torch build's arch list {span(entries)}"
 
 
-def bf16_native(vendor: str, capability: str) -> bool:
-    """Whether the GPU computes bf16 in hardware: NVIDIA capability ≥ 8.0, or a ROCm arch that has it."""
+def bf16_native(vendor: str, capability: str | None) -> bool:
+    """Whether the GPU computes bf16 in hardware: NVIDIA capability ≥ 8.0, or a ROCm arch that has it.
+    An unknown capability (nvidia-smi without compute_cap) counts as no: fp16 trains everywhere."""
+    if not capability:
+        return False
     if vendor == "nvidia":
         return _capability(capability) >= (8, 0)
     return bool(_AMD_BF16.match(arch_name("amd", capability)))

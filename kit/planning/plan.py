@@ -176,6 +176,10 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
 
 def _budget(usable: list[dict], reasons: list[str]) -> int:
     """The memory each rank may use: the smallest GPU's total, or its free memory when something holds a lot."""
+    unknown = [g["index"] for g in usable if g.get("memory_total_bytes") is None]
+    if unknown:
+        raise UsageError(f"GPU {unknown[0]}'s memory could not be read (memory_total_bytes is null), and the plan "
+                         "is sized by it: give the machine instead, e.g. --gpus 2xT4")
     budget = min(g["memory_total_bytes"] for g in usable)
     held = [g for g in usable if g.get("memory_free_bytes") is not None
             and g["memory_total_bytes"] - g["memory_free_bytes"] > GIB]
