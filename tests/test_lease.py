@@ -287,3 +287,22 @@ def test_each_store_appends_session_records_and_reports_its_lease(store_factory)
     lease.release()
     text, absent_is_free = store.read_lease()
     assert (text is None and absent_is_free) or json.loads(text)["released"] is True
+
+
+@pytest.mark.parametrize("record", [
+    {"holder": "otherhost pid 5", "heartbeat": "x", "id": "a"},
+    {"holder": "otherhost pid 5", "heartbeat": [1], "id": "a"},
+    {"holder": 5, "heartbeat": 1.0, "id": "a"},
+    {"holder": "h", "heartbeat": 1.0, "since": 1e400, "id": "a"},
+    {"holder": "h", "heartbeat": True, "id": "a"},
+    {"holder": "h", "heartbeat": 1.0, "id": "a", "commits": ["x"]},
+], ids=["text-beat", "list-beat", "number-holder", "infinite-since", "bool-beat", "text-commits"])
+def test_a_lease_record_of_the_wrong_types_is_no_lease_not_a_crash(tmp_path, caplog, record):
+    store = DirStore(tmp_path / "store")
+    (tmp_path / "store/kit").mkdir(parents=True)
+    (tmp_path / "store/kit" / LOCK_NAME).write_text(json.dumps(record).replace("Infinity", "1e400"))
+    with caplog.at_level(logging.WARNING, "kit.checkpoints.lease"):
+        lease = Lease(store, "me").acquire()
+    assert "of the wrong type; treating the store as unleased" in caplog.text
+    assert json.loads((tmp_path / "store/kit" / LOCK_NAME).read_text())["holder"] == "me"
+    lease.release()

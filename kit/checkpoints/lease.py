@@ -24,6 +24,7 @@ Hub's limit is the repo's, and a new session on another host would otherwise sta
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -222,4 +223,20 @@ def _parse(text: str | bytes | None) -> dict | None:
     except ValueError:
         log.warning("lease record is not valid JSON; treating the store as unleased")
         return None
-    return data if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        return None
+    wrong = [k for k, kinds in _FIELDS.items() if data.get(k) is not None and not (
+        isinstance(data[k], kinds) and not isinstance(data[k], bool) and (
+            not isinstance(data[k], float) or math.isfinite(data[k])))]
+    if wrong or not all(isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c)
+                        for c in data.get("commits") or []):
+        log.warning("lease record has %s of the wrong type; treating the store as unleased",
+                    ", ".join(wrong) or "commits")
+        return None
+    return data
+
+
+# The record's fields and their JSON types: a hand-edited or damaged record is read as no lease,
+# never as a crash in the session that reads it.
+_FIELDS = {"holder": str, "id": str, "since": (int, float), "heartbeat": (int, float), "ttl_s": (int, float),
+           "heartbeat_s": (int, float), "commits": list, "progress": dict}
