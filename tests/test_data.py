@@ -141,3 +141,27 @@ def test_the_embedded_dataset(tok):
     assert prepared.format == "messages" and len(prepared.train) + len(prepared.eval) == 424
     answer = trained_text(prepared.train[0], tok)
     assert answer.startswith('{"service":') and answer.endswith("<|im_end|>\n")
+
+
+def test_conversations_that_open_with_the_assistant_or_mix_text_and_turns_train(tmp_path, tok):
+    """A chat opening with the assistant (a greeting) has nothing before it to render; a conversational
+    prompt may come with a plain-text completion (and the reverse): each trains on the answer only."""
+    opening = [{"messages": [{"role": "assistant", "content": f"hello {i}"}, {"role": "user", "content": "hi"},
+                             {"role": "assistant", "content": f"bye {i}"}]} for i in range(4)]
+    prepared = data.prepare(cfg_for(write_jsonl(tmp_path / "open.jsonl", opening)), tok)
+    assert "hello 0" in trained_text(prepared.train[0], tok) and "bye 0" in trained_text(prepared.train[0], tok)
+    for name, rows in {"turns_then_text": [{"prompt": [{"role": "user", "content": f"q{i}"}],
+                                            "completion": f"answer {i}"} for i in range(3)],
+                       "text_then_turns": [{"prompt": f"q{i}", "completion": [{"role": "assistant",
+                                                                             "content": f"answer {i}"}]}
+                                           for i in range(3)]}.items():
+        prepared = data.prepare(cfg_for(write_jsonl(tmp_path / f"{name}.jsonl", rows)), tok)
+        assert len(prepared.train) == 3
+        assert all(trained_text(r, tok).startswith("answer ") and "q" not in trained_text(r, tok)
+                   for r in prepared.train)
+
+
+def test_an_eval_fraction_that_leaves_nothing_to_train_is_one_line(tmp_path, tok):
+    rows = [{"prompt": f"p{i}", "completion": f"c{i}"} for i in range(2)]
+    with pytest.raises(UsageError, match=r"data.eval_fraction=0.6 holds out 2 of the 2 usable examples"):
+        data.prepare(cfg_for(write_jsonl(tmp_path / "two.jsonl", rows), eval_fraction=0.6), tok)

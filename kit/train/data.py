@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,9 +148,10 @@ def _chat_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int, i
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        before = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
+        # A conversation may open with the assistant (a greeting): nothing precedes it to render.
+        before = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True) if i else None
         through = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
-        if text.startswith(before) and text.startswith(through):
+        if before is not None and text.startswith(before) and text.startswith(through):
             spans.append((len(before), len(through)))
         else:  # templates that rewrite earlier turns (e.g. dropping reasoning): find the content itself
             start = text.find(m["content"], cursor)
@@ -174,14 +176,19 @@ def _to_text(row: dict, fmt: str, names: dict, tokenizer) -> tuple[str, list[tup
         prompt, completion = (instruction + ("\n\n" + extra if extra else "")), row[names["output"]]
     else:
         prompt, completion = row[names["prompt"]], row[names["completion"]]
-    if isinstance(prompt, list):  # conversational prompt/completion
-        return _chat_spans(tokenizer, as_messages(prompt) + as_messages(completion))
+    if isinstance(prompt, list) or isinstance(completion, list):  # conversational (either may be plain text)
+        return _chat_spans(tokenizer, _as_turns(prompt, "user") + _as_turns(completion, "assistant"))
     if tokenizer.chat_template:
         return _chat_spans(tokenizer, [{"role": "user", "content": prompt},
                                        {"role": "assistant", "content": completion}])
     head = ALPACA_PROMPT.format(instruction=prompt) if fmt == "alpaca" else prompt
     eos = tokenizer.eos_token or ""
     return head + completion + eos, [(len(head), len(head) + len(completion) + len(eos))]
+
+
+def _as_turns(value, role: str) -> list[dict]:
+    """Messages as they are; a plain string as one turn of `role`."""
+    return [{"role": role, "content": value}] if isinstance(value, str) else as_messages(value)
 
 
 def tokenize_row(row: dict, fmt: str, names: dict, tokenizer, seq_len: int) -> dict:
@@ -231,6 +238,10 @@ def prepare(cfg, tokenizer, pack: bool = False) -> Prepared:
         raise UsageError(f"no example of {cfg.data.path} keeps a trainable token within seq_len={cfg.seq_len}")
     train, evald, dups = ds, None, 0
     if cfg.data.eval_fraction > 0 and len(ds) >= 2:
+        held = math.ceil(cfg.data.eval_fraction * len(ds))  # as datasets' train_test_split counts it
+        if held >= len(ds):
+            raise UsageError(f"data.eval_fraction={cfg.data.eval_fraction} holds out {held} of the {len(ds)} "
+                             "usable examples and leaves none to train on: lower it (or set it to 0)")
         split = ds.train_test_split(test_size=cfg.data.eval_fraction, seed=cfg.seed, shuffle=True)
         train, evald = split["train"], split["test"]
         seen = set(train["row_hash"])

@@ -197,7 +197,7 @@ def row_problem(row: dict, fmt: str, names: dict) -> str | None:
     fields = {"text": ("text",), "alpaca": ("instruction", "output"), "prompt_completion": ("prompt", "completion")}[fmt]
     for key in fields:
         value = row[names[key]]
-        if fmt == "prompt_completion" and isinstance(value, list):  # conversational prompt/completion
+        if fmt == "prompt_completion" and isinstance(value, list):  # conversational (the other may be text)
             problem = _messages_problem(value, names[key], allow_empty=False)
             if problem:
                 return problem
