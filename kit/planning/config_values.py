@@ -98,9 +98,9 @@ def check_value(key: str, f: dataclasses.Field, value, source: str):
             raise UsageError(f"config key {key!r}{where} must be a number of minutes or auto, got {value!r}")
         return "auto"
     elif key == "lora.target_modules":
-        if isinstance(value, str):
+        if isinstance(value, str) and value.strip():
             return value
-        if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        if isinstance(value, list) and value and all(isinstance(v, str) and v.strip() for v in value):
             return list(value)
         raise UsageError(f"config key {key!r}{where} must be 'all-linear' or a list of module names, got {value!r}")
     elif ann.startswith("int"):
@@ -145,6 +145,8 @@ def check_value(key: str, f: dataclasses.Field, value, source: str):
         raise UsageError(f"config key {key!r}{where} must be >= 0, got {value!r}")
     if key == "seed" and not 0 <= value < 2**32:  # numpy's and CUDA's generators take 32-bit seeds
         raise UsageError(f"config key {key!r}{where} must be in [0, 2**32), got {value!r}")
+    if key == "learning_rate" and value > 1:  # 1e300 overflowed the optimizer at step 1; real ones are < 1e-2
+        raise UsageError(f"config key {key!r}{where} must be at most 1 (LoRA uses about 2e-4), got {value!r}")
     if key == "lora.dropout" and not 0 <= value < 1:
         raise UsageError(f"config key {key!r}{where} must be in [0, 1), got {value!r}")
     if key in ("data.eval_fraction", "data.max_duplicate_fraction") and not 0 <= value < 1:

@@ -160,15 +160,23 @@ def target_modules(cfg, model) -> list[str] | str:
         wanted = [wanted] if isinstance(wanted, str) else list(wanted)
         # PEFT matches a name against the end of each module's path; a name matching nothing would stop
         # the run in get_peft_model with a traceback, after the model loaded.
-        missing = [t for t in wanted if t not in present and not any(n.endswith("." + t) for n, _ in
-                                                                       model.named_modules())]
-        if missing:
-            import torch
+        import torch
+        from transformers.pytorch_utils import Conv1D
 
+        # PEFT wraps these layer types only; a name matching anything else (a block such as `mlp`, a
+        # norm) fails in get_peft_model with "Target module … is not supported".
+        wrappable = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d,
+                     torch.nn.MultiheadAttention, Conv1D)
+        matched = {t: [m for n, m in model.named_modules() if n == t or n.endswith("." + t)] for t in wanted}
+        missing = [t for t in wanted if not matched[t]]
+        blocks = [t for t in wanted if matched[t] and not all(isinstance(m, wrappable) for m in matched[t])]
+        if missing or blocks:
             linear = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules()
                              if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] != "lm_head"})
-            raise UsageError(f"lora.target_modules: {', '.join(missing)} is no module of {cfg.model}; its linear "
-                             f"layers are {', '.join(linear)} (or use all-linear)")
+            what = (f"{', '.join(missing)} is no module of {cfg.model}" if missing else
+                    f"{', '.join(blocks)} names a {type(matched[blocks[0]][0]).__name__}, not a layer LoRA can wrap")
+            raise UsageError(f"lora.target_modules: {what}; its linear layers are {', '.join(linear)} (or use "
+                             "all-linear)")
         return wanted
     found = [m for m in ALL_LINEAR if m in present]
     return found or "all-linear"  # unknown architecture: let PEFT find the linear layers
