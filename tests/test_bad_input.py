@@ -535,3 +535,27 @@ def test_output_dir_entries_kit_must_write_are_checked_first(sandbox, capfd, mak
     o, err = capfd.readouterr()
     check_contract(sandbox, before, got, o, err, 2, want, one_line_stderr=False)
     assert "trainable parameters" not in o
+
+
+def _hidden_size(d: Path) -> None:
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "hidden_size": cfg["hidden_size"] * 2}))
+
+
+@pytest.mark.parametrize("damage, want", [
+    (lambda d: (d / "model.safetensors").unlink(), "model 'm': its weights do not load"),
+    (lambda d: (d / "model.safetensors").write_bytes(b"\x08" + b"\0" * 7 + b"garbage!"), "its weights do not load"),
+    (_hidden_size, "its weights do not load \\(their shapes differ from config.json's\\)"),
+    (lambda d: (d / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content | nofilter }}{% endfor %}"),
+     "the model's chat template fails"),
+], ids=["no-weights", "garbage-weights", "config-shape-edited", "broken-template"])
+@pytest.mark.slow
+def test_a_model_folder_whose_files_do_not_load_is_one_line(sandbox, damage, want):
+    """The real script in its own process (transformers' warnings about the weights go to its stderr)."""
+    shutil.copytree(sandbox / "models" / "tiny-qwen3", sandbox / "m")
+    damage(sandbox / "m")
+    before = snapshot(sandbox)
+    done = subprocess.run([sys.executable, "train_ddp.py", "output_dir=outputs/bad", "model=m", "max_steps=1"],
+                          cwd=sandbox, env=cpu_env(HF_TOKEN=TOKEN, PYTHONPATH=str(ROOT)), capture_output=True,
+                          text=True, timeout=300)
+    check_contract(sandbox, before, done.returncode, done.stdout, done.stderr, 2, want, one_line_stderr=False)

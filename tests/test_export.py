@@ -395,3 +395,17 @@ def test_export_push_is_one_commit_of_the_merged_folder(adapter, hub, tmp_path, 
     assert set(commits[0].added) == {p.name for p in out.iterdir()} >= {"config.json", "model.safetensors",
                                                                           "tokenizer.json"}
     assert WRITE_TOKEN not in capsys.readouterr().out
+
+
+def test_a_base_whose_weights_do_not_match_its_config_is_one_line(adapter, tmp_path, capsys):
+    """A --base folder whose config.json was edited (or whose weights are another model's): exit 2 and
+    one line, not 'a bug in kit' (exit 1) pointing at a report transformers printed elsewhere."""
+    base = tmp_path / "base"
+    shutil.copytree(TINY, base)
+    cfg = json.loads((base / "config.json").read_text())
+    (base / "config.json").write_text(json.dumps({**cfg, "vocab_size": 256}))
+    assert cli.main(["export", "--adapter", str(adapter), "-o", str(tmp_path / "merged"), "--base", str(base)]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and "Loading weights" not in line]
+    assert err == [f"error: base model {base} does not load (their shapes differ from config.json's): restore it "
+                   "or give another --base"], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]

@@ -30,6 +30,7 @@ from kit.deliver import merge_check
 from kit.deliver.export_inputs import base_location, check_out_dir, prompt_texts, read_adapter, sixteen_bit_bytes
 from kit.errors import CannotTrain, UsageError
 from kit.files import read_text
+from kit.train.modeling import weights_problem
 from kit.evaluation import identity
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -126,6 +127,7 @@ def merge(plan: ExportPlan) -> dict:
     """Merge, save sharded safetensors + tokenizer into plan.out (via a temp folder), then verify."""
     import torch
     from peft import PeftModel
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dtype = getattr(torch, DTYPES[plan.dtype])
@@ -136,7 +138,13 @@ def merge(plan: ExportPlan) -> dict:
     try:
         started = time.monotonic()
         tokenizer = AutoTokenizer.from_pretrained(plan.adapter)
-        model = AutoModelForCausalLM.from_pretrained(plan.base_dir, dtype=dtype)  # 16-bit, CPU: never 4-bit
+        try:
+            model = AutoModelForCausalLM.from_pretrained(plan.base_dir, dtype=dtype)  # 16-bit, CPU: never 4-bit
+        except (OSError, ValueError, RuntimeError, SafetensorError) as e:
+            if (why := weights_problem(e)) is None:
+                raise
+            raise UsageError(f"base model {plan.base_dir} does not load ({why}): restore it or give another "
+                             "--base") from None
         try:  # the adapter's shapes or target modules may not be this base's (a hand-edited or other adapter)
             model = PeftModel.from_pretrained(model, plan.adapter)
         except (RuntimeError, ValueError, KeyError, pickle.UnpicklingError) as e:

@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from kit.train.data_checks import as_messages, explain_mixed_types, row_problem, scan_csv_rows, scan_json_lines
+from kit.train.data_checks import as_messages, as_turns, explain_mixed_types, row_problem, scan_csv_rows, scan_json_lines
 from kit.errors import UsageError
 from kit.files import regular_file
 
@@ -141,16 +141,27 @@ def detect_format(columns: list[str], data_cfg) -> tuple[str, dict[str, str]]:
                      f"(map yours with data.columns)")
 
 
+def _render(tokenizer, messages: list[dict], **kwargs) -> str:
+    """The chat template's text; a template that fails (a broken chat_template.jinja) is one line."""
+    from jinja2 import TemplateError
+
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+    except TemplateError as e:
+        raise UsageError(f"the model's chat template fails ({type(e).__name__}: {str(e)[:120]}): fix its "
+                         "chat_template.jinja or tokenizer_config.json") from None
+
+
 def _chat_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
     """The rendered conversation and the character spans of the assistant turns in it."""
-    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    text = _render(tokenizer, messages)
     spans, cursor = [], 0
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
         # A conversation may open with the assistant (a greeting): nothing precedes it to render.
-        before = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True) if i else None
-        through = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
+        before = _render(tokenizer, messages[:i], add_generation_prompt=True) if i else None
+        through = _render(tokenizer, messages[: i + 1])
         if before is not None and text.startswith(before) and text.startswith(through):
             spans.append((len(before), len(through)))
         else:  # templates that rewrite earlier turns (e.g. dropping reasoning): find the content itself
@@ -177,18 +188,13 @@ def _to_text(row: dict, fmt: str, names: dict, tokenizer) -> tuple[str, list[tup
     else:
         prompt, completion = row[names["prompt"]], row[names["completion"]]
     if isinstance(prompt, list) or isinstance(completion, list):  # conversational (either may be plain text)
-        return _chat_spans(tokenizer, _as_turns(prompt, "user") + _as_turns(completion, "assistant"))
+        return _chat_spans(tokenizer, as_turns(prompt, "user") + as_turns(completion, "assistant"))
     if tokenizer.chat_template:
         return _chat_spans(tokenizer, [{"role": "user", "content": prompt},
                                        {"role": "assistant", "content": completion}])
     head = ALPACA_PROMPT.format(instruction=prompt) if fmt == "alpaca" else prompt
     eos = tokenizer.eos_token or ""
     return head + completion + eos, [(len(head), len(head) + len(completion) + len(eos))]
-
-
-def _as_turns(value, role: str) -> list[dict]:
-    """Messages as they are; a plain string as one turn of `role`."""
-    return [{"role": role, "content": value}] if isinstance(value, str) else as_messages(value)
 
 
 def tokenize_row(row: dict, fmt: str, names: dict, tokenizer, seq_len: int) -> dict:

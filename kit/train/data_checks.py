@@ -190,6 +190,11 @@ def as_messages(turns):
     return out
 
 
+def as_turns(value, role: str) -> list:
+    """Messages as `as_messages` gives them; a plain string as one turn of `role`."""
+    return [{"role": role, "content": value}] if isinstance(value, str) else as_messages(value)
+
+
 def row_problem(row: dict, fmt: str, names: dict) -> str | None:
     """What is wrong with `row` for `fmt` (columns mapped by `names`), in words; None when it is fine."""
     if fmt == "messages":

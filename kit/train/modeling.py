@@ -96,10 +96,30 @@ def load(cfg, plan, ctx, quantization=None):
         raise UsageError(f"model {cfg.model!r} could not be loaded: {str(e).splitlines()[0]} "
                          "(offline? give a local path or set HF_HUB_OFFLINE=0)") from e
     check_seq_len(cfg, model_config)
+    from safetensors import SafetensorError
+
     sharding.prepare_loading(plan)
-    model = AutoModelForCausalLM.from_pretrained(cfg.model, **_load_kwargs(cfg, plan, ctx, quantization))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(cfg.model, **_load_kwargs(cfg, plan, ctx, quantization))
+    except (OSError, ValueError, RuntimeError, SafetensorError) as e:
+        if (why := weights_problem(e)) is None:
+            raise  # out of memory, a CUDA error: not the model files' fault
+        raise UsageError(f"model {cfg.model!r}: its weights do not load ({why}): restore the model folder or "
+                         "give another model") from None
     _prepare(model, tokenizer, plan)
     return model, tokenizer
+
+
+def weights_problem(e: BaseException) -> str | None:
+    """Why a model's files do not load, in one line; None for an error that is not about the files
+    (out of memory, CUDA)."""
+    text = " ".join(str(e).split())
+    if isinstance(e, RuntimeError) and not any(w in text for w in ("size mismatch", "ignore_mismatched_sizes",
+                                                                   "state_dict", "header", "safetensors")):
+        return None
+    if "ignore_mismatched_sizes" in text or "size mismatch" in text:
+        return "their shapes differ from config.json's"
+    return text[:200] or type(e).__name__
 
 
 def _prepare(model, tokenizer, plan) -> None:
