@@ -258,6 +258,8 @@ CLI_CASES = [
     ("token-other-model", {}, ["render", "--config", "configs/default.yaml", "--gpus", "cpu", "-o", "t.py",
                                f"model=me/{OTHER}"], 2, "'model'.*token"),
     ("token-as-key", {}, ["plan", f"{TOKEN}=1"], 2, r"unknown config key '\*\*\*'"),
+    ("bootstrap-overrides-without-config", {}, ["bootstrap", "--facts", str(MACHINES / "kaggle_t4x2.json"),
+                                                "lora.r=8"], 2, "lora.r=8: config overrides need --config"),
     ("lr-huge", {}, ["plan", "learning_rate=1e300"], 2, "'learning_rate' in command line must be at most 1"),
     ("lora-targets-empty-name", {}, ["plan", "lora.target_modules=['']"], 2, "must be 'all-linear' or a list"),
     ("lora-targets-empty", {}, ["plan", "lora.target_modules=''"], 2, "must be 'all-linear' or a list"),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from kit.machine import probe
 from kit.report import text as report
-from kit.errors import CannotTrain, KitError
+from kit.errors import CannotTrain, KitError, UsageError
 from kit.files import same_content
 from kit.machine.verdicts import judge
 
@@ -53,6 +53,9 @@ def run(args) -> Result:
         when the plan trains there (the tiny default does). Raises CannotTrain (exit 3) otherwise,
         after the full report, with the Result as its `result`.
     """
+    if args.overrides and not args.config:  # they would change nothing: say so rather than ignore them
+        raise UsageError(f"{args.overrides[0]}: config overrides need --config (bootstrap plans and writes a "
+                         "script only for a config), e.g. --config configs/default.yaml")
     if args.config:  # before probing or planning: a refused -o must cost nothing and touch nothing
         from kit.commands.render import check_output
 
