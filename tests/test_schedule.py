@@ -408,3 +408,21 @@ def test_a_percent_sign_in_a_path_is_escaped_for_cron_and_systemd(tmp_path):
     assert f"WorkingDirectory={str(cwd).replace('%', '%%')}" in text
     exec_start = [line for line in text.splitlines() if line.startswith("ExecStart=")][0]
     assert "%" not in exec_start.replace("%%", "")
+
+
+@pytest.mark.parametrize("outcome, code", [
+    ("failed: the session left no record in O/kit_sessions.jsonl (it ended before training began): failed (exit "
+     "code 2): error: data file /nonexistent.jsonl does not exist (data.path)", 2),  # what a real run printed
+    ("failed (exit code 4): error: store hf://me/x: no write access", 4),
+    ("failed (exit code 1): Traceback", 1),
+    ("failed: the kernel stopped: Kernel died", 1),
+])
+def test_a_failed_run_passes_on_kits_exit_code(tmp_path, monkeypatch, outcome, code):
+    """`kit schedule` exits as the training did (2 bad input, 3 cannot train, 4 store), so a cron job's
+    mail says which; anything else is 1. papermill's part is replaced by the outcome, as above."""
+    from kit.notebooks.schedule import loop as schedule
+
+    monkeypatch.setattr(schedule, "execute", lambda plan, n, verbose=False: (outcome, tmp_path / f"{n}.ipynb"))
+    plan = schedule.Plan(notebook=tmp_path / "nb.ipynb", runs_dir=tmp_path / "runs", parameters={})
+    assert schedule.loop(plan, repeat=True, every_minutes=0.01, max_runs=None, say=lambda *a, **k: None,
+                         sleep=lambda s: None) == code

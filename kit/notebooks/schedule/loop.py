@@ -87,8 +87,9 @@ def check_store(cfg) -> str | None:
 
 def loop(plan: Plan, *, repeat: bool, every_minutes: float, max_runs: int | None, verbose: bool = False,
          say=print, sleep=time.sleep) -> int:
-    """Run until complete (or once). Returns 0 when every run paused or completed, 1 on a failed run
-    or one that made no progress (the stop rules of `kit.notebooks.schedule.stops`, as on Kaggle)."""
+    """Run until complete (or once). Returns 0 when every run paused or completed; on a failed run the
+    training's own exit code when it said one of kit's (2 bad input, 3 cannot train here, 4 store), else
+    1, also for a run that made no progress (the stop rules of `kit.notebooks.schedule.stops`)."""
     from kit.notebooks.schedule import stops
 
     n, before = 0, None
@@ -98,7 +99,7 @@ def loop(plan: Plan, *, repeat: bool, every_minutes: float, max_runs: int | None
             outcome, out = execute(plan, n, verbose)
             say(f"run {n}: outcome: {outcome}  ({out})", flush=True)
             if is_failure(outcome):
-                return 1
+                return failure_code(outcome)
             after = stops.step_of(outcome)
             decision = stops.decide(stops.Session(outcome, before, after), used_hours=0.0)
             if isinstance(decision, stops.Stop) and not decision.ok:
@@ -113,3 +114,7 @@ def loop(plan: Plan, *, repeat: bool, every_minutes: float, max_runs: int | None
             sleep(every_minutes * 60)
 
 
+def failure_code(outcome: str) -> int:
+    """kit's exit code a failed run's outcome line carries (`failed (exit code 2): …`), else 1."""
+    found = re.search(r"exit code (\d+)", outcome)
+    return int(found.group(1)) if found and found.group(1) in ("2", "3", "4") else 1
