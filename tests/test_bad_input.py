@@ -561,3 +561,16 @@ def test_a_model_folder_whose_files_do_not_load_is_one_line(sandbox, damage, wan
                           cwd=sandbox, env=cpu_env(HF_TOKEN=TOKEN, PYTHONPATH=str(ROOT)), capture_output=True,
                           text=True, timeout=300)
     check_contract(sandbox, before, done.returncode, done.stdout, done.stderr, 2, want, one_line_stderr=False)
+
+
+def test_the_launcher_copied_away_from_its_package(tmp_path):
+    """`kit.py` alone in a folder imported itself as `kit`, again and again (RecursionError): it now
+    uses an installed kit, or says in one line that there is none."""
+    shutil.copy(ROOT / "kit.py", tmp_path / "kit.py")
+    alone = subprocess.run([sys.executable, "-I", "-S", "kit.py", "probe"], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=60)  # -S: no site-packages, so no installed kit either
+    assert alone.returncode == 2 and alone.stderr.count("\n") == 1, alone.stderr
+    assert "the kit package is neither beside it nor installed" in alone.stderr
+    found = subprocess.run([sys.executable, "kit.py", "probe", "--json"], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=120, env=cpu_env(PYTHONPATH=str(ROOT)))
+    assert found.returncode == 0 and json.loads(found.stdout)["schema"] == 1, found.stderr[-2000:]
