@@ -278,3 +278,24 @@ def test_a_damaged_local_final_is_named_and_not_pushed(tmp_path, damage, noted):
     note = [f"note: {final / 'eval_results.json'} is unreadable; its final/ is not pushed"]
     assert wrapup.push_if_missing(job, 6) == (0, note if noted else [])
     assert store.final_step() is None
+
+
+@pytest.mark.slow
+def test_a_token_in_the_data_is_never_written_into_what_the_job_delivers(tmp_path):
+    """Sampled answers and prompts quote the held-out data; a user's data may hold their own token (a
+    pasted log). The files kit writes from them, and pushes, show it as ***."""
+    token = "hf_" + "dataLEAKtoken" + "0123456789abcdef"
+    rows = [json.loads(line) for line in (ROOT / "data" / "ha_commands.jsonl").read_text().splitlines()]
+    for row in rows[::3]:
+        row["messages"][-2]["content"] += f" (my token is {token})"
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    r = train([f"output_dir={out}", f"data.path={data}", "max_steps=2", "eval.samples=20", *FAST], nproc=1,
+              env=cpu_env(HF_TOKEN=token))
+    assert r.returncode == 0, r.stderr[-3000:]
+    written = [p for p in [out / "kit_baseline.json", *(out / "final").iterdir()] if p.is_file()]
+    assert {p.name for p in written} >= {"kit_baseline.json", "samples.md", "eval_results.json", "README.md"}
+    assert "***" in (out / "final" / "samples.md").read_text()
+    for p in written:
+        assert token.encode() not in p.read_bytes(), p

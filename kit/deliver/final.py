@@ -14,6 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
+from kit.auth import redact
 from kit.planning import config
 from kit.deliver import card
 from kit.evaluation import identity
@@ -41,11 +42,12 @@ def write_final(cfg, model, tokenizer, results: dict, run: dict, facts: dict,
         else:
             model.save_pretrained(tmp)  # a PeftModel writes the adapter only: adapter_model.safetensors + config
         tokenizer.save_pretrained(tmp)
-        (tmp / "kit_config.yaml").write_text(config.dump_yaml(cfg))
-        (tmp / identity.RUN_LOCAL).write_text(json.dumps(run, indent=1))
-        (tmp / "eval_results.json").write_text(json.dumps(results, indent=1))
-        (tmp / "samples.md").write_text(samples_markdown(results))
-        (tmp / "README.md").write_text(card.render(cfg, run, results, {**facts, "final_dir": str(out)}))
+        # Sampled answers quote the data, which may hold a token (a pasted log): written as ***.
+        texts = {"kit_config.yaml": config.dump_yaml(cfg), identity.RUN_LOCAL: json.dumps(run, indent=1),
+                 "eval_results.json": json.dumps(results, indent=1), "samples.md": samples_markdown(results),
+                 "README.md": card.render(cfg, run, results, {**facts, "final_dir": str(out)})}
+        for name, text in texts.items():
+            (tmp / name).write_text(redact(text))
         old = out.with_name(f".{FINAL_DIR}.old-{os.getpid()}")
         if out.exists():
             os.rename(out, old)

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from kit import files
+from kit.auth import redact
 from kit.errors import KitError
 
 BASELINE_STORE = "baseline.json"
@@ -49,7 +50,7 @@ def read_baseline(output_dir, store) -> tuple[dict | None, str]:
 
 def write_baseline(record: dict, output_dir, store) -> list[str]:
     """Write the baseline locally and to the store; returns warnings (a store failure is not fatal)."""
-    text = json.dumps(record, indent=1)
+    text = redact(json.dumps(record, indent=1))  # its samples quote the data, which may hold a token
     files.write_atomic(Path(output_dir) / BASELINE_LOCAL, text, mkdir=True)
     if store is None:
         return []
