@@ -349,6 +349,8 @@ SCRIPT_CASES = [
                            b"q\xff,a\n"}, ["data.path=d.csv"], 2, "d.csv line 10 is not UTF-8 text"),
     ("data-jsonl-not-utf8-line", {"d.jsonl": jsonl(GOOD_ROWS[:3]).encode() + b'{"text": "\xff"}\n'},
      ["data.path=d.jsonl"], 2, "d.jsonl line 4 is not UTF-8 text"),
+    ("data-parquet-damaged", {"d.parquet": b"PAR1" + b"\0" * 100 + b"PAR1"}, ["data.path=d.parquet"], 2,
+     "data file d.parquet could not be read: Couldn't deserialize thrift"),  # it blamed the datasets cache
     ("data-is-a-device", {}, ["data.path=/dev/zero"], 2, "data file /dev/zero \\(data.path\\): not a regular file"),
     ("lora-targets-a-block", {}, ["lora.target_modules=[q_proj, mlp]", "max_steps=1"], 2,
      "lora.target_modules: mlp names a Qwen3MLP, not a layer LoRA can wrap; its linear layers are down_proj"),

@@ -17,11 +17,10 @@ import dataclasses
 import hashlib
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
-from kit.train.data_checks import as_messages, as_turns, explain_mixed_types, row_problem, scan_csv_rows, scan_json_lines
 from kit.errors import UsageError
-from kit.files import regular_file
+from kit.train.data_checks import as_messages, as_turns, row_problem
+from kit.train.data_source import load_located
 
 FORMATS = {
     "messages": ("messages",),
@@ -29,7 +28,6 @@ FORMATS = {
     "prompt_completion": ("prompt", "completion"),
     "text": ("text",),
 }
-LOCAL_TYPES = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 ALPACA_PROMPT = "### Instruction:\n{instruction}\n\n### Response:\n"
 
 
@@ -51,77 +49,6 @@ class Prepared:
                 f"format {self.format}; "
                 f"{self.eval_duplicates} eval rows duplicate a train row; "
                 f"{self.dropped_too_long} dropped (no trainable token within seq_len)")
-
-
-def load_rows(data_cfg):
-    """The raw dataset named by `data.path`: a local file or folder, or a Hub dataset id."""
-    return _load_located(data_cfg)[0]
-
-
-def _cache_words(e: OSError) -> str:
-    """A file error while `datasets` builds its Arrow cache (HF_HOME or HF_DATASETS_CACHE a file, full
-    or read-only): what it was, and where the cache goes."""
-    import datasets
-
-    return (f"cannot write the datasets cache: {e.strerror or e}: {e.filename} (HF_DATASETS_CACHE, or HF_HOME, "
-            f"is {datasets.config.HF_DATASETS_CACHE}: point it at a writable folder)")
-
-
-def _load_located(data_cfg):
-    """(dataset, locate): `locate(i)` names row i where a user finds it ("data.jsonl line 7")."""
-    import datasets
-
-    datasets.disable_progress_bars()  # one summary line instead of a bar per map, per rank
-
-    path = Path(data_cfg.path)
-    if path.is_dir():
-        files = sorted(str(p) for p in path.iterdir() if p.suffix in LOCAL_TYPES)
-        if not files:
-            raise UsageError(f"data folder {path} holds no {'/'.join(LOCAL_TYPES)} files")
-        kinds = {LOCAL_TYPES[Path(f).suffix] for f in files}
-        if len(kinds) > 1:
-            raise UsageError(f"data folder {path} mixes file types {sorted(kinds)}; keep one type")
-        for f in files:  # a bad line or row is named here, not deep inside Arrow (or shifted silently)
-            if LOCAL_TYPES[Path(f).suffix] == "json":
-                scan_json_lines(Path(f))
-            elif LOCAL_TYPES[Path(f).suffix] == "csv":
-                scan_csv_rows(Path(f))
-        try:
-            ds = datasets.load_dataset(kinds.pop(), data_files=files, split="train")
-        except OSError as e:
-            raise UsageError(_cache_words(e)) from None
-        except (ValueError, datasets.exceptions.DatasetGenerationError) as e:
-            raise UsageError(f"data folder {path} could not be read: {str(e).splitlines()[0]}") from e
-        locate = lambda i: f"data folder {path} row {i + 1}"  # noqa: E731
-    elif path.suffix in LOCAL_TYPES or path.exists():
-        if regular_file(path, f"data file {path} (data.path)") is None:
-            raise UsageError(f"data file {path} does not exist (data.path)")
-        if path.suffix not in LOCAL_TYPES:
-            raise UsageError(f"data file {path}: unknown type {path.suffix!r}; use {', '.join(LOCAL_TYPES)}")
-        if path.stat().st_size == 0:
-            raise UsageError(f"data file {path} is empty")
-        lines = scan_json_lines(path) if LOCAL_TYPES[path.suffix] == "json" else None
-        if LOCAL_TYPES[path.suffix] == "csv":
-            scan_csv_rows(path)
-        try:
-            ds = datasets.load_dataset(LOCAL_TYPES[path.suffix], data_files=str(path), split="train")
-        except OSError as e:
-            raise UsageError(_cache_words(e)) from None
-        except (ValueError, datasets.exceptions.DatasetGenerationError) as e:
-            why = explain_mixed_types(path, lines) or str(e).splitlines()[0]
-            raise UsageError(f"data file {path} could not be read: {why}") from e
-        locate = (lambda i: f"data file {path} line {lines[i]}") if lines else (lambda i: f"data file {path} row {i + 1}")
-    else:
-        try:
-            ds = datasets.load_dataset(data_cfg.path, split=data_cfg.split)
-        except (FileNotFoundError, ConnectionError, ValueError,
-                datasets.exceptions.DatasetNotFoundError) as e:
-            raise UsageError(f"dataset {data_cfg.path!r} is neither a local file nor a reachable Hub dataset: "
-                             f"{str(e).splitlines()[0]}") from e
-        locate = lambda i: f"{data_cfg.path} row {i + 1}"  # noqa: E731
-    if len(ds) == 0:
-        raise UsageError(f"dataset {data_cfg.path} has no rows")
-    return ds, locate
 
 
 def detect_format(columns: list[str], data_cfg) -> tuple[str, dict[str, str]]:
@@ -224,7 +151,7 @@ def prepare(cfg, tokenizer, pack: bool = False) -> Prepared:
     collator restarts position_ids at every row, so rows stay apart in attention. Eval rows are not
     packed: eval loss stays per row, comparable with an unpacked run.
     """
-    ds, locate = _load_located(cfg.data)
+    ds, locate = load_located(cfg.data)
     fmt, names = detect_format(ds.column_names, cfg.data)
     if fmt == "messages" and not tokenizer.chat_template:
         raise UsageError(f"{cfg.data.path} is chat data but the tokenizer of {cfg.model} has no chat template; "

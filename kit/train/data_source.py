@@ -1,0 +1,103 @@
+"""Where training data comes from: a local file (JSONL, JSON, CSV, parquet), a folder of one type, or a
+Hub dataset id, loaded with `datasets` after kit's own checks (`kit.train.data_checks`), each row
+locatable by the user's own words ("data.jsonl line 7")."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+
+from kit.errors import UsageError
+from kit.files import regular_file
+from kit.train.data_checks import explain_mixed_types, scan_csv_rows, scan_json_lines
+
+LOCAL_TYPES = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+def load_rows(data_cfg):
+    """The raw dataset named by `data.path`: a local file or folder, or a Hub dataset id."""
+    return load_located(data_cfg)[0]
+
+
+def _cache_words(e: OSError, source) -> str:
+    """A file error while `datasets` reads `source` and builds its Arrow cache: the cache's fault (HF_HOME
+    or HF_DATASETS_CACHE a file, full or read-only) only when the error has a file name or an errno;
+    Arrow's own errors about the data (a damaged parquet file) are OSErrors without either."""
+    import datasets
+
+    if e.errno is None and e.filename is None:
+        return f"data {source} could not be read: {' '.join(str(e).split())[:200]}"
+    return (f"cannot write the datasets cache: {e.strerror or e}: {e.filename} (HF_DATASETS_CACHE, or HF_HOME, "
+            f"is {datasets.config.HF_DATASETS_CACHE}: point it at a writable folder)")
+
+
+@contextlib.contextmanager
+def _quiet_datasets():
+    """datasets logs "Failed to read file …" before raising; kit says it once, in its own error line."""
+    logger = logging.getLogger("datasets")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def load_located(data_cfg):
+    """(dataset, locate): `locate(i)` names row i where a user finds it ("data.jsonl line 7")."""
+    import datasets
+
+    datasets.disable_progress_bars()  # one summary line instead of a bar per map, per rank
+
+    path = Path(data_cfg.path)
+    if path.is_dir():
+        files = sorted(str(p) for p in path.iterdir() if p.suffix in LOCAL_TYPES)
+        if not files:
+            raise UsageError(f"data folder {path} holds no {'/'.join(LOCAL_TYPES)} files")
+        kinds = {LOCAL_TYPES[Path(f).suffix] for f in files}
+        if len(kinds) > 1:
+            raise UsageError(f"data folder {path} mixes file types {sorted(kinds)}; keep one type")
+        for f in files:  # a bad line or row is named here, not deep inside Arrow (or shifted silently)
+            if LOCAL_TYPES[Path(f).suffix] == "json":
+                scan_json_lines(Path(f))
+            elif LOCAL_TYPES[Path(f).suffix] == "csv":
+                scan_csv_rows(Path(f))
+        try:
+            with _quiet_datasets():
+                ds = datasets.load_dataset(kinds.pop(), data_files=files, split="train")
+        except OSError as e:
+            raise UsageError(_cache_words(e, f"folder {path}")) from None
+        except (ValueError, datasets.exceptions.DatasetGenerationError) as e:
+            raise UsageError(f"data folder {path} could not be read: {str(e).splitlines()[0]}") from e
+        locate = lambda i: f"data folder {path} row {i + 1}"  # noqa: E731
+    elif path.suffix in LOCAL_TYPES or path.exists():
+        if regular_file(path, f"data file {path} (data.path)") is None:
+            raise UsageError(f"data file {path} does not exist (data.path)")
+        if path.suffix not in LOCAL_TYPES:
+            raise UsageError(f"data file {path}: unknown type {path.suffix!r}; use {', '.join(LOCAL_TYPES)}")
+        if path.stat().st_size == 0:
+            raise UsageError(f"data file {path} is empty")
+        lines = scan_json_lines(path) if LOCAL_TYPES[path.suffix] == "json" else None
+        if LOCAL_TYPES[path.suffix] == "csv":
+            scan_csv_rows(path)
+        try:
+            with _quiet_datasets():
+                ds = datasets.load_dataset(LOCAL_TYPES[path.suffix], data_files=str(path), split="train")
+        except OSError as e:
+            raise UsageError(_cache_words(e, f"file {path}")) from None
+        except (ValueError, datasets.exceptions.DatasetGenerationError) as e:
+            why = explain_mixed_types(path, lines) or str(e).splitlines()[0]
+            raise UsageError(f"data file {path} could not be read: {why}") from e
+        locate = (lambda i: f"data file {path} line {lines[i]}") if lines else (lambda i: f"data file {path} row {i + 1}")
+    else:
+        try:
+            ds = datasets.load_dataset(data_cfg.path, split=data_cfg.split)
+        except (FileNotFoundError, ConnectionError, ValueError,
+                datasets.exceptions.DatasetNotFoundError) as e:
+            raise UsageError(f"dataset {data_cfg.path!r} is neither a local file nor a reachable Hub dataset: "
+                             f"{str(e).splitlines()[0]}") from e
+        locate = lambda i: f"{data_cfg.path} row {i + 1}"  # noqa: E731
+    if len(ds) == 0:
+        raise UsageError(f"dataset {data_cfg.path} has no rows")
+    return ds, locate
