@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -426,3 +428,27 @@ def test_a_failed_run_passes_on_kits_exit_code(tmp_path, monkeypatch, outcome, c
     plan = schedule.Plan(notebook=tmp_path / "nb.ipynb", runs_dir=tmp_path / "runs", parameters={})
     assert schedule.loop(plan, repeat=True, every_minutes=0.01, max_runs=None, say=lambda *a, **k: None,
                          sleep=lambda s: None) == code
+
+
+@pytest.mark.slow
+def test_ctrl_c_of_a_scheduled_run_is_one_line_and_exit_130(tmp_path):
+    """Ctrl-C while the kernel trains: `interrupted`, exit 130, and nothing else on stderr (the kernel's
+    ZMQ traceback from its interrupted reply goes to the run's .kernel.log)."""
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    args = ["schedule", "--config", "configs/default.yaml", "--runs-dir", str(runs), "--nproc", "1",
+            "max_steps=3000", "save_steps=50", *FAST, f"output_dir={out}"]
+    proc = subprocess.Popen([sys.executable, "-m", "kit", *args], cwd=ROOT, env=cpu_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "kit_run.json").exists() and time.monotonic() < deadline:  # training has begun
+            time.sleep(0.5)
+        assert (out / "kit_run.json").exists(), "training never began"
+        time.sleep(2)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stdout[-2000:] + stderr[-2000:]
+    assert stderr.strip() == "interrupted", stderr[-3000:]
+    assert list(runs.glob("*.kernel.log"))

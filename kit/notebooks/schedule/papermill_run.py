@@ -9,7 +9,10 @@ papermill's error. No parameter is ever a token (`kit.notebooks.schedule.loop.re
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +36,23 @@ class Plan:
 
 
 # -- one run ----------------------------------------------------------------------------------
+@contextlib.contextmanager
+def kernel_stderr(path: Path):
+    """Send what the Jupyter kernel (a child process) writes to stderr to `path`, not the terminal: its
+    log lines, and the ZMQ traceback it prints when Ctrl-C stops `kit schedule` mid-message. The
+    kernel keeps the file after this returns, so its shutdown noise lands there too."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(path, "ab") as log:
+            os.dup2(log.fileno(), 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def run_path(runs_dir: Path, n: int, now: float | None = None) -> Path:
     """`runs/20261202T132500Z-1.ipynb`; never the name of an existing run notebook."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
@@ -68,11 +88,13 @@ def execute(plan: Plan, n: int, verbose: bool = False) -> tuple[str, Path]:
     plan.runs_dir.mkdir(parents=True, exist_ok=True)
     out = run_path(plan.runs_dir, n)
     began, error = time.time(), None
+    log = out.with_suffix(".kernel.log")
     try:
-        papermill.execute_notebook(str(plan.notebook), str(out), parameters=plan.parameters,
-                                   kernel_name="python3", cwd=str(plan.cwd), progress_bar=False,
-                                   log_output=verbose, request_save_on_cell_execute=True,
-                                   execution_timeout=plan.run_timeout_s, interrupt_on_timeout=True)
+        with contextlib.nullcontext() if verbose else kernel_stderr(log):
+            papermill.execute_notebook(str(plan.notebook), str(out), parameters=plan.parameters,
+                                       kernel_name="python3", cwd=str(plan.cwd), progress_bar=False,
+                                       log_output=verbose, request_save_on_cell_execute=True,
+                                       execution_timeout=plan.run_timeout_s, interrupt_on_timeout=True)
     except PapermillException as err:  # a cell raised: the notebook's outcome line says why
         lines = str(err).strip().splitlines()
         error = f"failed: {type(err).__name__}: {lines[-1][:200] if lines else 'no message'}"
@@ -80,6 +102,8 @@ def execute(plan: Plan, n: int, verbose: bool = False) -> tuple[str, Path]:
         error = f"failed: the kernel stopped: {str(err).splitlines()[0][:200]}"
     finally:  # a cell may have printed the token (the user's own print, a library's debug line)
         scrub_file(out)
+        if log.exists():
+            scrub_file(log)
     printed = outcome_of(out) if out.exists() else None
     # The outcome goes to the terminal and the runs record: a token a cell raised with is shown as ***.
     said = redact(printed or error or "failed: the notebook printed no outcome line")
