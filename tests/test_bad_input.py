@@ -349,6 +349,10 @@ SCRIPT_CASES = [
                            b"q\xff,a\n"}, ["data.path=d.csv"], 2, "d.csv line 10 is not UTF-8 text"),
     ("data-jsonl-not-utf8-line", {"d.jsonl": jsonl(GOOD_ROWS[:3]).encode() + b'{"text": "\xff"}\n'},
      ["data.path=d.jsonl"], 2, "d.jsonl line 4 is not UTF-8 text"),
+    ("data-json-empty-array", {"d.json": "[]"}, ["data.path=d.json"], 2, "d.json holds an empty JSON array"),
+    ("data-csv-header-only", {"d.csv": "prompt,completion\n"}, ["data.path=d.csv"], 2,
+     "d.csv has a header \\(prompt,completion\\) but no rows"),
+    ("data-jsonl-empty-objects", {"d.jsonl": "{}\n{}\n"}, ["data.path=d.jsonl"], 2, "d.jsonl line 1: an empty JSON object"),
     ("data-parquet-damaged", {"d.parquet": b"PAR1" + b"\0" * 100 + b"PAR1"}, ["data.path=d.parquet"], 2,
      "data file d.parquet could not be read: Couldn't deserialize thrift"),  # it blamed the datasets cache
     ("data-is-a-device", {}, ["data.path=/dev/zero"], 2, "data file /dev/zero \\(data.path\\): not a regular file"),

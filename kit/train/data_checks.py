@@ -49,6 +49,8 @@ def scan_json_lines(path: Path) -> list[int] | None:
             raise UsageError(f"data file {path} line {e.lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
         except (ValueError, RecursionError) as e:
             raise UsageError(f"data file {path}: {_unusable(e)}") from None
+        if not rows:
+            raise UsageError(f"data file {path} holds an empty JSON array: no examples to train on")
         bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
         if bad is not None:
             raise UsageError(f"data file {path}: item {bad + 1} of its JSON array is a {type(rows[bad]).__name__}, "
@@ -68,6 +70,9 @@ def scan_json_lines(path: Path) -> list[int] | None:
         if not isinstance(row, dict):
             raise UsageError(f"data file {path} line {n}: a JSON {type(row).__name__}, not an object of named "
                              "fields; each line must be one JSON object")
+        if not row:
+            raise UsageError(f"data file {path} line {n}: an empty JSON object; each line must hold the example's "
+                             "fields (messages, or prompt and completion, …)")
         # Arrow needs one type per field: given mixed ones it fails, or worse, silently converts
         # (a JSON string read as an object). Say which line differs, before it gets the chance.
         for field, kind in _shape(row).items():
@@ -139,10 +144,14 @@ def scan_csv_rows(path: Path) -> None:
             header = next(rows, None)
             if not header:
                 raise UsageError(f"data file {path} has no header row (the column names, e.g. prompt,completion)")
+            count = 0
             for n, row in enumerate(rows, 2):
                 if row and len(row) != len(header):
                     raise UsageError(f"data file {path} row {n}: {len(row)} fields, the header has {len(header)} "
                                      f"({','.join(header)}); quote fields that hold a comma")
+                count += bool(row)
+            if not count:
+                raise UsageError(f"data file {path} has a header ({','.join(header)}) but no rows under it")
     except UnicodeDecodeError:  # decoded in blocks, so the reader's place is not the line: find it
         for _ in _text_lines(path):  # raises, naming the first line that is not UTF-8
             pass
