@@ -69,7 +69,8 @@ def load_located(data_cfg):
         except OSError as e:
             raise UsageError(_cache_words(e, f"folder {path}")) from None
         except (ValueError, datasets.exceptions.DatasetGenerationError) as e:
-            raise UsageError(f"data folder {path} could not be read: {str(e).splitlines()[0]}") from e
+            why = _columns_differ(files) or str(e).splitlines()[0]
+            raise UsageError(f"data folder {path} could not be read: {why}") from e
         locate = lambda i: f"data folder {path} row {i + 1}"  # noqa: E731
     elif path.suffix in LOCAL_TYPES or path.exists():
         if regular_file(path, f"data file {path} (data.path)") is None:
@@ -101,3 +102,34 @@ def load_located(data_cfg):
     if len(ds) == 0:
         raise UsageError(f"dataset {data_cfg.path} has no rows")
     return ds, locate
+
+
+def _columns_differ(files: list[str]) -> str | None:
+    """"a.csv has columns […] where b.csv has […]" for a folder whose files disagree, else None."""
+    import json
+
+    def columns(f: str) -> list[str]:
+        kind = LOCAL_TYPES[Path(f).suffix]
+        if kind == "parquet":
+            import pyarrow.parquet
+
+            return list(pyarrow.parquet.read_schema(f).names)
+        with open(f, encoding="utf-8", newline="") as fh:
+            if kind == "csv":
+                import csv
+
+                return next(csv.reader(fh), [])
+            text = fh.read() if f.endswith(".json") else next((line for line in fh if line.strip()), "{}")
+        first = json.loads(text)
+        first = first[0] if isinstance(first, list) and first else first
+        return sorted(first) if isinstance(first, dict) else []
+
+    try:
+        seen = [(Path(f).name, columns(f)) for f in files]
+    except (OSError, ValueError, RecursionError, StopIteration):  # the load's own error says more
+        return None
+    odd = next(((name, cols) for name, cols in seen if sorted(cols) != sorted(seen[0][1])), None)
+    if odd is None:
+        return None
+    return (f"{odd[0]} has columns {odd[1]} where {seen[0][0]} has {seen[0][1]}: every file of a folder needs the "
+            "same columns")
