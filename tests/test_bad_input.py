@@ -559,7 +559,9 @@ def _hidden_size(d: Path) -> None:
     (_hidden_size, "its weights do not load \\(their shapes differ from config.json's\\)"),
     (lambda d: (d / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content | nofilter }}{% endfor %}"),
      "the model's chat template fails"),
-], ids=["no-weights", "garbage-weights", "config-shape-edited", "broken-template"])
+    (lambda d: [(d / f).unlink() for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")],
+     "model 'm' has no usable tokenizer \\(1 tokens\\)"),
+], ids=["no-weights", "garbage-weights", "config-shape-edited", "broken-template", "no-tokenizer"])
 @pytest.mark.slow
 def test_a_model_folder_whose_files_do_not_load_is_one_line(sandbox, damage, want):
     """The real script in its own process (transformers' warnings about the weights go to its stderr)."""

@@ -82,6 +82,9 @@ def check_seq_len(cfg, model_config) -> None:
         raise UsageError(f"seq_len={cfg.seq_len} is longer than {cfg.model}'s max_position_embeddings={limit}")
 
 
+MIN_VOCAB = 16  # fewer tokens than this is no real tokenizer (kit's own tiny test model has 512)
+
+
 def load(cfg, plan, ctx, quantization=None):
     """(model, tokenizer) for `cfg` on this rank's device, as `plan` says; `quantization` is the
     script's BitsAndBytesConfig for QLoRA (Unsloth builds its own from load_in_4bit)."""
@@ -95,6 +98,9 @@ def load(cfg, plan, ctx, quantization=None):
     except (OSError, ValueError) as e:
         raise UsageError(f"model {cfg.model!r} could not be loaded: {str(e).splitlines()[0]} "
                          "(offline? give a local path or set HF_HUB_OFFLINE=0)") from e
+    if len(tokenizer) < MIN_VOCAB:  # transformers 5 builds an empty tokenizer from a folder without one
+        raise UsageError(f"model {cfg.model!r} has no usable tokenizer ({len(tokenizer)} tokens): its folder needs "
+                         "the base model's tokenizer files (tokenizer.json or tokenizer.model, tokenizer_config.json)")
     check_seq_len(cfg, model_config)
     from safetensors import SafetensorError
 
