@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from kit.errors import under_torchrun
+from kit.errors import EXIT_CANNOT_TRAIN, under_torchrun
 from kit.train.callbacks import meter_words
 
 FINAL_UPLOAD_TIMEOUT_S = 600.0
@@ -21,7 +21,11 @@ def finish(job, trainer) -> int:
         for line in lines:
             job.log(line)
         job._smoke_folder.remove()
-        return 0 if ok else 1
+        if ok:
+            return 0
+        if job.ctx.is_main:  # a check failed, not kit: exit 3 (this config cannot train here), one error line
+            print(f"error: {lines[-1]}", file=sys.stderr, flush=True)
+        return EXIT_CANNOT_TRAIN
     step = trainer.state.global_step
     if job._control.halted:  # another session took the store over: leave it to that one
         if job.ctx.is_main:
