@@ -20,7 +20,7 @@ from kit.checkpoints import fingerprint, leftovers, manifest
 from kit.errors import UsageError
 from kit.files import json_problem, parse_json
 
-_CKPT = re.compile(r"^checkpoint-(\d+)$")
+STEP_DIR = re.compile(r"checkpoint-(\d+)")  # a checkpoint folder kit wrote (Trainer's name)
 
 
 @dataclass
@@ -39,7 +39,7 @@ def local_checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
     root = Path(output_dir)
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _CKPT.match(p.name))]
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := STEP_DIR.fullmatch(p.name))]
     return sorted(found, reverse=True)
 
 
@@ -189,9 +189,9 @@ def choose(cfg, store, world_size: int, force: bool = False) -> Decision:
             d.resume_from, d.source = str(fetched), "store"
         elif local is not None:
             d.resume_from, d.source = str(local[1]), "local"
-        resumed = int(_CKPT.match(Path(d.resume_from).name).group(1)) if d.resume_from else 0
+        resumed = int(STEP_DIR.fullmatch(Path(d.resume_from).name).group(1)) if d.resume_from else 0
         for path in invalid:  # training on from an older step saves these steps again, in place
-            if path.exists() and int(_CKPT.match(path.name).group(1)) > resumed:
+            if path.exists() and int(STEP_DIR.fullmatch(path.name).group(1)) > resumed:
                 set_aside(path, d.warnings)
     if d.resume_from is None:
         return d

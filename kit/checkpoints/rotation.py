@@ -12,27 +12,18 @@ and the background upload works from a staged copy, so a rotated folder is never
 from __future__ import annotations
 
 import logging
-import re
 import shutil
 from pathlib import Path
 
+from kit.checkpoints.resume import local_checkpoints
+
 log = logging.getLogger("kit.checkpoints")
-STEP_DIR = re.compile(r"checkpoint-(\d+)")
-
-
-def step_dirs(output_dir) -> list[tuple[int, Path]]:
-    """(step, folder) of each real `checkpoint-<step>` folder (not a file, not a symlink), by step."""
-    out = Path(output_dir)
-    if not out.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in out.iterdir()
-             if (m := STEP_DIR.fullmatch(p.name)) and p.is_dir() and not p.is_symlink()]
-    return sorted(found)
 
 
 def rotate(output_dir, keep: int, current: Path) -> list[Path]:
     """Remove the oldest `checkpoint-<step>` folders beyond `keep`, never `current`; the ones removed."""
-    doomed = [p for _, p in step_dirs(output_dir)[:-keep] if p != Path(current)] if keep > 0 else []
+    found = [p for _, p in reversed(local_checkpoints(output_dir)) if not p.is_symlink()]  # oldest step first
+    doomed = [p for p in found[:-keep] if p != Path(current)] if keep > 0 else []
     removed = []
     for path in doomed:
         try:

@@ -192,3 +192,21 @@ def _bigger_gpu(model, cfg, precision, optimizer, n, budget, loop, nodes, ram) -
                     f"strategy {found[0]}, micro-batch {found[2]}: estimated {found[4].total_bytes / GIB:.1f} GiB "
                     "per GPU)")
     return None
+
+
+def rank_budget(usable: list[dict], reasons: list[str]) -> int:
+    """The memory each rank may use: the smallest GPU's total, or its free memory when something holds a lot."""
+    unknown = [g["index"] for g in usable if g.get("memory_total_bytes") is None]
+    if unknown:
+        raise UsageError(f"GPU {unknown[0]}'s memory could not be read (memory_total_bytes is null), and the plan "
+                         "is sized by it: give the machine instead, e.g. --gpus 2xT4")
+    budget = min(g["memory_total_bytes"] for g in usable)
+    held = [g for g in usable if g.get("memory_free_bytes") is not None
+            and g["memory_total_bytes"] - g["memory_free_bytes"] > GIB]
+    if held:
+        budget = min(budget, min(g["memory_free_bytes"] for g in held))
+        used = max(g["memory_total_bytes"] - g["memory_free_bytes"] for g in held)
+        reasons.append(f"GPU {held[0]['index']} already has {used / GIB:.1f} GiB in use by another process (a "
+                       f"notebook kernel holding a model?): planning with the free {budget / GIB:.1f} GiB; restart "
+                       "that kernel to get it back.")
+    return budget

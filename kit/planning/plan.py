@@ -18,7 +18,7 @@ from kit.machine import verdicts
 from kit.machine.command import launch_command
 from kit.planning import hostram, memory, plan_words, precision, shapes, speed
 from kit.planning import nodes as nodes_mod
-from kit.planning.fit import batch_for_world, cheaper_change, fit, training_loop
+from kit.planning.fit import batch_for_world, cheaper_change, fit, rank_budget, training_loop
 from kit.files import GIB
 
 CPU_MAX_PARAMS = 1e9
@@ -111,7 +111,7 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
         if not (facts.packages or {}).get("bitsandbytes"):
             plan.reasons.append("bitsandbytes is not installed there: `pip install bitsandbytes` before training.")
     plan.optimizer = _optimizer(cfg, facts, gpu)
-    budget = _budget(usable, plan.reasons)
+    budget = rank_budget(usable, plan.reasons)
     plan.batching = speed.batching(cfg, gpu, plan.reasons)
     loop = {**training_loop(facts), "batching": plan.batching}
     ram, why = hostram.budget(facts.ram_bytes), []
@@ -172,24 +172,6 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
                             "model and data once and keeps its own output_dir; a node that dies ends the job (non-zero "
                             "exit), and the same commands resume it.")
     return plan
-
-
-def _budget(usable: list[dict], reasons: list[str]) -> int:
-    """The memory each rank may use: the smallest GPU's total, or its free memory when something holds a lot."""
-    unknown = [g["index"] for g in usable if g.get("memory_total_bytes") is None]
-    if unknown:
-        raise UsageError(f"GPU {unknown[0]}'s memory could not be read (memory_total_bytes is null), and the plan "
-                         "is sized by it: give the machine instead, e.g. --gpus 2xT4")
-    budget = min(g["memory_total_bytes"] for g in usable)
-    held = [g for g in usable if g.get("memory_free_bytes") is not None
-            and g["memory_total_bytes"] - g["memory_free_bytes"] > GIB]
-    if held:
-        budget = min(budget, min(g["memory_free_bytes"] for g in held))
-        used = max(g["memory_total_bytes"] - g["memory_free_bytes"] for g in held)
-        reasons.append(f"GPU {held[0]['index']} already has {used / GIB:.1f} GiB in use by another process (a "
-                       f"notebook kernel holding a model?): planning with the free {budget / GIB:.1f} GiB; restart "
-                       "that kernel to get it back.")
-    return budget
 
 
 def _as_facts(facts):

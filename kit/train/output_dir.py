@@ -6,7 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from kit.checkpoints.rotation import STEP_DIR
+from kit.checkpoints.resume import STEP_DIR
 from kit.deliver.final import FINAL_DIR
 from kit.errors import UsageError
 from kit.evaluation.identity import RUN_LOCAL

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import libcst as cst
 
-from kit.notebooks.convert.calls import CellRewriter, uses_every_parameter
+from kit.notebooks.convert.calls import CellRewriter
+from kit.notebooks.convert.kinds import uses_every_parameter
 from kit.notebooks.convert.cells import clip, is_comment_only, parse_cell, read_cells
 from kit.notebooks.convert.dryrun import DryRun
 from kit.notebooks.convert.facts import Facts, gather

@@ -21,7 +21,7 @@ from pathlib import Path
 import libcst as cst
 
 import kit
-from kit.notebooks.convert.calls import is_model_loader, is_training_args
+from kit.notebooks.convert.kinds import is_model_loader, is_training_args
 from kit.notebooks.convert.syntax import call_name, code, drop_kwarg, kwarg, normal, set_kwarg, short_name
 
 ROOT = Path(kit.CHECKOUT)
