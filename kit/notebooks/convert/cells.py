@@ -161,8 +161,11 @@ def _captured(lhs: str, rhs: str, where: str) -> str:
 def _is_install(line: str) -> bool:
     """`!pip install x`, `%pip install x`, `!apt-get install y`: setup that may run first, once."""
     words = line.lstrip("!%").split()
-    return bool(words) and (words[0] in INSTALLERS or words[:2] in (["python", "-m"], ["python3", "-m"])
-                            and len(words) > 2 and words[2] in INSTALLERS or words[0] == "uv" and words[1:2] == ["pip"])
+    if words[:2] in (["python", "-m"], ["python3", "-m"]):  # `python -m pip install x`
+        words = words[2:]
+    elif words[:2] == ["uv", "pip"]:
+        words = words[1:]
+    return bool(words) and words[0] in INSTALLERS
 
 
 def _launched_script(line: str) -> str | None:
