@@ -303,6 +303,18 @@ def test_a_runs_dir_kit_cannot_use_is_refused(tmp_path, kind, capsys, monkeypatc
     assert sorted(map(str, tmp_path.rglob("*"))) == before
 
 
+def test_no_training_script_is_one_line_exit_2_before_any_run(tmp_path):
+    """A new user schedules before bootstrap: said at once, not as a failed papermill run minutes later."""
+    nb = tmp_path / "resume.ipynb"
+    nb.write_text((ROOT / "notebooks" / "resume.ipynb").read_text())
+    args = schedule_args(tmp_path / "runs", tmp_path / "out", str(tmp_path / "store"), "--notebook", str(nb))
+    args[args.index("configs/default.yaml")] = str(ROOT / "configs" / "default.yaml")
+    r = subprocess.run([sys.executable, "-m", "kit", *args], cwd=tmp_path, env=cpu_env(), capture_output=True,
+                       text=True, timeout=60)
+    _refused(r, 2, "no train_ddp.py in", "kit bootstrap --config")
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
+
+
 def test_a_notebook_that_is_a_directory(tmp_path):
     (tmp_path / "dir.ipynb").mkdir()
     r = kit(schedule_args(tmp_path / "runs", tmp_path / "out", str(tmp_path / "store"), "--notebook",

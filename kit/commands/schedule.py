@@ -138,6 +138,7 @@ def run(args) -> int:
 
         logging.basicConfig(level=logging.INFO, format="%(message)s")
     notebook = schedule.check_notebook(Path(args.notebook))
+    _check_script(args.config)
     where = schedule.check_store(cfg)
     print(f"schedule: {notebook} → {runs_dir}/; store: {where or f'none (local {cfg.output_dir})'}; "
           f"{'until complete' if args.loop else 'one run'}", flush=True)
@@ -154,6 +155,16 @@ def run(args) -> int:
                          run_timeout_s=run_timeout_s, sessions=Path(cfg.output_dir).resolve() / "kit_sessions.jsonl")
     return schedule.loop(plan, repeat=args.loop, every_minutes=args.every, max_runs=args.max_runs,
                          verbose=args.verbose)
+
+
+def _check_script(config_path: str | None) -> None:
+    """Each run resumes ./train_ddp.py: without one, say so now (exit 2), not after a kernel has started."""
+    from kit.errors import UsageError
+    from kit.files import regular_file
+
+    if regular_file(Path("train_ddp.py"), "train_ddp.py") is None:
+        how = f"kit bootstrap --config {shlex.quote(config_path)}" if config_path else "kit bootstrap --config CONFIG"
+        raise UsageError(f"no train_ddp.py in {Path.cwd()}: each scheduled run resumes it; run `{how}` here first")
 
 
 def _git(*argv: str) -> str | None:
