@@ -58,6 +58,10 @@ def test_gradient_checkpointing_accepts_yaml_booleans(tmp_path, raw, want):
     ("lora=3", ["'lora'", "mapping"]),
     ("model=null", ["'model'", "null"]),
     ("noequals", ["KEY=VALUE"]),
+    ("max_steps=1000000000000000000000", ["'max_steps'", "at most 2,147,483,647"]),
+    ("seq_len=3000000000", ["'seq_len'", "at most 2,147,483,647"]),
+    ("epochs=1e12", ["'epochs'", "at most 1,000,000"]),
+    ("seed=4294967296", ["'seed'", "2**32"]),
 ])
 def test_bad_overrides_are_one_line_usage_errors(override, words):
     with pytest.raises(UsageError) as e:
@@ -66,6 +70,11 @@ def test_bad_overrides_are_one_line_usage_errors(override, words):
     assert "\n" not in msg and e.value.exit_code == 2
     for w in words:
         assert w in msg
+
+
+def test_the_largest_sensible_values_are_kept():
+    cfg = config.load(None, ["max_steps=2147483647", "seed=4294967295", "epochs=1000000"])
+    assert (cfg.max_steps, cfg.seed, cfg.epochs) == (2147483647, 4294967295, 1e6)
 
 
 def test_malformed_yaml_names_the_line(tmp_path):

@@ -23,6 +23,9 @@ CHECKPOINTING = ("auto", "on", "off")
 STRATEGIES = ("auto", "ddp", "fsdp", "model_parallel")
 EVAL_METRICS = ("auto", "exact_match", "none")
 
+INT_MAX = 2**31 - 1  # a C int: what torch, tokenizers and the Trainer's step counters hold
+MAX_EPOCHS = 10**6
+
 
 # (type accepted, allows None). bool is an int subclass, so it is refused for int/float fields.
 # learning_rate may be 0: a smoke run with it must be able to show "LoRA weights unchanged".
@@ -143,6 +146,11 @@ def check_value(key: str, f: dataclasses.Field, value, source: str):
         raise UsageError(f"config key {key!r}{where} must be > 0, got {value!r}")
     if key in _NON_NEGATIVE and value < 0:
         raise UsageError(f"config key {key!r}{where} must be >= 0, got {value!r}")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT_MAX and key != "seed":
+        # 10**21 steps "trained forever"; the libraries keep counts, lengths and ranks in C ints
+        raise UsageError(f"config key {key!r}{where} must be at most {INT_MAX:,}, got {value!r}")
+    if key == "epochs" and value > MAX_EPOCHS:  # epochs × rows becomes a step count
+        raise UsageError(f"config key {key!r}{where} must be at most {MAX_EPOCHS:,}, got {value!r}")
     if key == "seed" and not 0 <= value < 2**32:  # numpy's and CUDA's generators take 32-bit seeds
         raise UsageError(f"config key {key!r}{where} must be in [0, 2**32), got {value!r}")
     if key == "learning_rate" and value > 1:  # 1e300 overflowed the optimizer at step 1; real ones are < 1e-2
