@@ -205,6 +205,7 @@ def test_magics_dropped_and_line_numbers_kept(tmp_path):
 def test_mechanical_fixes_and_reload_barrier(tmp_path):
     nb = make_nb(tmp_path, [
         "import torch\nuse_bf16 = torch.cuda.is_bf16_supported()\nx = torch.zeros(1).to('cuda:0')\ndisplay(x)\n"
+        "from IPython.display import HTML, Markdown\ndisplay(HTML(f'<b>{x}</b>'), Markdown(text='y'))\n"
         "device = 'cuda:0'\nname = torch.cuda.get_device_name(0)\nwith torch.autocast('cuda'):\n    pass",
         "m.save_pretrained('base')\nm = AutoModelForCausalLM.from_pretrained('base')",
         "from google.colab import drive, userdata\ndrive.mount('/content/drive')\ntok = userdata.get('HF_TOKEN')\n"
@@ -219,6 +220,7 @@ def test_mechanical_fixes_and_reload_barrier(tmp_path):
     assert "torch.zeros(1).to(rank_device)" in src and "device = rank_device" in src
     assert "torch.cuda.get_device_name(local_rank)" in src and "torch.autocast('cuda')" in src
     assert "print(x)" in src and "display(" not in src
+    assert "print(f'<b>{x}</b>', Markdown(text='y'))" in src  # the text an HTML wrapper holds, not its repr
     assert "tok = huggingface_hub.get_token()" in src and 'key = os.environ.get("WANDB_API_KEY")' in src
     assert 'wb = os.environ.get("WANDB_API_KEY")' in src and "other = os.environ.get('OPENAI')" in src
     assert "t = huggingface_hub.get_token()" in src

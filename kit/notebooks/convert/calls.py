@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from kit.notebooks.convert.kinds import TRL_CONFIGS, UNSLOTH_LOADERS, find_unused_why, is_training_args
+from kit.notebooks.convert.kinds import TRL_CONFIGS, UNSLOTH_LOADERS, find_unused_why, is_training_args, shown_text
 from kit.notebooks.convert.syntax import call_name, code, kwarg, set_kwarg, short_name
 
 # device_map values that split one model over several GPUs (accelerate's "big model" placement).
@@ -196,7 +196,7 @@ class CellRewriter(cst.CSTTransformer):
                       "WANDB_API_KEY in the environment", review=True)
         elif name == "display":
             self.note("display() → print(): a script has no rich output")
-            return updated.with_changes(func=cst.Name("print"))
+            return updated.with_changes(func=cst.Name("print"), args=[shown_text(a) for a in updated.args])
         elif short in ("shuffle", "train_test_split") and isinstance(updated.func, cst.Attribute) \
                 and not code(updated.func.value).endswith("random") and kwarg(updated, "seed") is None:
             return self._seed(updated, name, "seed")

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import libcst as cst
 
-from kit.notebooks.convert.syntax import call_name, kwarg
+from kit.notebooks.convert.syntax import call_name, code, kwarg
 
 UNSLOTH_LOADERS = {"FastLanguageModel", "FastModel", "FastVisionModel"}
 TRL_CONFIGS = {"SFTConfig", "DPOConfig", "GRPOConfig", "ORPOConfig", "KTOConfig", "CPOConfig",
                "RewardConfig", "PPOConfig", "RLOOConfig", "GKDConfig", "OnlineDPOConfig"}
 TRL_TRAINERS = {c.replace("Config", "Trainer") for c in TRL_CONFIGS}
+RICH = {"HTML", "Markdown", "Latex", "JSON", "Pretty", "Code"}  # IPython.display's rich-output wrappers
 TRAINER_KEYWORDS = {"output_dir", "per_device_train_batch_size", "num_train_epochs", "max_steps",
                     "learning_rate", "gradient_accumulation_steps"}
 
@@ -47,3 +48,11 @@ def is_training_args(call: cst.Call) -> bool:
     if short.endswith("TrainingArguments") or short in TRL_CONFIGS:
         return True
     return short.endswith("Config") and any(kwarg(call, k) for k in TRAINER_KEYWORDS)
+
+
+def shown_text(arg: cst.Arg) -> cst.Arg:
+    """An argument of display() as print() should get it: display(HTML(x)) prints x, not `<…HTML object>`."""
+    v = arg.value
+    if isinstance(v, cst.Call) and code(v.func).split(".")[-1] in RICH and len(v.args) == 1 and not v.args[0].keyword:
+        return arg.with_changes(value=v.args[0].value)
+    return arg
