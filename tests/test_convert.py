@@ -506,6 +506,11 @@ def test_unseeded_data_prep_gets_the_notebook_seed(tmp_path):
                for c in texts(conv))
     plain = convert_notebook(make_nb(tmp_path, ["ds = ds.shuffle()", *TRAIN], "plain.ipynb"))
     assert "ds.shuffle(seed=42)" in plain.source
+    spelled = convert_notebook(make_nb(tmp_path, ["import numpy\nx = numpy.random.rand(8)", *TRAIN], "np.ipynb"))
+    assert "np.random.seed(42)" in spelled.source.split("training_ok = False")[0]  # numpy.random, not only np.random
+    seeded = convert_notebook(make_nb(tmp_path, ["import numpy\nnumpy.random.seed(1)\nx = numpy.random.rand(8)",
+                                                 *TRAIN], "npseeded.ipynb"))
+    assert "np.random.seed(" not in seeded.source.split("training_ok = False")[0]
 
 
 def test_device_maps_cpu_and_use_cpu(tmp_path):

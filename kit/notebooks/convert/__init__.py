@@ -21,6 +21,7 @@ Cell numbers are 1-based positions among all of the notebook's cells, markdown i
 from __future__ import annotations
 
 import ast
+import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -249,11 +250,13 @@ def _rank_block_parts(trees, facts: Facts, rewriter: CellRewriter, dry: DryRun |
         imports.append("import huggingface_hub")
     if dry is not None and dry.used_helpers:
         imports.append("from kit.notebooks.convert.dryrun import device_properties, dry_run_dataset  # kit: --dry-run")
-    funcs = [ast.unparse(n.func) for _, t in trees for n in ast.walk(t) if isinstance(n, ast.Call)]
+    # `numpy.random.rand()` and `np.random.rand()` alike
+    funcs = [re.sub(r"^numpy\.", "np.", ast.unparse(n.func)) for _, t in trees for n in ast.walk(t)
+             if isinstance(n, ast.Call)]
     seed_note = f"the notebook's seed, from {facts.seed_from}" if facts.seed_from else "kit's choice: the notebook sets none"
     for module, alias, prefix in (("random", "random", "random."), ("numpy", "np", "np.random.")):
         used = [f for f in funcs if f.startswith(prefix) and f.rsplit(".", 1)[-1] in RANDOM_CALLS]
-        if used and f"{prefix}seed" not in funcs and f"{prefix.replace('np.', 'numpy.')}seed" not in funcs:
+        if used and f"{prefix}seed" not in funcs:
             imports.append(f"import {module}" + (f" as {alias}" if alias != module else ""))
             seeds.append(f"{prefix}seed({facts.seed})  # kit: {', '.join(dict.fromkeys(used))}() are unseeded: "
                          "the same on every rank")
