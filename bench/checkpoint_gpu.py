@@ -124,7 +124,7 @@ def main() -> int:
         # An upload starts when its checkpoint is sealed, i.e. by the time step N+1 starts.
         windows = [(ends[n - 1], published[n]) for n in published if n < len(ends)]
         during, outside = [], []
-        for step, s, e in intervals(ends, 1, a.save_steps):
+        for _step, s, e in intervals(ends, 1, a.save_steps):
             (during if any(s < w_end and e > w_start for w_start, w_end in windows) else outside).append(e - s)
         ckpt = work / "hub" / f"checkpoint-{a.steps}"
         ckpt_mib = sum(f.stat().st_size for f in ckpt.rglob("*") if f.is_file()) / 2**20

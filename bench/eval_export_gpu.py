@@ -137,7 +137,7 @@ def main() -> None:
         export_proc.wait(timeout=540)
     except subprocess.TimeoutExpired:
         export_proc.kill()
-        raise SystemExit(f"export ran over 540 s:\n{tail(work / 'export.log')}")
+        raise SystemExit(f"export ran over 540 s:\n{tail(work / 'export.log')}") from None
     text = (work / "export.log").read_text(errors="replace")
     if "PEAK_RSS_KIB" not in text:  # it died before the probe could print (killed, out of memory)
         raise SystemExit(f"export failed ({export_proc.returncode}):\n{tail(work / 'export.log')}")

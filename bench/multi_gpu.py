@@ -277,10 +277,10 @@ class Bench:
             script, ov = self.prepare("Qwen/Qwen3-0.6B", o, 400, 2, [f"store={store}", "save_steps=3"], f"crash-{case}")
             j = self.job(script, self.n, ov, f"crash-{case}")
             if case == "rank1_mid_step":
-                armed = wait_until(lambda: j.steps_logged() >= 4, self.a.timeout)
+                armed = wait_until(lambda j=j: j.steps_logged() >= 4, self.a.timeout)
                 victim = 1
             else:
-                armed = wait_until(lambda: (newest_checkpoint_dir(o) or Path("/nonexistent")).name != "checkpoint-3"
+                armed = wait_until(lambda j=j, o=o: (newest_checkpoint_dir(o) or Path("/nonexistent")).name != "checkpoint-3"
                                    and newest_checkpoint_dir(o) is not None and j.steps_logged() >= 5, self.a.timeout)
                 victim = 0
             pids = j.ranks()

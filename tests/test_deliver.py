@@ -9,7 +9,6 @@ import re
 import shutil
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 import yaml

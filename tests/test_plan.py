@@ -268,7 +268,7 @@ def test_cli_does_not_fit_prints_plan_and_exits_3():
     out = kit_plan("--gpus", "2xP100")
     assert out.returncode == 3 and "sm_60" in out.stderr
     # The refused plan's header names the machine the error names.
-    out = kit_plan("--gpus", "2xT4", "seq_len=1000000000000")
+    out = kit_plan("--gpus", "2xT4", "seq_len=2000000000")
     assert out.returncode == 3 and "does not fit on 2× Tesla T4" in out.stderr
     assert out.stdout.splitlines()[0] == "plan for models/tiny-qwen3 on 2× Tesla T4"
 

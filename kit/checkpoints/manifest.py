@@ -91,7 +91,7 @@ def parse_manifest(text: str | bytes) -> dict | None:
     if not isinstance(data, dict) or not isinstance(data.get("files"), dict) or not _count(data.get("step")):
         return None
     # Every reader compares these: a wrong type here must mean "not a manifest", never a crash mid-resume.
-    for rel, want in data["files"].items():
+    for want in data["files"].values():
         if not (isinstance(want, dict) and _count(want.get("size")) and isinstance(want.get("sha256"), str)):
             return None
     return data

@@ -18,7 +18,6 @@ a merge into 4-bit weights, whenever the adapter moves the logits by more than 1
 from __future__ import annotations
 
 import gc
-import json
 import os
 import pickle
 import shutil

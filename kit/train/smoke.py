@@ -96,7 +96,7 @@ class Smoke(TrainerCallback):
         devices = dist.gather(f"rank {ctx.rank}: {device}")
         results = dist.gather([passed for _, passed, _ in rungs])
         lines, ok = [], True
-        for i, (name, passed, detail) in enumerate(rungs):
+        for i, (name, _, detail) in enumerate(rungs):
             everywhere = all(r[i] for r in results)
             ok = ok and everywhere
             lines.append(f"  [{'ok' if everywhere else 'FAIL'}] {name}: {detail}")

@@ -102,7 +102,7 @@ class Store(ABC):
         """
         return False
 
-    def preflight(self) -> None:
+    def preflight(self) -> None:  # noqa: B027 - a hook: stores with nothing to check keep this
         """Raise StoreError (one line) when the store cannot even be read: the check every entry point shares."""
 
     # ---- concurrency: what the lease and the session records rest on (store/leasing.py) -------
@@ -261,9 +261,9 @@ class Store(ABC):
                 # The check downloads the manifest and hashes the small files; the fetch, at the same
                 # commit, reuses those copies and verifies every file against the manifest again.
                 with self._reusing_downloads():
-                    ok, reason = _retrying(lambda: self.check(cand, snap), f"checking step {cand.step}")
+                    ok, reason = _retrying(lambda cand=cand: self.check(cand, snap), f"checking step {cand.step}")
                     if ok:
-                        _retrying(lambda: self.fetch(cand.step, dest_dir, snap), f"downloading step {cand.step}")
+                        _retrying(lambda cand=cand: self.fetch(cand.step, dest_dir, snap), f"downloading step {cand.step}")
                         return cand.step
             except TransientStoreError as err:
                 transient, reason = err, f"kept failing: {err}"

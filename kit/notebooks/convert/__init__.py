@@ -122,7 +122,7 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
 
     items, pending, found_args = [], [], False
     split_at = None
-    for cell, tree, module, comment_only in parsed:
+    for cell, _tree, module, comment_only in parsed:
         stmts = _rewrite_cell(cell, module, facts, rewriter, dry, changes)
         if stmts and split_at is None and any(facts.after_training((cell, i)) for i in range(len(module.body))):
             split_at = cell

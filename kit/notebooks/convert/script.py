@@ -4,7 +4,6 @@ libcst helpers that lay the converted statements into them."""
 from __future__ import annotations
 
 import ast
-import re
 import warnings
 
 import libcst as cst
