@@ -26,7 +26,7 @@ try:  # the mechanics (store sync, resume, lease, deadline, smoke checks) are ki
     from kit.errors import KitError
     from kit.planning import adapt
     from kit.script import arguments
-    from kit.train import collate, data, dist, last_word, modeling, sharding
+    from kit.train import collate, data, dist, last_word, modeling, output_dir, sharding
     from kit.train.job import Job
 except ModuleNotFoundError as e:
     if not (e.name or "").startswith("kit"):
@@ -222,6 +222,7 @@ def main(argv: list[str]) -> int:
             processing_class=tokenizer,
             callbacks=job.callbacks(model, dataset),  # saves, deadline, upload, speed and memory
         )
+        output_dir.keep_users_files(trainer)  # TRL's card would overwrite a README.md of the user's at each save
         modeling.settle_adapter_dtype(trainer.model, plan)  # fp16 loss scaling needs fp32 LoRA weights
         if plan.compile_layers:  # torch.compile of each decoder layer, compiled at the first steps
             compiled = modeling.compile_layers(trainer.model)  # rounding as eager does, so the same losses

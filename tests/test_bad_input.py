@@ -530,11 +530,10 @@ def test_contract_keys_suffice_for_every_facts_reader(sandbox, capsys):
 
 @pytest.mark.parametrize("make, want", [
     (lambda d: (d / "kit_run.json").mkdir(), "holds kit_run.json, which is not a file"),
-    (lambda d: (d / "README.md").mkdir(), "holds README.md, which is not a file"),
     (lambda d: (d / "final").write_text("mine"), "holds final, which is not a folder"),
     (lambda d: (d / "checkpoint-4").symlink_to(d / "nowhere"), "holds checkpoint-4, which is not a checkpoint folder"),
     (lambda d: (d / "checkpoint-4").write_text("mine"), "holds checkpoint-4, which is not a checkpoint folder"),
-], ids=["run-record-folder", "card-folder", "final-file", "checkpoint-dangling-link", "checkpoint-file"])
+], ids=["run-record-folder", "final-file", "checkpoint-dangling-link", "checkpoint-file"])
 def test_output_dir_entries_kit_must_write_are_checked_first(sandbox, capfd, make, want):
     """A folder where kit writes a file, or a file or link named like a checkpoint, failed a save
     after training (or a resume at the wrong step): refused before the model is loaded."""

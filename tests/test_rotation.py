@@ -46,7 +46,10 @@ def test_a_training_run_keeps_its_newest_checkpoints_and_the_users_folder(tmp_pa
     out = tmp_path / "out"
     mine = _folder(out, "checkpoint-best", age_s=10**7)
     (mine / "NOTES.txt").write_text("my notes")
+    (out / "README.md").write_text("# my notes on this run\n")  # TRL's card overwrote it at each save
     r = train([f"output_dir={out}", "max_steps=8", "save_steps=2", "keep_checkpoints=2", *FAST], nproc=1)
     assert r.returncode == 0, r.stderr[-3000:]
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-6", "checkpoint-8", "checkpoint-best"]
     assert (mine / "NOTES.txt").read_text() == "my notes"
+    assert (out / "README.md").read_text() == "# my notes on this run\n"
+    assert (out / "final" / "README.md").is_file()  # kit's card

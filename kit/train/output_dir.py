@@ -13,9 +13,9 @@ from kit.evaluation.identity import RUN_LOCAL
 from kit.evaluation.results import BASELINE_LOCAL
 from kit.train.sessions import LOCAL as SESSIONS_LOCAL
 
-# The files kit and Trainer write at output_dir's top: the run record, the baseline, the session
-# records, Trainer's model card.
-FILES = (RUN_LOCAL, BASELINE_LOCAL, SESSIONS_LOCAL, "README.md")
+# The files kit writes at output_dir's top: the run record, the baseline, the session records.
+# (The model card is final/README.md; TRL's own card at the top is not written: keep_users_files.)
+FILES = (RUN_LOCAL, BASELINE_LOCAL, SESSIONS_LOCAL)
 
 
 def check_output_dir(path: str) -> None:
@@ -41,7 +41,7 @@ def check_output_dir(path: str) -> None:
 
 def _check_entries(out: Path) -> None:
     """What kit and Trainer write into output_dir must be free to be written: a folder where a file
-    goes (kit_run.json, README.md) or a file or symlink named like a checkpoint would fail a save
+    goes (kit_run.json) or a file or symlink named like a checkpoint would fail a save
     after hours of training, or resume from the wrong step."""
     for name in FILES:
         path = out / name
@@ -56,3 +56,14 @@ def _check_entries(out: Path) -> None:
         if STEP_DIR.fullmatch(path.name) and (path.is_symlink() or not path.is_dir()):
             raise UsageError(f"output_dir {out} holds {path.name}, which is not a checkpoint folder (a file or a "
                              "link): move it away or choose another output_dir")
+
+
+def keep_users_files(trainer) -> None:
+    """TRL's trainers write their model card to output_dir/README.md at every save, over a README.md
+    of the user's own kept there (their notes on the run). kit's card is final/README.md, written
+    once the job is evaluated, so TRL's is not written at all."""
+    trainer.create_model_card = _no_card
+
+
+def _no_card(*args, **kwargs) -> None:
+    return None
