@@ -15,7 +15,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from kit.train import dist
+from kit.train import dist, divergence
 from kit.checkpoints import manifest, rotation
 from kit.planning import save_cadence
 from kit.files import GIB
@@ -63,6 +63,8 @@ class Control(TrainerCallback):
         self.step_s = 0.0
         self.stop_reason: str | None = None
         self.halted = False
+        self.diverged = False  # the weights, gradients or loss went NaN/inf: stopped, nothing more saved
+        self.watch = divergence.Watch()
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.last_save = self.last_step_end = time.monotonic()
@@ -78,9 +80,14 @@ class Control(TrainerCallback):
         self.last_step_end = now
         near = self.deadline.near(self.step_s + self.save_cost_s())
         halt = self.halt() if self.halt else None
-        stop, save, halted = dist.any_true(
-            [near or self.signals.received is not None, now - self.last_save >= self._every_s(), halt is not None],
+        diverged = self.watch.reason(kwargs["model"], state.global_step, fp16=bool(args.fp16))
+        stop, save, halted, any_diverged = dist.any_true(
+            [near or self.signals.received is not None, now - self.last_save >= self._every_s(), halt is not None,
+             diverged is not None],
             self.ctx.device)
+        if any_diverged:  # before this step's save: no checkpoint holds NaN weights
+            return self._diverge(control, diverged or f"training diverged at step {state.global_step} on another "
+                                 f"rank (NaN or inf weights or gradients); {divergence.ADVICE}")
         if halted:  # another session owns the store now: writing more checkpoints would fight it
             control.should_training_stop, control.should_save = True, False
             self.stop_reason = halt or "the store's lease was lost (rank 0)"
@@ -95,6 +102,19 @@ class Control(TrainerCallback):
             control.should_training_stop = True
             self.stop_reason = (f"signal {self.signals.received}" if self.signals.received
                                 else f"deadline ({self.deadline.source})")
+        return control
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self.watch.after_backward(kwargs["model"])
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        # The logged loss is the same on every rank (Trainer gathers it), so they all stop together.
+        reason = self.watch.logged(logs or {}, state.global_step, bool(args.fp16), args.logging_steps)
+        return self._diverge(control, reason) if reason else control
+
+    def _diverge(self, control, reason: str):
+        control.should_training_stop, control.should_save = True, False
+        self.stop_reason, self.diverged = reason, True
         return control
 
     def on_save(self, args, state, control, **kwargs):

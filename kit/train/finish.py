@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from kit.errors import EXIT_CANNOT_TRAIN, under_torchrun
+from kit.errors import EXIT_CANNOT_TRAIN, CannotTrain, under_torchrun
 from kit.train.callbacks import meter_words
 
 FINAL_UPLOAD_TIMEOUT_S = 600.0
@@ -36,6 +36,13 @@ def finish(job, trainer) -> int:
             print(f"error: stopped at step {step}: {job._control.stop_reason}; this session writes "
                   "nothing more to the store", file=sys.stderr, flush=True)
         return 4
+    if job._control.diverged:  # NaN/inf: nothing to deliver; the checkpoints before it stay
+        if job.ctx.is_main:
+            if job.sync is not None:
+                job.sync.close(timeout=FINAL_UPLOAD_TIMEOUT_S)
+            job._record(step, "failed", {"error": job._control.stop_reason})
+            job._release()
+        raise CannotTrain(job._control.stop_reason)  # every rank: one error line, exit 3
     paused = job._control.stop_reason is not None and step < job._max_steps
     outcome = "paused" if paused else "complete"
     code, closing = 0, []
