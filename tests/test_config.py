@@ -62,6 +62,19 @@ def test_gradient_checkpointing_accepts_yaml_booleans(tmp_path, raw, want):
     ("seq_len=3000000000", ["'seq_len'", "at most 2,147,483,647"]),
     ("epochs=1e12", ["'epochs'", "at most 1,000,000"]),
     ("seed=4294967296", ["'seed'", "2**32"]),
+    # Names of models and stores: checked here, not after the libraries load (or as a local folder 'gs:').
+    ("model=hf://Qwen/Qwen3-8B", ["'model'", "repo id alone", "'Qwen/Qwen3-8B'"]),
+    ("model=https://huggingface.co/Qwen/Qwen3-8B/tree/main", ["web address", "'Qwen/Qwen3-8B'"]),
+    ("model=Qwén/Qwen3-8B", ["no such folder here", "not a Hub repo id"]),
+    ("model=Qwen//Qwen3-8B", ["no such folder here", "not a Hub repo id"]),
+    ("model=Qwen/Qwen3-8B..", ["not a Hub repo id"]),
+    ("model=-Qwen/Qwen3-8B", ["not a Hub repo id"]),
+    ("model=s3://bucket/qwen", ["not a s3:// address", "download it"]),
+    ("store=gs://bucket/ckpts", ["'store'", "hf://owner/name or a local directory", "mount it"]),
+    ("store=s3://bucket/ckpts", ["bucket (s3://)"]),
+    ("store=hf:me/ckpts", ["written hf://owner/name"]),
+    ("store=hf://me//ckpts", ["expected hf://owner/name"]),
+    ("store=https://huggingface.co/me/ckpts", ["hf://me/ckpts"]),
 ])
 def test_bad_overrides_are_one_line_usage_errors(override, words):
     with pytest.raises(UsageError) as e:
@@ -70,6 +83,15 @@ def test_bad_overrides_are_one_line_usage_errors(override, words):
     assert "\n" not in msg and e.value.exit_code == 2
     for w in words:
         assert w in msg
+
+
+@pytest.mark.parametrize("override", ["model=Qwen/Qwen3-8B", "model=gpt2", "model=models/tiny-qwen3",
+                                      "model=/kaggle/input/qwen-3/transformers/8b/1", "model=~/models/q",
+                                      "store=hf://me/qwen3-ckpts", "store=/kaggle/working/ckpts", "store=ckpts"])
+def test_good_model_and_store_names_are_kept(override):
+    """Absolute paths may exist only where the job runs (a Kaggle input): the script checks those."""
+    key, value = override.split("=", 1)
+    assert getattr(config.load(None, [override]), key) == value
 
 
 def test_the_largest_sensible_values_are_kept():

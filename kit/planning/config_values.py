@@ -10,6 +10,7 @@ import difflib
 import math
 
 from kit.errors import UsageError
+from kit.planning import names
 
 METHODS = ("lora", "qlora", "full")
 BACKENDS = ("auto", "transformers", "unsloth")
@@ -138,6 +139,10 @@ def check_value(key: str, f: dataclasses.Field, value, source: str):
             raise UsageError(f"config key {key!r}{where} holds a control character (newline, tab, NUL): {value!r}")
         if not value.strip() and key in _NON_EMPTY:
             raise UsageError(f"config key {key!r}{where} must not be empty")
+        if key == "model":
+            value = names.check_model(value, key, where)
+        elif key == "store":
+            value = names.check_store(value, key, where)
     if key in _CHOICES and value not in _CHOICES[key]:
         close = difflib.get_close_matches(str(value).lower(), _CHOICES[key], n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -36,17 +35,17 @@ from kit.checkpoints.store import hub_errors, leasing
 from kit.checkpoints.store.hub_errors import NO_TOKEN, OFFLINE
 from kit.checkpoints.store.hub_http import first_line, hub_offline, network_timeout_s, use_timeouts
 from kit.checkpoints.store.retention import prune, steps_to_delete
+from kit.planning.names import valid_repo_id
 
 log = logging.getLogger("kit.checkpoints.store")
 
-REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
 _CAS_ATTEMPTS = 4
 DEEP_CHECK_MAX_BYTES = 10 * 2**20  # the Hub stores larger files through LFS/Xet, with a sha256 in the listing
 
 
 def parse_repo_id(spec: str) -> str:
     repo_id = spec.removeprefix("hf://").strip("/")
-    if not REPO_ID_RE.match(repo_id) or ".." in repo_id or "--" in repo_id:
+    if not valid_repo_id(repo_id):
         raise UsageError(f"invalid Hugging Face repo id {repo_id!r} in store {spec!r}: "
                          "expected hf://owner/name (letters, digits, '-', '_', '.')")
     return repo_id
