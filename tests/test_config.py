@@ -73,7 +73,7 @@ def test_gradient_checkpointing_accepts_yaml_booleans(tmp_path, raw, want):
     ("store=gs://bucket/ckpts", ["'store'", "hf://owner/name or a local directory", "mount it"]),
     ("store=s3://bucket/ckpts", ["bucket (s3://)"]),
     ("store=hf:me/ckpts", ["written hf://owner/name"]),
-    ("store=hf://me//ckpts", ["expected hf://owner/name"]),
+    ("store=hf://me//ckpts", ["invalid Hugging Face repo id 'me//ckpts'", "expected hf://owner/name"]),
     ("store=https://huggingface.co/me/ckpts", ["hf://me/ckpts"]),
 ])
 def test_bad_overrides_are_one_line_usage_errors(override, words):

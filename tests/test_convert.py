@@ -485,12 +485,31 @@ def test_after_the_last_collective_rank0_runs_alone(tmp_path):
     # evaluate() needs every rank: it stays before the split, with its print on rank 0.
     assert src.index("metrics = trainer.evaluate()") < split and "if is_main:\n        print(metrics)" in src
     tail = src[split:]
-    assert "def helper(x):" in tail and "if is_main:\n        results = [helper(pipe(p))" in tail
+    assert "if is_main:\n        def helper(x):" in tail and "results = [helper(pipe(p))" in tail
     assert "unknown_upload(results)" in tail and "model.save_pretrained_gguf('g', tok)" in tail
     [try_node] = [n for n in tree.body if isinstance(n, ast.Try)]
-    top = [ast.unparse(s) for s in try_node.body]
-    assert top.index("def helper(x):\n    return x") < len(top) - 1  # definitions stay for every rank
+    assert ast.unparse(try_node.body[-2]).replace("\n\n", "\n").startswith("if is_main:\n    def helper(x):")
     assert any(c.startswith("cell 3: from here on rank 0 alone") for c in texts(conv))
+
+
+def test_a_definition_after_training_is_on_rank_0_with_the_values_it_names(tmp_path):
+    """peft's QDoRA notebook: `def generate(..., max_new_tokens=max_new_tokens)` stayed on every rank
+    while the assignment went under `if is_main:`, a NameError on rank 1 after training."""
+    conv = convert_notebook(make_nb(tmp_path, [*TRAIN, "max_new_tokens = 64\n"
+                                               "def generate(p, n=max_new_tokens):\n    return p * n",
+                                               "class Shown(dict):\n    pass\nprint(generate(2))"]))
+    tree = ast.parse(conv.source)
+    [try_node] = [n for n in tree.body if isinstance(n, ast.Try)]
+    body = try_node.body
+    split = next(i for i, n in enumerate(body) if "destroy_process_group" in ast.unparse(n))
+    after = body[split + 1:-1]
+    assert ast.unparse(body[-1]) == "training_ok = True"
+    assert after and all(isinstance(n, ast.If) and ast.unparse(n.test) == "is_main" for n in after)
+    for is_main, shown in ((False, ""), (True, "128\n")):  # rank 1, then rank 0, run the tail as written
+        printed: list[str] = []
+        exec(compile(ast.Module(body=after, type_ignores=[]), "tail", "exec"),
+             {"is_main": is_main, "print": lambda *a, out=printed: out.append(" ".join(map(str, a)) + "\n")})
+        assert "".join(printed) == shown
 
 
 def test_unseeded_data_prep_gets_the_notebook_seed(tmp_path):

@@ -67,7 +67,8 @@ def check_store(value: str, key: str, where: str) -> str:
     if scheme == "hf":
         repo = text[len("hf://"):].strip("/")
         if not valid_repo_id(repo):
-            raise UsageError(f"config key {key!r}{where} is {value!r}: expected hf://owner/name ({_ID_RULE})")
+            raise UsageError(f"config key {key!r}{where}: invalid Hugging Face repo id {repo!r} in {value!r}: "
+                             f"expected hf://owner/name ({_ID_RULE})")
         return value
     if scheme in ("http", "https") and _hub_url_id(text):
         raise UsageError(f"config key {key!r}{where} is a web address: a Hub store is hf://{_hub_url_id(text)}")

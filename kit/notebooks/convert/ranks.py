@@ -188,21 +188,15 @@ def _is_main_test(stmt: cst.If) -> bool:
 
 
 def rank0_block(stmts: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
-    """A post-training cell: definitions stay for every rank, everything else under `if is_main:`."""
-    out: list[cst.BaseStatement] = []
-    group: list[cst.BaseStatement] = []
-    for stmt in [*stmts, None]:
-        if stmt is not None and not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
-            group.append(stmt)
-            continue
-        if group:
-            lead = group[0].leading_lines
-            block = [group[0].with_changes(leading_lines=()), *group[1:]]
-            out.append(cst.If(test=cst.Name("is_main"), body=cst.IndentedBlock(body=block), leading_lines=lead))
-            group = []
-        if stmt is not None:
-            out.append(stmt)
-    return out
+    """A post-training cell, all of it under `if is_main:`. Its definitions too: a `def` evaluates
+    its defaults and decorators, a `class` its bases, and those may name a value this block sets
+    (`def generate(n=max_new_tokens)`), which a rank that skipped the block never had (NameError).
+    No other rank needs them: the group is gone, rank 0 alone runs the rest."""
+    if not stmts:
+        return []
+    lead = stmts[0].leading_lines
+    block = [stmts[0].with_changes(leading_lines=()), *stmts[1:]]
+    return [cst.If(test=cst.Name("is_main"), body=cst.IndentedBlock(body=block), leading_lines=lead)]
 
 
 def shown_result(stmt: cst.BaseStatement) -> cst.BaseStatement | None:
