@@ -16,6 +16,7 @@ import os
 from kit.train import dist, sessions
 from kit.checkpoints import fingerprint, resume
 from kit.train.output_dir import check_output_dir
+from kit.train.output_dir import lock as lock_output_dir
 from kit.train.callbacks import Checkpoints, Control, Meter, StopSignals
 from kit.train.deadline import session_deadline
 from kit.errors import KitError
@@ -24,7 +25,7 @@ from kit.evaluation import stage
 class Job:
     def __init__(self, cfg, ctx, plan, *, smoke: bool = False, force: bool = False):
         self.cfg, self.ctx, self.plan, self.smoke, self.force = cfg, ctx, plan, smoke, force
-        self.store = self.sync = self.lease = None
+        self.store = self.sync = self.lease = self._dir_lock = None
         self.decision = resume.Decision()
         self.signals = StopSignals()
         self.deadline = session_deadline(cfg.time_budget_minutes)
@@ -67,6 +68,7 @@ class Job:
         if self.ctx.is_main:
             try:
                 check_output_dir(self.cfg.output_dir)  # before any model, data or store is touched
+                self._dir_lock = lock_output_dir(self.cfg.output_dir)  # held until this process ends
                 self._open_store()
                 decision = resume.choose(self.cfg, self.store, self.ctx.world_size, self.force)
                 outcome = ("ok", (decision, stage.open_run(self.cfg, self.store)))
@@ -292,3 +294,6 @@ class Job:
         if self.lease is not None:
             self.lease.release()
             self.lease = None
+        if self._dir_lock is not None:  # the OS would drop it at exit; a notebook's process lives on
+            os.close(self._dir_lock)
+            self._dir_lock = None

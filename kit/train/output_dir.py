@@ -39,6 +39,30 @@ def check_output_dir(path: str) -> None:
     _check_entries(out)
 
 
+def lock(path: str) -> int | None:
+    """Hold output_dir for this process: a second run into the same folder (a second notebook cell,
+    a scheduled run while one still trains) is one line, exit 2, before it writes anything.
+
+    Without a store there is no lease, and two runs both trained and saved checkpoint-<step> over
+    each other. An OS lock (flock) on the folder itself, so no lock file is left behind: released
+    when the process ends, however it ends (kill -9 too), so it never goes stale. Returns the
+    descriptor to keep (and os.close) for the run; None where the OS has no flock (Windows).
+    """
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise UsageError(f"output_dir {path} is in use by another kit run on this machine (a training still "
+                         "running in another cell, terminal or scheduled run): wait for it to end, or choose "
+                         "another output_dir") from None
+    return fd
+
+
 def _check_entries(out: Path) -> None:
     """What kit and Trainer write into output_dir must be free to be written: a folder where a file
     goes (kit_run.json) or a file or symlink named like a checkpoint would fail a save
