@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 import textwrap
 
 import pytest
 
-from tests.scripts import ROOT, run, torchrun_cmd
+from tests.scripts import ROOT, run, torchrun_cmd, cpu_env
+from tests.scripts import SCRIPT as SCRIPT_PATH
 
 SCRIPT = """
 import sys
@@ -99,3 +101,23 @@ def test_ranks_that_planned_differently_stop_before_training_instead_of_hanging(
         "error: rank 1 settled the plan differently from rank 0 (grad_accum 2 vs 4; per_device_batch 8 vs 4): the "
         "machine changed while the ranks planned (e.g. another process took GPU memory); run again"), errors
     assert "kit exit 3" in errors[0], errors
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env, want", [
+    ({"WORLD_SIZE": "2", "RANK": "0"}, "but MASTER_ADDR and MASTER_PORT not set: launch with torchrun"),
+    ({"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "abc"},
+     "MASTER_PORT='abc' is not a port number"),
+    # A rank alone, then a peer address nobody answers on: both waited torch's 30-minute timeout.
+    ({"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29577", "KIT_RENDEZVOUS_S": "4"},
+     "rank 0 of WORLD_SIZE 2 waited 4 s at 127.0.0.1:29577 for the other ranks"),
+    ({"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "no-such-host.invalid", "MASTER_PORT": "29577",
+      "KIT_RENDEZVOUS_S": "4"}, "rank 1 of WORLD_SIZE 2 waited 4 s at no-such-host.invalid:29577"),
+], ids=["no-master-addr", "bad-port", "rank-alone", "unknown-host"])
+def test_a_rank_launched_without_its_peers_is_one_line_exit_2_not_a_hang(tmp_path, env, want):
+    done = run([sys.executable, str(SCRIPT_PATH), f"output_dir={tmp_path / 'o'}", "max_steps=2"],
+               env=cpu_env(**env), timeout=120)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2 and len(errors) == 1 and want in errors[0], done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "o").exists()  # refused before anything was written

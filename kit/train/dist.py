@@ -29,6 +29,10 @@ from kit.files import write_atomic
 # Long enough for rank 0 to download a checkpoint or finish a final upload while the others wait
 # at a barrier; short enough that a lost peer ends the job instead of hanging a session.
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
+# Forming the group: torchrun starts every rank at once (and on several nodes, only once all agents
+# met), so the ranks meet within seconds of their imports. A rank launched alone with WORLD_SIZE=2,
+# or a MASTER_ADDR nobody answers on, waited the whole DEFAULT_TIMEOUT.
+RENDEZVOUS_S = float(os.environ.get("KIT_RENDEZVOUS_S") or 180)
 
 
 @dataclass(frozen=True)
@@ -87,8 +91,47 @@ def init(timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> Context:
         return Context(rank, local_rank, 1, device, None)
     if not tdist.is_initialized():
         kwargs = {"device_id": device} if device.type == "cuda" else {}
-        tdist.init_process_group(backend=backend, timeout=timeout, **kwargs)
+        with _bounded_rendezvous(rank, world_size, _rendezvous_address()):
+            tdist.init_process_group(backend=backend, timeout=timeout, **kwargs)
     return Context(rank, local_rank, world_size, device, backend)
+
+
+def _rendezvous_address() -> str:
+    """MASTER_ADDR:MASTER_PORT, checked: torch's own errors are tracebacks."""
+    from kit.errors import UsageError
+
+    addr = os.environ.get("MASTER_ADDR", "").strip()
+    port = os.environ.get("MASTER_PORT", "").strip()
+    if not addr or not port:
+        missing = " and ".join(n for n, v in (("MASTER_ADDR", addr), ("MASTER_PORT", port)) if not v)
+        raise UsageError(f"environment: WORLD_SIZE={os.environ.get('WORLD_SIZE')} but {missing} not set: launch "
+                         "with torchrun (it sets them all), or unset WORLD_SIZE and RANK to run one process")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"environment variable MASTER_PORT={port!r} is not a port number (1-65535)")
+    return f"{addr}:{port}"
+
+
+@contextlib.contextmanager
+def _bounded_rendezvous(rank: int, world_size: int, address: str):
+    """End the process (one line, exit 2) if the group has not formed within RENDEZVOUS_S."""
+    import threading
+
+    from kit.errors import EXIT_USAGE
+
+    def give_up():
+        print(f"error: rank {rank} of WORLD_SIZE {world_size} waited {RENDEZVOUS_S:.0f} s at {address} for the "
+              "other ranks, which never came: launch with torchrun (it starts every rank), or unset WORLD_SIZE "
+              "and RANK to run one process", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(EXIT_USAGE)  # the main thread is inside torch's rendezvous: nothing else ends it
+
+    timer = threading.Timer(RENDEZVOUS_S, give_up)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def barrier() -> None:
