@@ -29,10 +29,16 @@ try:  # the mechanics (store sync, resume, lease, deadline, smoke checks) are ki
     from kit.train import collate, data, dist, last_word, modeling, output_dir, sharding
     from kit.train.job import Job
 except ModuleNotFoundError as e:
-    if not (e.name or "").startswith("kit"):
-        raise
-    print("error: the kit package is not importable: run this script from the folder that holds kit/ (the kit "
-          "checkout), or `pip install -e PATH_TO_KIT`", file=sys.stderr)
+    missing = (e.name or "?").split(".")[0]
+    if missing == "kit":
+        print("error: the kit package is not importable: run this script from the folder that holds kit/ (the kit "
+              "checkout), or `pip install -e PATH_TO_KIT`", file=sys.stderr)
+    elif missing == "unsloth":
+        print("error: this script was written for backend=unsloth, and Unsloth is not installed here: install it, "
+              "or re-render with backend=transformers", file=sys.stderr)
+    else:  # peft, trl, datasets…: the [train] extra was not installed (never torch's own wheel: that stays)
+        print(f"error: the Python package {missing!r} is not installed, and training needs it: run "
+              "`pip install -e \".[train]\"` in the kit checkout (add qlora for bitsandbytes on a GPU)", file=sys.stderr)
     sys.exit(2)
 except KeyboardInterrupt:  # Ctrl-C while the libraries load: nothing started yet
     print("interrupted while loading the libraries: nothing was started", file=sys.stderr)

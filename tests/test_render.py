@@ -65,7 +65,10 @@ def test_unsloth_plan_imports_unsloth_first():
     text = render.render(cfg, {"backend": "unsloth", "nproc": 1, "precision": "bf16", "strategy": "single"},
                          "configs/default.yaml", "1 × H200")
     body = text.split('"""', 2)[2]
-    assert body.lstrip().startswith("import unsloth")
+    # Before transformers, trl and peft (it patches them on import), inside the import guard.
+    first = body.index("    import unsloth")
+    assert first < min(body.index(f"from {lib} import") for lib in ("peft", "transformers", "trl"))
+    assert body.index("try:") < first
 
 
 def test_package_version_matches_setup_cfg():
@@ -147,3 +150,22 @@ def test_the_script_redacts_the_token_from_a_crash_traceback(tmp_path):
     assert r.returncode == 1
     assert "RuntimeError: bad ***" in r.stderr and "Exception in thread" in r.stderr and "ValueError" in r.stderr
     assert r.stderr.count("Traceback") == 2 and token not in r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hidden, backend, want", [
+    ("peft", "auto", "error: the Python package 'peft' is not installed, and training needs it: run `pip install -e"),
+    ("trl", "auto", "error: the Python package 'trl' is not installed"),
+    ("unsloth", "unsloth", "error: this script was written for backend=unsloth, and Unsloth is not installed here"),
+])
+def test_a_missing_training_library_is_one_line_naming_the_install(tmp_path, hidden, backend, want):
+    """The [train] extra not installed (or Unsloth absent where the script was rendered for it): was
+    a ModuleNotFoundError traceback. The package is hidden the way a missing one looks."""
+    script = tmp_path / "train_ddp.py"
+    r = kit("render", "--config", "configs/default.yaml", "--gpus", "2xT4", f"backend={backend}", "-o", str(script))
+    assert r.returncode == 0, r.stderr
+    hide = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); sys.modules[{hidden!r}] = None; "
+            "sys.argv = ['train_ddp.py']; exec(open('train_ddp.py').read())")
+    r = subprocess.run([sys.executable, "-c", hide], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith(want), r.stderr

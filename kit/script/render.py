@@ -69,7 +69,7 @@ def render(cfg: config.RunConfig, plan: dict, config_path: str, machine: str, re
     """
     kept = {k: plan[k] for k in PLAN_KEYS if k in plan}
     backend = kept.get("backend")
-    unsloth_import = ("import unsloth  # noqa: F401  (first: Unsloth patches transformers and trl on import)\n"
+    unsloth_import = ("    import unsloth  # noqa: F401  (first: Unsloth patches transformers and trl on import)\n\n"
                       if backend == "unsloth" else "")
     words = {  # text from the user (paths, names, overrides) that lands in the docstring and comments
         "model": cfg.model, "method_words": METHOD_WORDS[cfg.method], "config_path": Path(config_path).as_posix(),
