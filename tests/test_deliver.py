@@ -298,3 +298,20 @@ def test_a_token_in_the_data_is_never_written_into_what_the_job_delivers(tmp_pat
     assert "***" in (out / "final" / "samples.md").read_text()
     for p in written:
         assert token.encode() not in p.read_bytes(), p
+
+
+@pytest.mark.slow
+def test_a_full_fine_tune_delivers_a_loadable_model_and_never_points_at_the_adapter_export(tmp_path):
+    """method=full ended with `kit export --adapter …`, which refuses a full model; the card said the same."""
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "out"
+    r = train([f"output_dir={out}", "method=full", "max_steps=3", *FAST], nproc=1)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "kit export" not in r.stdout and "(model weights, tokenizer," in r.stdout
+    use = [line for line in r.stdout.splitlines() if line.startswith("[kit] use: ")]
+    assert use and f"from_pretrained({str(out / 'final')!r})" in use[0]
+    card = (out / "final" / "README.md").read_text()
+    assert "kit export" not in card and "AutoModelForCausalLM.from_pretrained(" in card
+    model = AutoModelForCausalLM.from_pretrained(out / "final")  # what the line says works, does
+    assert model.config.num_hidden_layers == 2

@@ -87,10 +87,11 @@ def render(cfg, run: dict, results: dict, facts: dict) -> str:
                   f"model = PeftModel.from_pretrained(base, {where})"]
     else:
         lines += [f"model = AutoModelForCausalLM.from_pretrained({where})"]
-    lines += [f"tokenizer = AutoTokenizer.from_pretrained({where})", "```", "",
-              "Merged into plain 16-bit weights (loads with `AutoModelForCausalLM` alone; GGUF via llama.cpp):", "",
-              "```", facts.get("export_command", "python -m kit export --adapter final -o merged"), "```", "",
-              "## Re-run the job", "", "```", facts.get("command", "python train_ddp.py"), "```", "",
+    lines += [f"tokenizer = AutoTokenizer.from_pretrained({where})", "```", ""]
+    if cfg.method != "full":  # a full model is already plain weights: nothing to merge
+        lines += ["Merged into plain 16-bit weights (loads with `AutoModelForCausalLM` alone; GGUF via llama.cpp):",
+                  "", "```", facts.get("export_command") or "python -m kit export --adapter final -o merged", "```", ""]
+    lines += ["## Re-run the job", "", "```", facts.get("command", "python train_ddp.py"), "```", "",
               "Where things are" + (f" in `{repo}` (branch main)" if repo else "") + ": `final/` this deliverable; "
               "`checkpoints/` the resumable training checkpoints; `kit/` the job's records "
               "(run.json, baseline.json, sessions.jsonl).", ""]

@@ -42,7 +42,7 @@ def _facts(job, sessions: list[dict]) -> dict:
     store = job.store.describe() if job.store is not None else None
     return {"plan": plan, "hardware": hardware, "sessions": len(sessions) + 1, "gpu_hours": hours,
             "command": rerun_command(job.ctx.world_size),
-            "export_command": export_command(job.cfg),
+            "export_command": export_command(job.cfg) if job.cfg.method != "full" else None,
             "hub_repo": store[5:] if store and store.startswith("hf://") else None}
 
 
@@ -71,10 +71,16 @@ def deliver(job, trainer, step: int) -> tuple[int, list[str], dict]:
     adapter_from = Path(job.cfg.output_dir) / f"checkpoint-{step}" if sharded else None
     final = write_final(job.cfg, trainer.model, tokenizer, results, job.run, _facts(job, _sessions(job)),
                         adapter_from=adapter_from)
+    full = job.cfg.method == "full"
     lines = [change_line(results),
-             f"final: {final} (adapter, tokenizer, config, eval results, samples, model card)"]
+             f"final: {final} ({'model weights' if full else 'adapter'}, tokenizer, config, eval results, samples, "
+             "model card)"]
     code, record = push(job, final, lines)
-    lines.append(f"export: {export_command(job.cfg)}   (16-bit weights for transformers; --gguf with llama.cpp)")
+    if full:  # nothing to merge: `kit export` takes adapters
+        lines.append(f"use: AutoModelForCausalLM.from_pretrained({str(final)!r}) loads it as it is; GGUF: llama.cpp's "
+                     "convert_hf_to_gguf.py on that folder")
+    else:
+        lines.append(f"export: {export_command(job.cfg)}   (16-bit weights for transformers; --gguf with llama.cpp)")
     record["primary_metric"] = results["primary_metric"]
     return code, lines, record
 
