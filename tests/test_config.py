@@ -99,6 +99,23 @@ def test_the_largest_sensible_values_are_kept():
     assert (cfg.max_steps, cfg.seed, cfg.epochs) == (2147483647, 4294967295, 1e6)
 
 
+@pytest.mark.parametrize("text, line, key", [
+    ("learning_rate: 2.0e-4\nseed: 1\nlearning_rate: 2.0e-2\n", 3, "learning_rate"),
+    ("lora:\n  r: 8\n  alpha: 16\n  r: 16\n", 4, "r"),
+    ("lora: {r: 8, r: 16}\n", 1, "r"),
+])
+def test_a_key_given_twice_is_refused_not_last_wins(tmp_path, text, line, key):
+    (tmp_path / "c.yaml").write_text(text)
+    with pytest.raises(UsageError, match=rf"c.yaml line {line}: key '{key}' is given twice \(first on line \d\)"):
+        config.load(str(tmp_path / "c.yaml"))
+
+
+def test_yaml_merge_keys_still_load(tmp_path):
+    (tmp_path / "c.yaml").write_text("lora:\n  <<: {r: 8, alpha: 16}\n  dropout: 0.1\n")
+    cfg = config.load(str(tmp_path / "c.yaml"))
+    assert (cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout) == (8, 16, 0.1)
+
+
 def test_malformed_yaml_names_the_line(tmp_path):
     path = write(tmp_path, "model: x\nlora:\n  r: 8\n   alpha: [1\n")
     with pytest.raises(UsageError, match=r"line \d+"):

@@ -200,7 +200,7 @@ def load(path: str | None = None, overrides=()) -> RunConfig:
     if path is not None:
         text = read_text(path, "config")
         try:
-            data = yaml.safe_load(text) or {}
+            data = yaml.load(text, Loader=_unique_keys_loader()) or {}
         except (ValueError, RecursionError):  # an integer past 4300 digits, or nested past Python's limit
             raise UsageError(f"config {path} holds a value too large or nested too deep to read") from None
         except yaml.YAMLError as e:
@@ -215,6 +215,30 @@ def load(path: str | None = None, overrides=()) -> RunConfig:
     for key, value in parse_overrides(overrides):
         set_value(cfg, key, value, source="command line")
     return cfg
+
+
+def _unique_keys_loader():
+    """yaml.SafeLoader, except that a key given twice in one mapping is an error: PyYAML keeps the
+    last silently, so `learning_rate: 2e-4` above a forgotten `learning_rate: 2e-2` trained at 2e-2."""
+    import yaml
+
+    class UniqueKeys(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    again = key in seen and key != "<<"  # "<<" merges another mapping in
+                except TypeError:  # an unhashable key: the base class says so
+                    break
+                if again:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} is given twice (first on line {seen[key] + 1}); keep one",
+                        key_node.start_mark)
+                seen[key] = key_node.start_mark.line
+            return super().construct_mapping(node, deep)
+
+    return UniqueKeys
 
 
 def to_dict(cfg: RunConfig) -> dict:
