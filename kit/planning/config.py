@@ -226,9 +226,11 @@ def _unique_keys_loader():
         def construct_mapping(self, node, deep=False):
             seen: dict = {}
             for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys may be overridden
+                    continue
                 key = self.construct_object(key_node, deep=deep)
                 try:
-                    again = key in seen and key != "<<"  # "<<" merges another mapping in
+                    again = key in seen
                 except TypeError:  # an unhashable key: the base class says so
                     break
                 if again:
