@@ -150,6 +150,9 @@ def same_content(path, text: str, what: str) -> bool | None:
 def check_output(path, flag: str, example: str) -> Path:
     """Refuse an output path that cannot take a file, before any work: a folder, a FIFO or device, a
     missing or unwritable folder. `flag` names the option (`-o`), `example` a good file name."""
+    if str(path) == "-":  # the Unix "standard output": a file named '-' was written instead
+        raise UsageError(f"{flag} -: this command writes a file, not to standard output: give a file name such as "
+                         f"{example}")
     path = Path(path)
     if path.is_dir():
         raise UsageError(f"{flag} {path}: is a directory: give a file name such as {path / example}")

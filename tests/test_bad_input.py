@@ -214,6 +214,11 @@ CLI_CASES = [
                                     "./configs/../configs/default.yaml", "--force"], 2, "is the config .* itself"),
     ("bootstrap-o-is-the-config", {}, ["bootstrap", "--facts", str(MACHINES / "kaggle_t4x2.json"), "--config",
                                        "configs/default.yaml", "-o", "configs/default.yaml"], 2, "itself"),
+    # `-o -` wrote a file named '-': render prints the script (as --stdout), the others refuse it.
+    ("bootstrap-o-dash", {}, ["bootstrap", "--facts", str(MACHINES / "kaggle_t4x2.json"), "--config",
+                              "configs/default.yaml", "-o", "-"], 2, "-o -: this command writes a file, not to standard"),
+    ("convert-o-dash", {"nb.ipynb": {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": []}},
+     ["convert", "nb.ipynb", "-o", "-"], 2, "-o -: this command writes a file"),
     ("convert-nbformat3-with-v4-cells", {"nb.ipynb": {"nbformat": 3, "nbformat_minor": 0, "metadata": {}, "cells": [
         {"cell_type": "code", "metadata": {}, "outputs": [], "source": "trainer.train()"}]}},
      ["convert", "nb.ipynb", "-o", "nb.py"], 2, "nbformat cannot read this notebook"),

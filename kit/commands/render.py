@@ -14,7 +14,8 @@ RENDERABLE = ("single", "ddp", "fsdp", "model_parallel")  # the strategies the t
 
 def add_arguments(parser) -> None:
     config.add_config_arguments(parser)
-    parser.add_argument("-o", "--output", default="train_ddp.py", help="where to write the script (default: train_ddp.py)")
+    parser.add_argument("-o", "--output", default="train_ddp.py", help="where to write the script (default: "
+                        "train_ddp.py; - prints it, as --stdout)")
     machine = parser.add_mutually_exclusive_group()
     machine.add_argument("--facts", metavar="FILE", help="plan for the machine of this `kit probe --json` file")
     machine.add_argument("--gpus", metavar="NxNAME", help="plan for an assumed machine, e.g. 2xT4, 1xA100-80, cpu")
@@ -74,6 +75,8 @@ def run(args) -> int:
     if args.config is None:
         raise UsageError("kit render needs --config PATH (start from configs/default.yaml)")
     cfg = config.from_args(args)
+    if args.output == "-":  # the Unix convention for standard output
+        args.stdout, args.output = True, "train_ddp.py"
     out = Path(args.output)
     if not args.stdout:  # checked before planning, so a refused run touches nothing
         check_output(out, args.config)
