@@ -347,6 +347,24 @@ def test_a_bad_push_target_is_refused_before_any_work(adapter, tmp_path, capsys,
     assert f"--push {push}: not a valid Hub repo id" in _error(capsys)
 
 
+@pytest.mark.parametrize("env, want, code", [
+    ({}, "no Hugging Face token", 4),
+    ({"HF_TOKEN": WRITE_TOKEN, "HF_HUB_OFFLINE": "1"}, "HF_HUB_OFFLINE", 4),
+], ids=["no-token", "offline"])
+def test_a_push_that_cannot_happen_is_refused_before_the_merge(adapter, hub, tmp_path, capsys, monkeypatch,  # noqa: F811
+                                                               env, want, code):
+    """--push without a token (or offline) used to merge for minutes, then fail at the upload."""
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    # Only the environment's token: a developer's own `hf auth login` file must not make "no token" push.
+    monkeypatch.setattr("kit.checkpoints.store.hub.find_token", lambda: os.environ.get("HF_TOKEN"))
+    monkeypatch.setattr(export, "prepare", lambda *a, **k: pytest.fail("merged before --push was checked"))
+    out = tmp_path / "m"
+    assert cli.main(["export", "--adapter", str(adapter), "-o", str(out), "--push", "hf://me/merged"]) == code
+    assert want in _error(capsys) and not out.exists()
+
+
 def test_gguf_types_are_llama_cpp_names():
     assert gguf.check_type("Q8_0") == "q8_0" and gguf.check_type("q4_k_m") == "Q4_K_M"
     assert gguf.gguf_bytes("q8_0", 16_000) == 8_500

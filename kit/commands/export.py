@@ -32,8 +32,14 @@ def run(args) -> int:
     from kit.deliver import export, gguf
     from kit.errors import KitError
 
-    if args.push:
-        check_push(args.push)  # before any work: a typo must not cost a merge
+    store = None
+    if args.push:  # before any work: a typo, no token or no network must not cost a merge
+        from kit.checkpoints.store.hub import HubStore
+
+        check_push(args.push)
+        store = HubStore(args.push)
+        store.check_writable()  # a token is there (whether it may write shows at the commit)
+        store.preflight()  # offline mode, a silent endpoint: one bounded request
     cfg = config.from_args(args)
     adapter = Path(args.adapter or Path(cfg.output_dir) / "final")
     out = Path(args.output or Path(cfg.output_dir) / "merged")
@@ -60,10 +66,8 @@ def run(args) -> int:
             raise KitError(f"{err} (the verified 16-bit export in {out} is complete and kept; GGUF can be "
                            f"retried from it)", err.exit_code) from None
         print(f"gguf: {result['gguf']}")
-    if args.push:
-        from kit.checkpoints.store.hub import HubStore
-
-        result["pushed"] = HubStore(args.push).publish_folder(out, "", "kit: merged model")
+    if store is not None:
+        result["pushed"] = store.publish_folder(out, "", "kit: merged model")
         print(f"pushed: {result['pushed']}")
     print(f"load it: AutoModelForCausalLM.from_pretrained({str(out)!r})")
     if args.json:
