@@ -13,6 +13,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import torch
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from kit.cli import main
@@ -510,6 +511,23 @@ def test_a_definition_after_training_is_on_rank_0_with_the_values_it_names(tmp_p
         exec(compile(ast.Module(body=after, type_ignores=[]), "tail", "exec"),
              {"is_main": is_main, "print": lambda *a, out=printed: out.append(" ".join(map(str, a)) + "\n")})
         assert "".join(printed) == shown
+
+
+def test_a_cuda_device_variable_stays_comparable_and_a_numbered_one_follows_the_rank(tmp_path):
+    """smol-course's ORPO notebook: `device = "cuda" if … else "cpu"` became rank_device (an int),
+    so its later `if device == "cuda":` silently took the other branch (another optimizer)."""
+    conv = convert_notebook(make_nb(tmp_path, [
+        "import torch\ndevice = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+        "optim = 'adamw_torch_fused' if device == 'cuda' else 'adamw_torch'\nplain = 'cuda'\none = 'cuda:0'",
+        *TRAIN]))
+    src = conv.source
+    assert "device = 'cuda' if torch.cuda.is_available() else 'cpu'" in src
+    assert "optim = 'adamw_torch_fused' if device == 'cuda' else 'adamw_torch'" in src
+    assert 'plain = "cuda" if torch.cuda.is_available() else "cpu"' in src and "one = rank_device" in src
+    namespace = {"torch": torch}
+    exec("device = 'cuda' if torch.cuda.is_available() else 'cpu'\nplain = "
+         + src.split("plain = ", 1)[1].split("\n", 1)[0], namespace)
+    assert namespace["plain"] == namespace["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def test_unseeded_data_prep_gets_the_notebook_seed(tmp_path):

@@ -9,19 +9,17 @@ from __future__ import annotations
 
 import libcst as cst
 
+from kit.notebooks.convert.logins import HUB_LOGINS, PLATFORM_MODULES, secret_lookup, token_arg
 from kit.notebooks.convert.kinds import TRL_CONFIGS, UNSLOTH_LOADERS, find_unused_why, is_training_args, shown_text
 from kit.notebooks.convert.syntax import call_name, code, kwarg, set_kwarg, short_name
 
 # device_map values that split one model over several GPUs (accelerate's "big model" placement).
 SPLIT_DEVICE_MAPS = {"auto", "balanced", "balanced_low_0", "sequential"}
-HUB_LOGINS = {f"{m}{f}" for m in ("", "huggingface_hub.") for f in ("login", "notebook_login", "interpreter_login")}
-PLATFORM_MODULES = ("google.colab", "kaggle_secrets")
 DTYPE_KEYWORDS = {"torch_dtype", "dtype", "bnb_4bit_compute_dtype"}
 DTYPES = {"torch.float16", "torch.bfloat16"}
 CUDA_LITERALS = {"cuda", "cuda:0", "cuda:1"}
 DEVICE_ZERO_QUERIES = {"torch.cuda.get_device_properties", "torch.cuda.get_device_name",
                        "torch.cuda.mem_get_info", "torch.cuda.get_device_capability"}
-HF_SECRET_WORDS = ("HF", "HUGGING")
 RANK_MAP = '{"": rank_device}'  # `rank_device` comes from the script's rank block
 NO_REENTRANT = '{"use_reentrant": False}'
 PRECISIONS = {"fp16": (True, False), "bf16": (False, True), "fp32": (False, False)}
@@ -30,26 +28,14 @@ SPLIT_WHY = ("a model split across GPUs with device_map cannot be trained under 
              "GPUs one after another; each rank loads a whole copy on its own GPU instead")
 
 
-def _token_arg(call: cst.Call) -> cst.BaseExpression | None:
-    """The token a login call passes (`login(token=x)` or `login(x)`), if any."""
-    arg = kwarg(call, "token") or (call.args[0] if call.args and call.args[0].keyword is None else None)
-    return None if arg is None else arg.value
-
-
-def _secret_lookup(name_node: cst.BaseExpression) -> str:
-    """An HF token through huggingface_hub's own resolution; any other secret from the environment."""
-    label = name_node.evaluated_value.upper() if isinstance(name_node, cst.SimpleString) else ""
-    if any(w in label for w in HF_SECRET_WORDS):
-        return "huggingface_hub.get_token()"
-    if "WANDB" in label:
-        return 'os.environ.get("WANDB_API_KEY")'  # the name the W&B client itself reads
-    return f"os.environ.get({code(name_node)})"
-
-
 def _atom(node: cst.BaseExpression) -> str:
     """The notebook's expression as code that stays one operand when called or starred (`lambda: f()` in parens)."""
     simple = isinstance(node, (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Tuple, cst.List)) or node.lpar
     return code(node) if simple else f"({code(node)})"
+
+
+def _is_cuda(node) -> bool:
+    return isinstance(node, cst.SimpleString) and node.evaluated_value == "cuda"
 
 
 class CellRewriter(cst.CSTTransformer):
@@ -83,7 +69,7 @@ class CellRewriter(cst.CSTTransformer):
     def _own_token(self, call: cst.Call) -> cst.BaseExpression | None:
         """The login's token when it is the notebook's own: not a literal (refused below), not a Kaggle/Colab
         secret (those become environment lookups, and the up-front check covers them)."""
-        token = _token_arg(call)
+        token = token_arg(call)
         if token is None or isinstance(token, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)):
             return None
         shown = code(token)
@@ -144,8 +130,17 @@ class CellRewriter(cst.CSTTransformer):
         return node
 
     def leave_Assign(self, original, updated):
-        # `device = "cuda:0"`, `device = "cuda" if … else "cpu"`; not comparisons or autocast's device_type.
-        return updated.with_changes(value=self._device(updated.value))
+        # `device = "cuda:0"` names one GPU for every rank: the rank's own instead. A plain "cuda" is
+        # already the rank's own (the rank block calls set_device first), and later lines compare it
+        # (`if device == "cuda":`): it stays a string, and "cpu" where there is no GPU.
+        value = updated.value
+        if isinstance(value, cst.IfExp) and _is_cuda(value.body):
+            return updated
+        if _is_cuda(value):
+            self.note(f"{code(value)} → \"cuda\" if torch.cuda.is_available() else \"cpu\": \"cuda\" is each "
+                      "rank's own GPU (set_device), and a CPU run has none")
+            return updated.with_changes(value=cst.parse_expression('"cuda" if torch.cuda.is_available() else "cpu"'))
+        return updated.with_changes(value=self._device(value))
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         name, short = call_name(updated), short_name(updated)
@@ -182,7 +177,7 @@ class CellRewriter(cst.CSTTransformer):
             return updated.with_changes(func=updated.func.with_changes(attr=cst.Name("to")),
                                         args=[cst.Arg(cst.Name("rank_device"))])
         if (short == "get_secret" or name.endswith("userdata.get")) and updated.args:
-            lookup = _secret_lookup(updated.args[0].value)
+            lookup = secret_lookup(updated.args[0].value)
             self.needs_hub_import |= lookup.startswith("huggingface_hub")
             self.note(f"{name}({code(updated.args[0].value)}) → {lookup}: platform secrets exist only in the "
                       "notebook kernel; torchrun's processes read the environment (set it from the secret)")
