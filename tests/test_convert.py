@@ -691,6 +691,21 @@ def test_hub_use_in_dead_code_asks_for_no_token(tmp_path):
     assert "if huggingface_hub.get_token() is None:" in live.source
 
 
+def test_a_repo_name_without_a_push_or_a_non_hub_secret_asks_for_no_token(tmp_path):
+    """smol-course: `# login()` commented out, TrainingArguments(hub_model_id=..., push_to_hub=False):
+    nothing reaches the Hub, yet the script refused to start without a token. A W&B key read from
+    Colab's userdata is not the Hub's either."""
+    quiet = convert_notebook(make_nb(tmp_path, [
+        "# login()\nfrom google.colab import userdata\nkey = userdata.get('WANDB_API_KEY')\n"
+        "from trl import SFTTrainer, SFTConfig\nargs = SFTConfig(output_dir='o', hub_model_id='me/x', push_to_hub=False)",
+        "trainer = SFTTrainer(model=m, args=args, train_dataset=d)\ntrainer.train()"]))
+    assert "get_token() is None" not in quiet.source
+    for line in ("args2 = SFTConfig(output_dir='o', hub_model_id='me/x', push_to_hub=True)",
+                 "t = userdata.get('HF_TOKEN')", "t = userdata.get(name)"):
+        loud = convert_notebook(make_nb(tmp_path, [*TRAIN, line], "loud.ipynb"))
+        assert "if huggingface_hub.get_token() is None:" in loud.source, line
+
+
 def test_a_login_with_the_notebooks_own_token_is_kept_as_its_token(tmp_path):
     """`login(token=hf_token)` after load_dotenv(): the token is the notebook's own, so it becomes
     HF_TOKEN for every rank, and no up-front check refuses a run whose token is not in HF_TOKEN yet.

@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
+from kit.notebooks.convert.logins import HF_SECRET_WORDS
+
 # Statements are numbered (cell, index of the top-level statement in the cell).
 Where = tuple[int, int]
 DEFAULT_SEED = 42
@@ -158,13 +160,21 @@ def _uses_hub(trees: list[ast.Module]) -> bool:
             if isinstance(node, ast.Call):
                 func = ast.unparse(node.func)
                 short = func.rsplit(".", 1)[-1]
-                if short in HUB_WRITES or short in ("login", "notebook_login", "interpreter_login") \
-                        or short == "get_secret" or func.endswith("userdata.get"):
+                if short in HUB_WRITES or short in ("login", "notebook_login", "interpreter_login"):
                     return True
-                if any(k.arg in ("push_to_hub", "hub_model_id") and ast.unparse(k.value) not in ("False", "None")
-                       for k in node.keywords):
+                if (short == "get_secret" or func.endswith("userdata.get")) and _names_hf_secret(node):
+                    return True
+                # hub_model_id alone names a repo that only push_to_hub=True ever writes to
+                if any(k.arg == "push_to_hub" and ast.unparse(k.value) not in ("False", "None") for k in node.keywords):
                     return True
     return False
+
+
+def _names_hf_secret(call: ast.Call) -> bool:
+    """A secret lookup that may be the Hub token: its name says HF/HUGGING, or is not a literal."""
+    if not call.args or not isinstance(call.args[0], ast.Constant) or not isinstance(call.args[0].value, str):
+        return True
+    return any(w in call.args[0].value.upper() for w in HF_SECRET_WORDS)
 
 
 def vllm_refusal(trees: list[tuple[int, ast.Module]], facts: Facts) -> tuple[int, int, str] | None:
