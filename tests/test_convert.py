@@ -530,6 +530,24 @@ def test_a_cuda_device_variable_stays_comparable_and_a_numbered_one_follows_the_
     assert namespace["plain"] == namespace["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def test_cd_expands_what_ipython_expands(tmp_path, monkeypatch):
+    """`%cd {os.getcwd()}/x` became os.chdir('{os.getcwd()}/x'), a folder with braces in its name."""
+    (tmp_path / "work" / "data").mkdir(parents=True)
+    conv = convert_notebook(make_nb(tmp_path, ["import os\nbase = 'work'\n%cd {os.getcwd()}/work\n%cd ..\n"
+                                               "%cd $base/data\n%cd ~", *TRAIN]))
+    lines = [line.strip() for line in conv.source.splitlines() if "chdir" in line and "kit" not in line]
+    assert lines == ["os.chdir(f'{os.getcwd()}/work')", "os.chdir('..')", "os.chdir(f'{base}/data')",
+                     "os.chdir(os.path.expanduser('~'))"]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "work"))
+    seen = []
+    namespace = {"os": os, "base": "work"}
+    for line in lines:
+        exec(line, namespace)
+        seen.append(os.getcwd())
+    assert seen == [str(tmp_path / "work"), str(tmp_path), str(tmp_path / "work" / "data"), str(tmp_path / "work")]
+
+
 def test_unseeded_data_prep_gets_the_notebook_seed(tmp_path):
     nb = make_nb(tmp_path, ["import random\nds = ds.shuffle().select(range(10))\nsp = ds.train_test_split(test_size=0.2)\n"
                             "keep = ds.shuffle(seed=1)\nsub = df.sample(frac=0.5)\npick = random.sample(rows, 2)",

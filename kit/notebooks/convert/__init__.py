@@ -30,7 +30,7 @@ import libcst as cst
 
 from kit.notebooks.convert.calls import CellRewriter
 from kit.notebooks.convert.kinds import uses_every_parameter
-from kit.notebooks.convert.cells import clip, is_comment_only, parse_cell, read_cells
+from kit.notebooks.convert.cells import is_comment_only, parse_cell, read_cells
 from kit.notebooks.convert.dryrun import DryRun
 from kit.notebooks.convert.facts import Facts, gather
 from kit.notebooks.convert.ranks import (Guard, barrier_statement, rank0_block, shown_result, side_effect,
@@ -39,7 +39,7 @@ from kit.notebooks.convert.refusals import check_convertible, check_written_scri
 from kit.machine.command import launch_command
 from kit.notebooks.convert.script import (DOCSTRING, DRY_NOTE, OWN_TOKEN, RANK_BLOCK, TOKEN_CHECK, TRY_TEMPLATE,
                                           BlankLines, docstring, dropped_note, is_future_import, merge_main_blocks)
-from kit.notebooks.convert.syntax import Change, call_name, code, comments
+from kit.notebooks.convert.syntax import Change, call_name, clip, code, comments
 from kit.errors import KitError, UsageError
 
 PRECISION_CHOICES = ("auto", "fp16", "bf16", "fp32")

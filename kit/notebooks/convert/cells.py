@@ -24,16 +24,12 @@ from pathlib import Path
 
 import libcst as cst
 
-from kit.notebooks.convert.syntax import Change
+from kit.notebooks.convert.magics import PYTHON_ARG_MAGICS, PYTHON_BODY_MAGICS, captured, python_for
+from kit.notebooks.convert.syntax import Change, clip
 from kit.errors import UsageError
 from kit.auth import redact
 from kit.files import json_problem, parse_json, read_text, regular_file
 
-# Cell magics whose body is still Python; the body of any other (%%bash, %%writefile…) is not.
-PYTHON_BODY_MAGICS = {"capture", "time", "timeit", "prun", "memit", "debug"}
-# Their line forms run the Python statement after the options: `%timeit -n 1 f()` runs `f()`.
-PYTHON_ARG_MAGICS = {"%" + m for m in PYTHON_BODY_MAGICS - {"capture"}}
-VALUE_OPTIONS = {"-n", "-r", "-s", "-l", "-T", "-D", "-p", "-b"}  # options of those magics that take a value
 # IPython's `lhs = !cmd` / `lhs = %magic args` (its assign_from_system/assign_from_magic transforms).
 ASSIGNED = re.compile(r"(?P<lhs>[A-Za-z_][\w.]*(?:\s*,\s*[A-Za-z_][\w.]*)*)\s*=\s*(?P<rhs>[!%].*)")
 INSTALLERS = {"pip", "pip3", "apt", "apt-get", "conda", "mamba", "micromamba"}
@@ -99,11 +95,6 @@ def check_cells(cells: list, p: Path) -> None:
                              "lines: re-save the notebook from Jupyter")
 
 
-def clip(text: str, limit: int = 80) -> str:
-    """`text` cut to about `limit` characters, for echoing a user's source in a one-line error."""
-    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
-
-
 def read_cells(path: str | Path, changes: list[Change]) -> Cells:
     """The notebook's code cells with magics handled (see the module docstring)."""
     cells = Cells()
@@ -112,50 +103,6 @@ def read_cells(path: str | Path, changes: list[Change]) -> Cells:
         if code is not None:
             cells.code.append((cell, code))
     return cells
-
-
-def _python_for(line: str) -> str | None:
-    """`%env K=V` / `%set_env K V` / `%cd DIR` as Python, so the code below sees the same state."""
-    word, _, rest = line.partition(" ")
-    rest = rest.strip()
-    if word in ("%env", "%set_env") and rest:
-        key, _, value = rest.partition("=") if "=" in rest else rest.partition(" ")
-        if key.strip():
-            return f"os.environ[{key.strip()!r}] = {value.strip()!r}"
-    if word == "%cd" and rest:
-        return f"os.chdir({rest.strip(chr(34) + chr(39))!r})"
-    if word in PYTHON_ARG_MAGICS:
-        return _statement(rest)
-    return None
-
-
-def _statement(rest: str) -> str | None:
-    """The Python statement after a `%time`-like magic's options (`-n 1 -r 1 f()` → `f()`)."""
-    words = rest.split(" ")
-    while words and words[0].startswith("-"):
-        option = words.pop(0)
-        if option in VALUE_OPTIONS and words:
-            words.pop(0)
-        while words and not words[0]:
-            words.pop(0)
-    return " ".join(words).strip() or None
-
-
-def _captured(lhs: str, rhs: str, where: str) -> str:
-    """`lhs = !cmd` or `lhs = %time expr` as Python; UsageError for what has no equivalent."""
-    word, _, rest = rhs.partition(" ")
-    if rhs.startswith("!") or word in ("%sx", "%system"):
-        command = (rhs[1:] if rhs.startswith("!") else rest).strip()
-        if any(c in command for c in "{}$"):
-            raise UsageError(f"{where}: `{clip(lhs + ' = ' + rhs, 60)}` captures a shell command with IPython's "
-                             f"{{var}}/$var expansion, which a script cannot do: write `{lhs} = "
-                             "subprocess.getoutput(f\"...\").splitlines()` and convert again")
-        return f"import subprocess; {lhs} = subprocess.getoutput({command!r}).splitlines()"
-    statement = _statement(rest) if word in ("%time", "%debug", "%memit") else None
-    if statement is None:
-        raise UsageError(f"{where}: `{clip(lhs + ' = ' + rhs, 60)}` captures the result of IPython's "
-                         f"`{word}` magic, which a script cannot run: compute {lhs} in Python and convert again")
-    return f"{lhs} = {statement}"
 
 
 def _is_install(line: str) -> bool:
@@ -207,7 +154,7 @@ def strip_magics(source: str, cell: int, changes: list[Change], cells: Cells | N
         stripped = line.lstrip()
         indent = line[: len(line) - len(stripped)]
         if not continued and (assigned := ASSIGNED.fullmatch(stripped.rstrip())):
-            python = _captured(assigned["lhs"], assigned["rhs"], f"cell {cell}, line {number}")
+            python = captured(assigned["lhs"], assigned["rhs"], f"cell {cell}, line {number}")
             kept.append(indent + python)
             shell = python.startswith("import subprocess")
             changes.append(Change(cell, f"`{clip(stripped, 60)}` became `{clip(python, 80)}`: a script has no "
@@ -215,7 +162,7 @@ def strip_magics(source: str, cell: int, changes: list[Change], cells: Cells | N
                                                      else ""), review=shell))
             continue
         if continued or stripped.startswith(("!", "%")):
-            python = None if continued else _python_for(stripped)
+            python = None if continued else python_for(stripped)
             if python is not None:
                 kept.append(indent + python)
                 why = "the statement runs, its timing or profiling does not" \

@@ -118,3 +118,8 @@ def calls_in(node: cst.CSTNode) -> list[cst.Call]:
 def ast_calls(tree: ast.AST) -> list[tuple[str, ast.Call]]:
     """(dotted name, call) for every call in an `ast` tree."""
     return [(ast.unparse(n.func), n) for n in ast.walk(tree) if isinstance(n, ast.Call)]
+
+
+def clip(text: str, limit: int = 80) -> str:
+    """`text` cut to about `limit` characters, for echoing a user's source in a one-line error."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
