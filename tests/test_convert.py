@@ -548,6 +548,19 @@ def test_cd_expands_what_ipython_expands(tmp_path, monkeypatch):
     assert seen == [str(tmp_path / "work"), str(tmp_path), str(tmp_path / "work" / "data"), str(tmp_path / "work")]
 
 
+def test_shell_lines_after_training_are_flagged_to_run_afterwards_not_before(tmp_path):
+    """`!zip -r out.zip o` after trainer.train() was listed as "run before launching" with no REVIEW."""
+    conv = convert_notebook(make_nb(tmp_path, ["!nvidia-smi\n!pip install -q trl", TRAIN[0],
+                                               TRAIN[1] + "\n!ls o", "!zip -r out.zip o\n!pip install gguf"]))
+    doc = ast.get_docstring(ast.parse(conv.source))
+    first, then = doc.split("run what you need before launching:", 1)[1].split("once this script has finished:")
+    assert "!nvidia-smi" in first and "!pip install -q trl" in first and "!pip install gguf" in first
+    assert "!ls o" in then and "!zip -r out.zip o" in then and "!zip" not in first
+    reviews = [c for c in texts(conv) if "REVIEW" in c and "ran after training" in c]
+    assert len(reviews) == 2 and "`!ls o`" in reviews[0] and "`!zip -r out.zip o`" in reviews[1]
+    assert any("`!nvidia-smi`, `!pip install -q trl`: shell commands" in c and "REVIEW" not in c for c in texts(conv))
+
+
 def test_unseeded_data_prep_gets_the_notebook_seed(tmp_path):
     nb = make_nb(tmp_path, ["import random\nds = ds.shuffle().select(range(10))\nsp = ds.train_test_split(test_size=0.2)\n"
                             "keep = ds.shuffle(seed=1)\nsub = df.sample(frac=0.5)\npick = random.sample(rows, 2)",

@@ -38,7 +38,8 @@ from kit.notebooks.convert.ranks import (Guard, barrier_statement, rank0_block, 
 from kit.notebooks.convert.refusals import check_convertible, check_written_script
 from kit.machine.command import launch_command
 from kit.notebooks.convert.script import (DOCSTRING, DRY_NOTE, OWN_TOKEN, RANK_BLOCK, TOKEN_CHECK, TRY_TEMPLATE,
-                                          BlankLines, docstring, dropped_note, is_future_import, merge_main_blocks)
+                                          BlankLines, docstring, dropped_note, is_future_import, merge_main_blocks,
+                                          split_dropped)
 from kit.notebooks.convert.syntax import Change, call_name, clip, code, comments
 from kit.errors import KitError, UsageError
 
@@ -106,6 +107,7 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
     parsed, facts, dropped = _code_cells(path, changes)
     trees = [(c, t) for c, t, _, _ in parsed]
     check_convertible(trees, facts)
+    dropped_before, dropped_after = split_dropped(dropped, trees, facts, changes)
     peft = any(isinstance(n, (ast.Import, ast.ImportFrom)) and "peft" in ast.unparse(n) or
                (isinstance(n, ast.Name) and n.id in ("peft_config", "LoraConfig", "get_peft_model"))
                or (isinstance(n, ast.Attribute) and n.attr == "get_peft_model") for _, t in trees for n in ast.walk(t))
@@ -164,7 +166,7 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
     notebook, script = shlex.quote(Path(path).name), shlex.quote(script_name)  # shell words in the commands shown
     head = docstring(DOCSTRING.format(notebook=notebook, script=script, flags=flags,
                                       multi=launch_command(2, script=script), single=launch_command(1, script=script),
-                                      dry=DRY_NOTE if dry_run else "", dropped=dropped_note(dropped)))
+                                      dry=DRY_NOTE if dry_run else "", dropped=dropped_note(dropped_before, dropped_after)))
     if future:
         head += "\n" + "".join(cst.Module(body=[]).code_for_node(s).lstrip("\n") for s in future)
     rank_block = RANK_BLOCK.format(imports=imports, seeds=seeds,

@@ -44,7 +44,7 @@ class Cells:
     code: list[tuple[int, str]] = field(default_factory=list)  # (cell number, Python source)
     written: dict[str, tuple[int, str]] = field(default_factory=dict)  # file name -> (cell, body)
     launches: list[tuple[int, str, str]] = field(default_factory=list)  # (cell, shell line, script)
-    dropped: list[str] = field(default_factory=list)  # shell/magic lines, for the docstring
+    dropped: list[tuple[int, int, str]] = field(default_factory=list)  # (cell, line, text) of shell/magic lines
 
 
 def read_code_cells(path: str | Path) -> list[tuple[int, str]]:
@@ -105,7 +105,7 @@ def read_cells(path: str | Path, changes: list[Change]) -> Cells:
     return cells
 
 
-def _is_install(line: str) -> bool:
+def is_install(line: str) -> bool:
     """`!pip install x`, `%pip install x`, `!apt-get install y`: setup that may run first, once."""
     words = line.lstrip("!%").split()
     if words[:2] in (["python", "-m"], ["python3", "-m"]):  # `python -m pip install x`
@@ -169,10 +169,10 @@ def strip_magics(source: str, cell: int, changes: list[Change], cells: Cells | N
                     if stripped.split(" ")[0] in PYTHON_ARG_MAGICS else "the code below depends on it"
                 changes.append(Change(cell, f"`{stripped[:60]}` became `{python}`: {why}"))
                 continue
-            here.append(stripped)
+            here.append((number, stripped))
             if not continued and (script := _launched_script(stripped)):
                 cells.launches.append((cell, stripped, script))
-            if indent and not continued and not _is_install(stripped):
+            if indent and not continued and not is_install(stripped):
                 # Inside a loop or a branch it ran there, maybe once per pass: nobody can run it "first".
                 shown = redact(clip(stripped, 60))
                 changes.append(Change(cell, f"`{shown}` dropped from inside a block, where the code around it "
@@ -185,11 +185,7 @@ def strip_magics(source: str, cell: int, changes: list[Change], cells: Cells | N
             continued = stripped.endswith("\\")  # `!pip install a \` goes on on the next line
         else:
             kept.append(line)
-    if here:
-        cells.dropped.extend(here)
-        shown = ", ".join(f"`{d[:50]}`" for d in here)
-        changes.append(Change(cell, f"dropped {shown}: shell commands and IPython magics are not Python; "
-                                    "run them before torchrun"))
+    cells.dropped.extend((cell, number, text) for number, text in here)  # said once training's place is known
     return "\n".join(kept) + "\n"
 
 

@@ -9,6 +9,8 @@ import warnings
 import libcst as cst
 
 from kit.auth import redact
+from kit.notebooks.convert.cells import is_install
+from kit.notebooks.convert.syntax import Change
 
 TRIPLE = '"' * 3  # would end the script's docstring early
 
@@ -148,13 +150,40 @@ def _reads_as(literal: str, text: str) -> bool:
             return False
 
 
-def dropped_note(dropped: list[str]) -> str:
-    """The docstring's list of the shell/magic lines kit dropped, so the user can run them first."""
-    shell = [redact(d).replace(TRIPLE, "'" * 3) for d in dropped if not d.startswith("%%")]  # `--token hf_…`
-    if not shell:
-        return ""
-    shown = "".join(f"    {d}\n" for d in shell[:12]) + ("    ...\n" if len(shell) > 12 else "")
-    return f"kit dropped these shell and magic lines; run what you need before launching:\n\n{shown}\n"
+def split_dropped(dropped: list[tuple[int, int, str]], trees, facts, changes: list[Change]) -> tuple[list, list]:
+    """The dropped shell/magic lines, (before, after) the end of training, each said in the change list.
+
+    Before: setup to run before torchrun (installs always count as setup). After: what the notebook
+    ran on the finished model (`!zip -r out.zip out`, `!ls out`): flagged, to run once the script ends.
+    """
+    end = None
+    if facts.last_collective is not None:
+        cell, index = facts.last_collective
+        body = dict(trees)[cell].body
+        end = (cell, body[index].end_lineno if index < len(body) else 0)
+    before = [d for d in dropped if end is None or d[:2] < end or is_install(d[2])]
+    after = [d for d in dropped if d not in before]
+    for group, words, review in ((before, "shell commands and IPython magics are not Python; run them before "
+                                          "torchrun", False),
+                                 (after, "they ran after training in the notebook: run them once the script has "
+                                         "finished (or port them to subprocess.run on rank 0)", True)):
+        for cell in dict.fromkeys(c for c, _, _ in group):
+            shown = ", ".join(f"`{redact(t)[:50]}`" for c, _, t in group if c == cell)
+            changes.append(Change(cell, f"dropped {shown}: {words}", review))
+    return [t for _, _, t in before], [t for _, _, t in after]
+
+
+def dropped_note(before: list[str], after: list[str] = ()) -> str:
+    """The docstring's lists of the shell/magic lines kit dropped: to run first, and to run after."""
+    out = ""
+    for lines, when in ((before, "run what you need before launching"),
+                        (after, "they ran after training in the notebook: run what you need once this script "
+                                "has finished")):
+        shell = [redact(d).replace(TRIPLE, "'" * 3) for d in lines if not d.startswith("%%")]  # `--token hf_…`
+        if shell:
+            shown = "".join(f"    {d}\n" for d in shell[:12]) + ("    ...\n" if len(shell) > 12 else "")
+            out += f"kit dropped these shell and magic lines; {when}:\n\n{shown}\n"
+    return out
 
 
 class BlankLines(cst.CSTTransformer):
