@@ -156,6 +156,24 @@ def test_fp16_precision_follows_into_load_dtypes(tmp_path):
     assert keywords(auto.source, "BitsAndBytesConfig")["bnb_4bit_compute_dtype"] == "torch.bfloat16"
 
 
+def test_fp16_precision_takes_out_what_only_ampere_runs(tmp_path):
+    """--precision fp16 (for a T4) kept attn_implementation="flash_attention_2" and tf32=True: the
+    first fails to load without an Ampere GPU, the second is refused by Trainer on a T4."""
+    nb = make_nb(tmp_path, ["m = AutoModelForCausalLM.from_pretrained('x', attn_implementation='flash_attention_2')",
+                            "from trl import SFTTrainer, SFTConfig",
+                            "args = SFTConfig(output_dir='o', bf16=True, tf32=True)\n"
+                            "trainer = SFTTrainer(model=m, args=args, train_dataset=d)\ntrainer.train()"])
+    t4 = convert_notebook(nb, "fp16")
+    assert keywords(t4.source, "AutoModelForCausalLM.from_pretrained")["attn_implementation"] == "'sdpa'"
+    assert {k: v for k, v in keywords(t4.source, "SFTConfig").items() if k in ("tf32", "bf16", "fp16")} == {
+        "tf32": "False", "bf16": "False", "fp16": "torch.cuda.is_available()"}
+    assert any("attn_implementation='flash_attention_2' → \"sdpa\"" in c for c in texts(t4))
+    for kept in (convert_notebook(nb), convert_notebook(nb, "bf16")):  # Ampere and newer: left as written
+        assert keywords(kept.source, "AutoModelForCausalLM.from_pretrained")["attn_implementation"] == \
+            "'flash_attention_2'"
+        assert keywords(kept.source, "SFTConfig")["tf32"] == "True"
+
+
 def test_script_shape():
     conv = convert_notebook(FIXTURES / "trl_qlora_sft.ipynb", script_name="train_ddp.py")
     tree = ast.parse(conv.source)

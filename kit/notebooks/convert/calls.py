@@ -9,20 +9,18 @@ from __future__ import annotations
 
 import libcst as cst
 
+from kit.notebooks.convert.precision import PRECISIONS, follow_precision
 from kit.notebooks.convert.logins import HUB_LOGINS, PLATFORM_MODULES, secret_lookup, token_arg
 from kit.notebooks.convert.kinds import TRL_CONFIGS, UNSLOTH_LOADERS, find_unused_why, is_training_args, shown_text
 from kit.notebooks.convert.syntax import call_name, code, kwarg, set_kwarg, short_name
 
 # device_map values that split one model over several GPUs (accelerate's "big model" placement).
 SPLIT_DEVICE_MAPS = {"auto", "balanced", "balanced_low_0", "sequential"}
-DTYPE_KEYWORDS = {"torch_dtype", "dtype", "bnb_4bit_compute_dtype"}
-DTYPES = {"torch.float16", "torch.bfloat16"}
 CUDA_LITERALS = {"cuda", "cuda:0", "cuda:1"}
 DEVICE_ZERO_QUERIES = {"torch.cuda.get_device_properties", "torch.cuda.get_device_name",
                        "torch.cuda.mem_get_info", "torch.cuda.get_device_capability"}
 RANK_MAP = '{"": rank_device}'  # `rank_device` comes from the script's rank block
 NO_REENTRANT = '{"use_reentrant": False}'
-PRECISIONS = {"fp16": (True, False), "bf16": (False, True), "fp32": (False, False)}
 REENTRANT_WHY = "reentrant checkpointing marks LoRA weights ready twice under DDP"
 SPLIT_WHY = ("a model split across GPUs with device_map cannot be trained under DDP, and it runs the "
              "GPUs one after another; each rank loads a whole copy on its own GPU instead")
@@ -150,7 +148,9 @@ class CellRewriter(cst.CSTTransformer):
                       "token, so every rank takes it from there (login() prompts, which hangs under torchrun, "
                       "when it is empty), and the script does not ask for HF_TOKEN up front")
             return cst.Call(func=cst.Name("set_hub_token"), args=[cst.Arg(token)])
-        updated = self._match_dtype(updated, name)
+        updated, notes = follow_precision(updated, name, self.precision)
+        for note in notes:
+            self.note(note)
         if short == "to" and isinstance(updated.func, cst.Attribute) and updated.args:
             first = updated.args[0]
             updated = updated.with_changes(args=[first.with_changes(value=self._device(first.value)), *updated.args[1:]])
@@ -210,15 +210,6 @@ class CellRewriter(cst.CSTTransformer):
         self.note(f"{name}(): {key}={self.seed}: unseeded, each rank would shuffle or split differently and "
                   "the ranks would train on different (even each other's test) rows")
         return set_kwarg(call, key, str(self.seed))
-
-    def _match_dtype(self, call: cst.Call, name: str) -> cst.Call:
-        """Under --precision fp16/bf16, load and compute dtypes follow it (a T4 has no native bf16)."""
-        want = {"fp16": "torch.float16", "bf16": "torch.bfloat16"}.get(self.precision)
-        for arg in call.args if want else ():
-            if arg.keyword and arg.keyword.value in DTYPE_KEYWORDS and code(arg.value) in DTYPES - {want}:
-                call = set_kwarg(call, arg.keyword.value, want)
-                self.note(f"{name}: {arg.keyword.value}={code(arg.value)} → {want} (--precision {self.precision})")
-        return call
 
     def _pin_device_map(self, call: cst.Call, name: str) -> cst.Call:
         owner = name.rsplit(".", 1)[0]
