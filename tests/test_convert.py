@@ -848,8 +848,14 @@ def test_a_result_a_cell_showed_after_training_is_printed_by_rank_0(tmp_path):
     assert "print(metric.compute(predictions=p, references=r))" in tail
     assert "print(tokenizer.batch_decode(outputs))" in tail and "print(model.save_pretrained" not in tail
     assert any("the cell's last line `metric.compute(" in c for c in texts(conv))
-    early = convert_notebook(make_nb(tmp_path, ["model.print_trainable_parameters()", *TRAIN], "early.ipynb"))
+    early = convert_notebook(make_nb(tmp_path, ["model.print_trainable_parameters()", "ds = make()\nds",
+                                                "base = trainer.evaluate()\nbase['eval_loss']",
+                                                "trainer.evaluate()", *TRAIN], "early.ipynb"))
     assert "if is_main:\n        model.print_trainable_parameters()" in early.source
+    # Before training too: the value a cell showed is printed by rank 0; a collective still runs on every rank.
+    assert "ds = make()\n    if is_main:\n        print(ds)" in early.source
+    assert "if is_main:\n        print(base['eval_loss'])" in early.source
+    assert "    kit_result = trainer.evaluate()\n    if is_main:\n        print(kit_result)" in early.source
 
 
 def test_dry_run_swaps_a_model_named_in_a_tuple_assignment_and_turns_liger_off(tmp_path):
