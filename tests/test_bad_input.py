@@ -126,6 +126,12 @@ CLI_CASES = [
     ("key-nested-typo", {}, ["plan", "lora.rr=3"], 2, "did you mean 'lora.r'"),
     ("key-strategy", {}, ["plan", "strategy=zero3"], 2, r"strategy.*zero3.*expected one of auto\|ddp\|fsdp\|model_parallel"),
     ("key-by-value", {}, ["plan", "dtype=bf16"], 2, "did you mean 'precision=bf16'"),
+    # What the script found only after loading the model, found by the planner.
+    ("plan-data-missing", {}, ["plan", "data.path=nope.jsonl"], 2, "data file nope.jsonl does not exist \\(data.path\\)"),
+    ("render-seq-len-past-the-model", {}, ["render", "--config", "configs/default.yaml", "seq_len=4096", "-o", "t.py"],
+     2, "seq_len=4096 is longer than models/tiny-qwen3's max_position_embeddings=1024"),
+    ("bootstrap-data-missing", {}, ["bootstrap", "--config", "configs/default.yaml", "data.path=d/x.csv"], 2,
+     "data file d/x.csv does not exist"),
     ("model-hf-scheme", {}, ["plan", "model=hf://Qwen/Qwen3-8B"], 2, "repo id alone, e.g. 'Qwen/Qwen3-8B'"),
     ("model-double-slash", {"c.yaml": "model: Qwen//Qwen3-8B\n"}, ["render", "--config", "c.yaml", "-o", "t.py"], 2,
      "not a Hub repo id"),
@@ -319,6 +325,9 @@ def jsonl(rows) -> str:
 SCRIPT_CASES = [
     ("data-missing", {}, ["data.path=data/nope.jsonl"], 2, "data file data/nope.jsonl does not exist"),
     ("data-empty", {"d.jsonl": ""}, ["data.path=d.jsonl"], 2, "is empty"),
+    # A Hub split name on a local file was ignored: the whole file trained.
+    ("data-split-local", {}, ["data.split=validation"], 2, "data.split='validation': a local file or folder is one"),
+    ("data-split-tail", {}, ["data.split=train[50%:]"], 2, "or its first rows, such as train"),
     ("data-bad-line", {"d.jsonl": jsonl(GOOD_ROWS[:2] + ["{not json"] + GOOD_ROWS[2:])}, ["data.path=d.jsonl"], 2,
      "d.jsonl line 3: not valid JSON"),
     ("data-list-line", {"d.jsonl": jsonl(GOOD_ROWS[:1] + ["[1, 2]"])}, ["data.path=d.jsonl"], 2,

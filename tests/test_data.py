@@ -87,6 +87,13 @@ def test_csv_and_parquet_and_folders(tmp_path, tok):
     assert len(data.prepare(cfg_for(folder), tok).train) == 12
 
 
+def test_a_local_split_takes_the_first_rows(tmp_path, tok):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"p{i}", "completion": f"c{i}"} for i in range(10)])
+    assert len(data.prepare(cfg_for(path, split="train[:4]"), tok).train) == 4
+    assert len(data.prepare(cfg_for(path, split="train[:50%]"), tok).train) == 5
+    assert len(data.prepare(cfg_for(path, split="train"), tok).train) == 10
+
+
 def test_valid_rows_that_a_naive_reader_would_split_or_refuse_are_read(tmp_path, tok):
     """JSON strings may hold U+2028/U+0085 raw (ensure_ascii=False writes them so), and a CSV field may
     be longer than Python csv's default 128 KiB: Arrow and pandas read both, so kit's checks must too."""

@@ -268,9 +268,12 @@ def test_cli_does_not_fit_prints_plan_and_exits_3():
     out = kit_plan("--gpus", "2xP100")
     assert out.returncode == 3 and "sm_60" in out.stderr
     # The refused plan's header names the machine the error names.
-    out = kit_plan("--gpus", "2xT4", "seq_len=2000000000")
+    out = kit_plan("--gpus", "2xT4", "model=Qwen/Qwen3-32B", "method=lora")
     assert out.returncode == 3 and "does not fit on 2× Tesla T4" in out.stderr
-    assert out.stdout.splitlines()[0] == "plan for models/tiny-qwen3 on 2× Tesla T4"
+    assert out.stdout.splitlines()[0] == "plan for Qwen/Qwen3-32B on 2× Tesla T4"
+    # A seq_len past the model's positions is refused before any fit search (the script found it after loading).
+    out = kit_plan("--gpus", "2xT4", "seq_len=2000000000")
+    assert out.returncode == 2 and "longer than models/tiny-qwen3's max_position_embeddings=1024" in out.stderr
 
 
 @pytest.mark.parametrize("setup,args,needle", [

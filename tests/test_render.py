@@ -24,11 +24,12 @@ def test_repo_train_ddp_is_the_render_of_the_default_config():
 
 
 def test_dash_as_the_output_prints_the_script_and_writes_no_file(tmp_path):
-    shutil.copytree(ROOT / "configs", tmp_path / "configs")
+    for folder in ("configs", "data"):
+        shutil.copytree(ROOT / folder, tmp_path / folder)
     r = kit("render", "--config", "configs/default.yaml", "--gpus", "2xT4", "-o", "-", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout == (ROOT / "train_ddp.py").read_text()  # what --stdout prints
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["configs"]  # no file named '-'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["configs", "data"]  # no file named '-'
 
 
 def test_the_script_reads_like_the_flow_it_runs():

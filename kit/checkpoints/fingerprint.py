@@ -16,7 +16,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from kit.train.data_source import LOCAL_TYPES
+from kit.planning.names import LOCAL_TYPES
 
 _CHUNK = 1 << 20
 _FINGERPRINT = ("model", "revision", "method", "lora.r", "lora.target_modules", "data.path",

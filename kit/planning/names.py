@@ -4,6 +4,8 @@ is read (exit 2), not when the script reaches the Hub after the libraries load.
     model   a local folder, or a Hub repo id: owner/name, or a bare legacy name (gpt2); an
             absolute path is left to the script (it may exist only where the job runs)
     store   hf://owner/name, or a local directory (a mounted bucket is one)
+    data    a local file (LOCAL_TYPES) or folder, or a Hub dataset id; checked when planning
+            (`check_data`), since `kit status` and `kit export` read configs whose data has moved on
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ REPO_ID_RE = re.compile(rf"^{_PART}/{_PART}$")
 _BARE_RE = re.compile(rf"^{_PART}$")
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")  # gs:, s3:, https: (a Windows drive, C:, is one letter)
 _HUB_URL_RE = re.compile(r"^https?://(?:www\.)?(?:huggingface\.co|hf\.co)/(?:datasets/|spaces/)?([^/?#]+/[^/?#]+)")
+LOCAL_TYPES = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}  # datasets' builders
 _ID_RULE = "owner/name: letters, digits, '-', '_', '.'; no '..' or '--'"
 
 
@@ -76,3 +79,13 @@ def check_store(value: str, key: str, where: str) -> str:
         raise UsageError(f"config key {key!r}{where} is {value!r}: a store is hf://owner/name or a local directory; "
                          f"for a bucket ({scheme}://), mount it (gcsfuse, s3fs, rclone mount) and give the mounted path")
     return value
+
+
+def check_data(path: str) -> None:
+    """A relative data file that is not there, before any plan (the script found out after the model
+    loaded). Absolute paths may exist only where the job runs (/kaggle/input/…): the script checks them."""
+    p = Path(path)
+    if _rooted(path) or p.exists() or p.suffix not in LOCAL_TYPES:
+        return
+    raise UsageError(f"data file {path} does not exist (data.path): run from the folder it is relative to, "
+                     "or give its full path")

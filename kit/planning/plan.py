@@ -17,6 +17,7 @@ from kit.errors import CannotTrain, UsageError
 from kit.machine import verdicts
 from kit.machine.command import launch_command
 from kit.planning import hostram, memory, plan_words, precision, shapes, speed
+from kit.planning.names import check_data
 from kit.planning import nodes as nodes_mod
 from kit.planning.fit import batch_for_world, cheaper_change, fit, rank_budget, training_loop
 from kit.files import GIB
@@ -74,6 +75,11 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
     endpoint = nodes_mod.check_endpoint(rdzv_endpoint or f"$MASTER_ADDR:{nodes_mod.DEFAULT_PORT}")
     facts = _as_facts(facts)
     model = shapes.model_facts(cfg.model, cfg.revision)
+    # What the script would find only after loading the model: before any plan.
+    if model.max_position and cfg.seq_len > model.max_position:
+        raise UsageError(f"seq_len={cfg.seq_len} is longer than {cfg.model}'s max_position_embeddings="
+                         f"{model.max_position}")
+    check_data(cfg.data.path)
     plan = Plan(model=cfg.model)
     plan.reasons.append(f"{cfg.model}: {plan_words.count(model.params)} parameters, {model.layers} layers, vocab "
                         f"{model.vocab} (from {model.source}).")

@@ -10,9 +10,8 @@ from pathlib import Path
 
 from kit.errors import UsageError
 from kit.files import regular_file
+from kit.planning.names import LOCAL_TYPES  # the planner checks data.path with them too
 from kit.train.data_checks import explain_mixed_types, scan_csv_rows, scan_json_lines
-
-LOCAL_TYPES = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
 def load_rows(data_cfg):
@@ -65,7 +64,7 @@ def load_located(data_cfg):
                 scan_csv_rows(Path(f))
         try:
             with _quiet_datasets():
-                ds = datasets.load_dataset(kinds.pop(), data_files=files, split="train")
+                ds = datasets.load_dataset(kinds.pop(), data_files=files, split=_local_split(data_cfg))
         except OSError as e:
             raise UsageError(_cache_words(e, f"folder {path}")) from None
         except (ValueError, datasets.exceptions.DatasetGenerationError) as e:
@@ -84,7 +83,8 @@ def load_located(data_cfg):
             scan_csv_rows(path)
         try:
             with _quiet_datasets():
-                ds = datasets.load_dataset(LOCAL_TYPES[path.suffix], data_files=str(path), split="train")
+                ds = datasets.load_dataset(LOCAL_TYPES[path.suffix], data_files=str(path),
+                                           split=_local_split(data_cfg))
         except OSError as e:
             raise UsageError(_cache_words(e, f"file {path}")) from None
         except (ValueError, datasets.exceptions.DatasetGenerationError) as e:
@@ -102,6 +102,16 @@ def load_located(data_cfg):
     if len(ds) == 0:
         raise UsageError(f"dataset {data_cfg.path} has no rows")
     return ds, locate
+
+
+def _local_split(data_cfg) -> str:
+    """Local files are one split, "train"; its first rows (train[:1000], train[:10%]) are datasets' own
+    slice, and keep the rows' line numbers (a slice from elsewhere would shift every "line N")."""
+    split = data_cfg.split.strip()
+    if split == "train" or split.startswith("train[:") and split.endswith("]"):
+        return split
+    raise UsageError(f"data.split={data_cfg.split!r}: a local file or folder is one split, 'train', or its first "
+                     "rows, such as train[:1000] or train[:10%]; other names are splits of a Hub dataset")
 
 
 def _columns_differ(files: list[str]) -> str | None:
