@@ -325,6 +325,11 @@ def jsonl(rows) -> str:
 SCRIPT_CASES = [
     ("data-missing", {}, ["data.path=data/nope.jsonl"], 2, "data file data/nope.jsonl does not exist"),
     ("data-empty", {"d.jsonl": ""}, ["data.path=d.jsonl"], 2, "is empty"),
+    # The format pinned, or a data.columns entry naming a missing column: "match no format" misled.
+    ("data-format-pinned", {}, ["data.format=alpaca"], 2, "data.format=alpaca needs columns instruction, output, "
+     "but data/ha_commands.jsonl has columns \\['messages'\\] \\(the data is in format messages"),
+    ("data-columns-missing", {}, ["data.columns={messages: conv}"], 2,
+     "data.columns maps messages → 'conv', but data/ha_commands.jsonl has columns"),
     # A Hub split name on a local file was ignored: the whole file trained.
     ("data-split-local", {}, ["data.split=validation"], 2, "data.split='validation': a local file or folder is one"),
     ("data-split-tail", {}, ["data.split=train[50%:]"], 2, "or its first rows, such as train"),

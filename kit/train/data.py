@@ -62,9 +62,20 @@ def detect_format(columns: list[str], data_cfg) -> tuple[str, dict[str, str]]:
             names["messages"] = "conversations"  # ShareGPT's column name
         if all(names[k] in columns for k in FORMATS[fmt]):
             return fmt, names
+    has = f"{data_cfg.path} has columns {sorted(columns)}"
+    # A data.columns entry naming a column the data lacks is the mistake to name, not the format.
+    wrong = {k: v for k, v in mapping.items() if v not in columns and any(k in FORMATS[f] for f in wanted)}
+    if wrong:
+        pairs = ", ".join(f"{k} → {v!r}" for k, v in wrong.items())
+        raise UsageError(f"data.columns maps {pairs}, but {has}: map to one of those")
+    if data_cfg.format != "auto":  # pinned: say what it needs, and which format the data is in
+        fits = [f for f in FORMATS if f != data_cfg.format and all(mapping.get(k, k) in columns for k in FORMATS[f])]
+        also = f" (the data is in format {fits[0]}: set data.format={fits[0]} or auto)" if fits else \
+            " (map yours with data.columns)"
+        raise UsageError(f"data.format={data_cfg.format} needs columns {', '.join(FORMATS[data_cfg.format])}, but "
+                         f"{has}{also}")
     expected = "; ".join(f"{f}: {', '.join(c)}" for f, c in FORMATS.items())
-    raise UsageError(f"columns {sorted(columns)} of {data_cfg.path} match no format"
-                     f"{'' if data_cfg.format == 'auto' else ' ' + data_cfg.format}; expected {expected} "
+    raise UsageError(f"columns {sorted(columns)} of {data_cfg.path} match no format; expected {expected} "
                      f"(map yours with data.columns)")
 
 
