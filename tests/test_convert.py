@@ -579,6 +579,17 @@ def test_shell_lines_after_training_are_flagged_to_run_afterwards_not_before(tmp
     assert any("`!nvidia-smi`, `!pip install -q trl`: shell commands" in c and "REVIEW" not in c for c in texts(conv))
 
 
+def test_media_players_are_removed_not_printed_as_object_reprs(tmp_path):
+    conv = convert_notebook(make_nb(tmp_path, ["from IPython.display import Audio, Image, display", *TRAIN,
+                                               "display(Audio('x.wav'))\nAudio(url)\nImage(filename='p.png')\n"
+                                               "player = Audio(url)\ndisplay(df)"]))
+    tail = rank0_tail(conv.source)
+    lines = [line.strip() for line in tail.splitlines()]
+    assert "Audio('x.wav')" not in tail and "Audio(url)" not in lines and "Image(" not in tail
+    assert "player = Audio(url)" in tail and "print(df)" in tail  # an assignment is kept; a table prints
+    assert sum("an audio/image/video player shows only in a notebook" in c for c in texts(conv)) == 3
+
+
 def test_unseeded_data_prep_gets_the_notebook_seed(tmp_path):
     nb = make_nb(tmp_path, ["import random\nds = ds.shuffle().select(range(10))\nsp = ds.train_test_split(test_size=0.2)\n"
                             "keep = ds.shuffle(seed=1)\nsub = df.sample(frac=0.5)\npick = random.sample(rows, 2)",

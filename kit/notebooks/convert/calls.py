@@ -11,7 +11,8 @@ import libcst as cst
 
 from kit.notebooks.convert.precision import PRECISIONS, follow_precision
 from kit.notebooks.convert.logins import HUB_LOGINS, PLATFORM_MODULES, secret_lookup, token_arg
-from kit.notebooks.convert.kinds import TRL_CONFIGS, UNSLOTH_LOADERS, find_unused_why, is_training_args, shown_text
+from kit.notebooks.convert.kinds import (TRL_CONFIGS, UNSLOTH_LOADERS, find_unused_why, is_training_args,
+                                         shown_text, shows_media)
 from kit.notebooks.convert.syntax import call_name, code, kwarg, set_kwarg, short_name
 
 # device_map values that split one model over several GPUs (accelerate's "big model" placement).
@@ -98,6 +99,10 @@ class CellRewriter(cst.CSTTransformer):
                           "and the secrets it reads come from the environment here")
                 return True
         value = getattr(small, "value", None)
+        if isinstance(small, cst.Expr) and shows_media(value):
+            self.note(f"`{code(value)[:60]}` removed: an audio/image/video player shows only in a notebook; "
+                      "open the file or URL yourself after the run")
+            return True
         if isinstance(value, cst.Call):
             name = call_name(value)
             if name.rsplit(".", 1)[-1] == "UserSecretsClient":

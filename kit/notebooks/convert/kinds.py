@@ -12,6 +12,7 @@ TRL_CONFIGS = {"SFTConfig", "DPOConfig", "GRPOConfig", "ORPOConfig", "KTOConfig"
                "RewardConfig", "PPOConfig", "RLOOConfig", "GKDConfig", "OnlineDPOConfig"}
 TRL_TRAINERS = {c.replace("Config", "Trainer") for c in TRL_CONFIGS}
 RICH = {"HTML", "Markdown", "Latex", "JSON", "Pretty", "Code"}  # IPython.display's rich-output wrappers
+MEDIA = {"Audio", "Image", "Video", "IFrame", "YouTubeVideo", "SVG"}  # IPython.display's players and viewers
 TRAINER_KEYWORDS = {"output_dir", "per_device_train_batch_size", "num_train_epochs", "max_steps",
                     "learning_rate", "gradient_accumulation_steps"}
 
@@ -56,3 +57,14 @@ def shown_text(arg: cst.Arg) -> cst.Arg:
     if isinstance(v, cst.Call) and code(v.func).split(".")[-1] in RICH and len(v.args) == 1 and not v.args[0].keyword:
         return arg.with_changes(value=v.args[0].value)
     return arg
+
+
+def shows_media(value) -> bool:
+    """`Audio(url)` or `display(Image(...))` (print(…) by now) as a statement: a player or viewer that
+    only a notebook's front end shows; a script prints `<IPython.lib.display.Audio object>`."""
+    if not isinstance(value, cst.Call):
+        return False
+    if code(value.func).split(".")[-1] in MEDIA:
+        return True
+    return code(value.func) in ("display", "print") and bool(value.args) and all(shows_media(a.value)
+                                                                                  for a in value.args)
