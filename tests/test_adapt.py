@@ -27,6 +27,16 @@ def test_a_bf16_plan_launched_on_a_t4_trains_in_fp16_and_says_so():
     assert "precision fp16 on this GPU (the rendered plan said bf16)" in plan.notes
 
 
+def test_a_warmup_longer_than_the_job_is_said_at_launch_not_refused():
+    """A 2-step trial of a config with warmup_steps=5 trains (and is not an error), but says so."""
+    short = cfg("max_steps=2", "warmup_steps=5")
+    notes = adapt.adapt(make_plan(H200, short).to_dict(), short, H200_RANK).notes
+    assert any(n.startswith("warning: warmup_steps=5 is more than max_steps=2: the learning rate never reaches")
+               for n in notes)
+    fine = cfg("max_steps=20", "warmup_steps=5")
+    assert not any("warmup" in n for n in adapt.adapt(make_plan(H200, fine).to_dict(), fine, H200_RANK).notes)
+
+
 @pytest.mark.parametrize("arch, expected", [("gfx90a:sramecc+:xnack-", "bf16"), ("gfx942", "bf16"),
                                             ("gfx1100", "bf16"), ("gfx1030", "fp16"), ("gfx906", "fp16")])
 def test_rocm_at_launch_follows_the_per_arch_bf16_list_not_every_rocm_gpu(arch, expected):

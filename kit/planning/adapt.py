@@ -138,6 +138,9 @@ def sampler_args(plan) -> dict:
 def adapt(planned: dict, cfg, rank: RankFacts) -> LaunchPlan:
     """The rendered plan (`planned`, a `Plan.to_dict()`), settled for this rank's device and world size."""
     notes: list[str] = [planned["replanned"]] if planned.get("replanned") else []
+    if cfg.max_steps and cfg.warmup_steps > cfg.max_steps:  # said, not refused: a 2-step trial run is fine
+        notes.append(f"warning: warmup_steps={cfg.warmup_steps} is more than max_steps={cfg.max_steps}: the learning "
+                     f"rate never reaches learning_rate={cfg.learning_rate:g}; lower warmup_steps for a real run")
     cuda = rank.device == "cuda"
     if cfg.method == "qlora" and not cuda:
         raise CannotTrain("method=qlora needs a CUDA GPU (bitsandbytes 4-bit); on the CPU use method=lora")

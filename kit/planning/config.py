@@ -214,9 +214,6 @@ def load(path: str | None = None, overrides=()) -> RunConfig:
     cfg = from_dict(data, source=path or "")
     for key, value in parse_overrides(overrides):
         set_value(cfg, key, value, source="command line")
-    if cfg.max_steps and cfg.warmup_steps > cfg.max_steps:  # the schedule would end before its warmup
-        raise UsageError(f"warmup_steps={cfg.warmup_steps} is more than max_steps={cfg.max_steps}: the learning "
-                         "rate would never reach learning_rate; lower warmup_steps")
     return cfg
 
 
