@@ -716,6 +716,21 @@ def test_dry_run_swaps_hub_ids_but_not_the_notebooks_own(tmp_path):
     assert list(dry_run_dataset("messages")) == ["train", "validation", "test"]  # notebooks read all three
 
 
+@pytest.mark.parametrize("loader, refused", [("AutoModelForMaskedLM", True), ("WhisperForConditionalGeneration", True),
+                                             ("AutoModelForSequenceClassification", False),
+                                             ("AutoModelForCausalLM", False)])
+def test_dry_run_refuses_a_head_its_stand_in_has_not(tmp_path, capsys, loader, refused):
+    """A masked-LM notebook's dry run failed inside the script with a transformers traceback."""
+    nb = make_nb(tmp_path, [f"m = {loader}.from_pretrained('bert-base-uncased')", *TRAIN])
+    out = tmp_path / "dry.py"
+    code, _, err = cli([str(nb), "-o", str(out), "--dry-run"], capsys)
+    if refused:
+        assert code == 2 and err.count("\n") == 1 and not out.exists()
+        assert f"--dry-run: {loader}.from_pretrained needs a model with a" in err and "--dry-run-model" in err
+    else:
+        assert code == 0 and out.exists(), err
+
+
 def test_missing_token_stops_before_any_work(tmp_path):
     """A notebook that pushes: without a token the script stops at the top, before loading anything."""
     nb = make_nb(tmp_path, ["import trl\nopen('started', 'w').close()", *TRAIN, "trainer.push_to_hub()"])

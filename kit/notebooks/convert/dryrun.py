@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from pathlib import Path
 
 import libcst as cst
 
 import kit
+from kit.errors import UsageError
 from kit.notebooks.convert.kinds import is_model_loader, is_training_args
 from kit.notebooks.convert.syntax import call_name, code, drop_kwarg, kwarg, normal, set_kwarg, short_name
 
@@ -36,6 +38,7 @@ SCHEMAS = [("conversations", "sharegpt"), ("instruction", "alpaca"), ("question"
            ("completion", "prompt_completion"), ("messages", "messages"), ("text", "text")]
 
 
+QWEN3_HEADS = {"CausalLM", "SequenceClassification", "TokenClassification", "QuestionAnswering"}
 BUILDERS = {"json", "csv", "parquet", "text", "arrow", "imagefolder", "audiofolder", "webdataset", "pandas"}
 
 
@@ -98,10 +101,20 @@ class DryRun(cst.CSTTransformer):
             if (positional and a.keyword is None and i == 0) or (a.keyword and a.keyword.value in (
                     "model_name", "pretrained_model_name_or_path", "model")):
                 if self._swappable(a.value):
+                    self._check_head(name)
                     self.notes.append(f"{name}: {code(a.value)} → the tiny local model")
                     args[i] = a.with_changes(value=cst.SimpleString(repr(self.model)))
                 break
         return call.with_changes(args=args)
+
+    def _check_head(self, name: str) -> None:
+        """The stand-in is a Qwen3: a class it has no head for (a masked LM, seq2seq, speech, vision)
+        fails inside the dry run with a transformers traceback; say so now, in one line."""
+        head = re.search(r"For(\w+)$", name.rsplit(".", 1)[0])
+        if head and head.group(1) not in QWEN3_HEADS and self.model == str(TINY_MODEL):
+            raise UsageError(f"--dry-run: {name} needs a model with a {head.group(1)} head, and kit's stand-in "
+                             f"({TINY_MODEL.name}) is a causal LM: give --dry-run-model a small local model of "
+                             "that kind, or leave --dry-run out")
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         name, short = call_name(updated), short_name(updated)
