@@ -46,13 +46,17 @@ def lock(path: str) -> int | None:
     Without a store there is no lease, and two runs both trained and saved checkpoint-<step> over
     each other. An OS lock (flock) on the folder itself, so no lock file is left behind: released
     when the process ends, however it ends (kill -9 too), so it never goes stale. Returns the
-    descriptor to keep (and os.close) for the run; None where the OS has no flock (Windows).
+    descriptor to keep (and os.close) for the run; None where the OS or the filesystem has no flock
+    (Windows; some network and FUSE mounts such as Colab's Drive): there two runs are not kept apart.
     """
     try:
         import fcntl
     except ImportError:
         return None
-    fd = os.open(path, os.O_RDONLY)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # a folder some FUSE mounts will not open for reading: no lock there
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -60,6 +64,9 @@ def lock(path: str) -> int | None:
         raise UsageError(f"output_dir {path} is in use by another kit run on this machine (a training still "
                          "running in another cell, terminal or scheduled run): wait for it to end, or choose "
                          "another output_dir") from None
+    except OSError:  # a filesystem without flock (some network and FUSE mounts, e.g. Drive): no lock there
+        os.close(fd)
+        return None
     return fd
 
 
