@@ -32,7 +32,7 @@ DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
 # Forming the group: torchrun starts every rank at once (and on several nodes, only once all agents
 # met), so the ranks meet within seconds of their imports. A rank launched alone with WORLD_SIZE=2,
 # or a MASTER_ADDR nobody answers on, waited the whole DEFAULT_TIMEOUT.
-RENDEZVOUS_S = float(os.environ.get("KIT_RENDEZVOUS_S") or 180)
+RENDEZVOUS_S = 180.0  # KIT_RENDEZVOUS_S overrides it
 
 
 @dataclass(frozen=True)
@@ -118,14 +118,24 @@ def _bounded_rendezvous(rank: int, world_size: int, address: str):
 
     from kit.errors import EXIT_USAGE
 
+    from kit.errors import UsageError
+
+    raw = os.environ.get("KIT_RENDEZVOUS_S", "").strip()
+    try:
+        wait_s = float(raw) if raw else RENDEZVOUS_S
+    except ValueError:
+        wait_s = -1.0
+    if not 0 < wait_s < float("inf"):
+        raise UsageError(f"environment variable KIT_RENDEZVOUS_S={raw!r} is not a number of seconds > 0")
+
     def give_up():
-        print(f"error: rank {rank} of WORLD_SIZE {world_size} waited {RENDEZVOUS_S:.0f} s at {address} for the "
+        print(f"error: rank {rank} of WORLD_SIZE {world_size} waited {wait_s:.0f} s at {address} for the "
               "other ranks, which never came: launch with torchrun (it starts every rank), or unset WORLD_SIZE "
               "and RANK to run one process", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(EXIT_USAGE)  # the main thread is inside torch's rendezvous: nothing else ends it
 
-    timer = threading.Timer(RENDEZVOUS_S, give_up)
+    timer = threading.Timer(wait_s, give_up)
     timer.daemon = True
     timer.start()
     try:
