@@ -99,7 +99,9 @@ def _inductor_builds_cpu_kernels() -> bool:
     (torch.float32, 1e-5),
     # bf16: the same numbers as eager. Without inductor's eager rounding (emulate_precision_casts) the
     # tiny model's first loss moves by 9e-6 here, and Qwen3-8B's QLoRA losses by up to 4 % on the H200.
-    (torch.bfloat16, 3e-6),
+    # 5e-6, not 3e-6: on some CPUs the third step's gradient norm differs by 3.4e-6 (the fp32 sum over
+    # the gradients is vectorised differently in the compiled kernels), seen on 2026-12-05 at main too.
+    (torch.bfloat16, 5e-6),
 ])
 def test_compiled_layers_train_like_eager_ones(dtype, rel):
     """compile=on changes how the layers run, not what they compute: on the CPU, three AdamW steps
