@@ -116,9 +116,7 @@ def _bounded_rendezvous(rank: int, world_size: int, address: str):
     """End the process (one line, exit 2) if the group has not formed within RENDEZVOUS_S."""
     import threading
 
-    from kit.errors import EXIT_USAGE
-
-    from kit.errors import UsageError
+    from kit.errors import EXIT_USAGE, UsageError
 
     raw = os.environ.get("KIT_RENDEZVOUS_S", "").strip()
     try:

@@ -73,7 +73,6 @@ class Watch:
             return f"training diverged at step {step}: the gradients were NaN or inf {what}; {ADVICE}"
         return None
 
-
     def logged(self, logs: dict, step: int, fp16: bool, logging_steps: int) -> str | None:
         """Why training must stop, from one of Trainer's training logs (loss, grad_norm), or None."""
         loss, norm = logs.get("loss"), logs.get("grad_norm")

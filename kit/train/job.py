@@ -15,8 +15,7 @@ import os
 
 from kit.train import dist, sessions
 from kit.checkpoints import fingerprint, resume
-from kit.train.output_dir import check_output_dir
-from kit.train.output_dir import lock as lock_output_dir
+from kit.train.output_dir import check_output_dir, lock as lock_output_dir
 from kit.train.callbacks import Checkpoints, Control, Meter, StopSignals
 from kit.train.deadline import session_deadline
 from kit.errors import KitError
