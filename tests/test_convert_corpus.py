@@ -18,11 +18,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from kit.cli import main
 from tests.hubserver import HubServer
+from tests.scripts import kill_job
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "notebooks"
@@ -96,7 +98,14 @@ def test_corpus_notebook_runs_under_torchrun(notebook, tmp_path, hub, capsys):
     capsys.readouterr()
     hub.repos.clear()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
-    res = subprocess.run(cmd, cwd=work, env=_env(probe, hub, notebook), capture_output=True, text=True, timeout=240)
+    proc = subprocess.Popen(cmd, cwd=work, env=_env(probe, hub, notebook), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:  # torchrun's ranks live in sessions of their own: end them too
+        kill_job(proc, str(work))
+        pytest.fail(f"{notebook}: no exit within 240 s under torchrun (a hang?)")
+    res = SimpleNamespace(returncode=proc.returncode, stdout=out, stderr=err)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
     events = _events(probe)
     assert sorted(events) == [0, 1], events
