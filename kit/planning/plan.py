@@ -76,9 +76,7 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
     facts = _as_facts(facts)
     model = shapes.model_facts(cfg.model, cfg.revision)
     # What the script would find only after loading the model: before any plan.
-    if model.max_position and cfg.seq_len > model.max_position:
-        raise UsageError(f"seq_len={cfg.seq_len} is longer than {cfg.model}'s max_position_embeddings="
-                         f"{model.max_position}")
+    shapes.check_seq_len(cfg, model.max_position)
     check_data(cfg.data.path)
     plan = Plan(model=cfg.model)
     plan.reasons.append(f"{cfg.model}: {plan_words.count(model.params)} parameters, {model.layers} layers, vocab "

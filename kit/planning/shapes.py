@@ -215,3 +215,10 @@ def model_facts(name: str, revision: str | None = None) -> ModelFacts:
         raise UsageError(f"model {name!r} is not in kit's table and its config.json could not be fetched "
                          f"({why}): give a local model directory or go online")
     return facts
+
+
+def check_seq_len(cfg, limit: int | None) -> None:
+    """seq_len within the model's max_position_embeddings (`limit`; None or 0: unknown). The planner
+    asks before any plan; the script asks again for a seq_len given on its command line."""
+    if limit and cfg.seq_len > limit:
+        raise UsageError(f"seq_len={cfg.seq_len} is longer than {cfg.model}'s max_position_embeddings={limit}")

@@ -17,6 +17,7 @@ require grad under gradient checkpointing, done below.
 
 from __future__ import annotations
 
+from kit.planning import shapes
 from kit.train import sharding
 from kit.errors import CannotTrain, UsageError
 
@@ -77,9 +78,7 @@ def _torch_dtype_name(name: str):
 
 
 def check_seq_len(cfg, model_config) -> None:
-    limit = getattr(model_config, "max_position_embeddings", None)
-    if limit is not None and cfg.seq_len > limit:
-        raise UsageError(f"seq_len={cfg.seq_len} is longer than {cfg.model}'s max_position_embeddings={limit}")
+    shapes.check_seq_len(cfg, getattr(model_config, "max_position_embeddings", None))
 
 
 MIN_VOCAB = 16  # fewer tokens than this is no real tokenizer (kit's own tiny test model has 512)
