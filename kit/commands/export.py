@@ -77,7 +77,7 @@ def run(args) -> int:
 
 def check_push(spec: str) -> None:
     """`--push` must name a Hub repo, hf://owner/name, in the Hub's own spelling rules."""
-    from kit.checkpoints.store.hub import parse_repo_id
+    from kit.planning.names import parse_repo_id
     from kit.errors import UsageError
 
     if not spec.startswith("hf://"):

@@ -29,6 +29,15 @@ def valid_repo_id(text: str, bare: bool = False) -> bool:
     return bool(ok) and ".." not in text and "--" not in text
 
 
+def parse_repo_id(spec: str) -> str:
+    """The repo id of a Hub store `hf://owner/name`; UsageError in the Hub's own terms otherwise."""
+    repo_id = spec.removeprefix("hf://").strip("/")
+    if not valid_repo_id(repo_id):
+        raise UsageError(f"invalid Hugging Face repo id {repo_id!r} in store {spec!r}: expected hf://owner/name "
+                         f"({_ID_RULE})")
+    return repo_id
+
+
 def _scheme(text: str) -> str | None:
     m = _SCHEME_RE.match(text)
     return m.group(1).lower() if m and len(m.group(1)) > 1 else None
@@ -68,10 +77,10 @@ def check_store(value: str, key: str, where: str) -> str:
     if scheme == "hf" and not text.lower().startswith("hf://"):
         raise UsageError(f"config key {key!r}{where} is {value!r}: a Hub store is written hf://owner/name")
     if scheme == "hf":
-        repo = text[len("hf://"):].strip("/")
-        if not valid_repo_id(repo):
-            raise UsageError(f"config key {key!r}{where}: invalid Hugging Face repo id {repo!r} in {value!r}: "
-                             f"expected hf://owner/name ({_ID_RULE})")
+        try:
+            parse_repo_id(text)
+        except UsageError as e:
+            raise UsageError(f"config key {key!r}{where}: {e}") from None
         return value
     if scheme in ("http", "https") and _hub_url_id(text):
         raise UsageError(f"config key {key!r}{where} is a web address: a Hub store is hf://{_hub_url_id(text)}")

@@ -18,7 +18,7 @@ from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, co
 from huggingface_hub.errors import HfHubHTTPError
 
 from kit.auth import find_token
-from kit.errors import StoreError, UsageError
+from kit.errors import StoreError
 from kit.checkpoints.store.pacing import CommitPacer
 from kit.checkpoints.store.reuse import DownloadReuse
 from kit.checkpoints.manifest import sha256_file
@@ -35,20 +35,12 @@ from kit.checkpoints.store import hub_errors, leasing
 from kit.checkpoints.store.hub_errors import NO_TOKEN, OFFLINE
 from kit.checkpoints.store.hub_http import first_line, hub_offline, network_timeout_s, use_timeouts
 from kit.checkpoints.store.retention import prune, steps_to_delete
-from kit.planning.names import valid_repo_id
+from kit.planning.names import parse_repo_id
 
 log = logging.getLogger("kit.checkpoints.store")
 
 _CAS_ATTEMPTS = 4
 DEEP_CHECK_MAX_BYTES = 10 * 2**20  # the Hub stores larger files through LFS/Xet, with a sha256 in the listing
-
-
-def parse_repo_id(spec: str) -> str:
-    repo_id = spec.removeprefix("hf://").strip("/")
-    if not valid_repo_id(repo_id):
-        raise UsageError(f"invalid Hugging Face repo id {repo_id!r} in store {spec!r}: "
-                         "expected hf://owner/name (letters, digits, '-', '_', '.')")
-    return repo_id
 
 
 class HubStore(Store):
