@@ -26,7 +26,7 @@ try:  # the mechanics (store sync, resume, lease, deadline, smoke checks) are ki
     from kit.errors import KitError
     from kit.planning import adapt
     from kit.script import arguments
-    from kit.train import collate, data, dist, last_word, modeling, output_dir, sharding
+    from kit.train import callbacks, collate, data, dist, last_word, modeling, output_dir, sharding
     from kit.train.job import Job
 except ModuleNotFoundError as e:
     missing = (e.name or "?").split(".")[0]
@@ -131,7 +131,8 @@ def main(argv: list[str]) -> int:
     ok, code = False, 1
     try:
         plan = adapt.plan_for(ctx, cfg, planned)  # the planner's rules again, for this device and world size
-        job = Job(cfg, ctx, plan, smoke=args.smoke, force=args.force)
+        job = Job(cfg, ctx, plan, smoke=args.smoke, force=args.force,
+                  steps_given=arguments.steps_given(args))
         job.start()  # rank 0 finds the newest complete checkpoint (local, then store); all ranks agree
         if job.complete:  # nothing to train; a final/ the store lacks is pushed
             ok, code = True, job.exit_code
@@ -236,7 +237,8 @@ def main(argv: list[str]) -> int:
                     "compile off: this torch's inductor cannot round as eager does (emulate_precision_casts)")
         collate.settle(trainer, plan)  # packed sequences as rows, each under its own block-diagonal mask
         # A checkpoint the other strategy wrote resumes through a converted copy (same numbers).
-        trainer.train(resume_from_checkpoint=sharding.resumable(trainer, job.resume_from, plan, ctx))
+        with callbacks.at_target_only_wrap_up():  # resumed at max_steps (cut in its wrap-up): no step more
+            trainer.train(resume_from_checkpoint=sharding.resumable(trainer, job.resume_from, plan, ctx))
         modeling.eager_layers(trainer.model)  # the final evaluation generates: eager, no compiling per length
         code = job.finish(trainer)  # rank 0: last upload, final evaluation, final/ and its push, closing lines
         ok = True

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -88,6 +89,12 @@ def test_current_target(configured, step, recorded, target):
     assert resume.current_target(configured, step, recorded) == target
 
 
+@pytest.mark.parametrize("configured,step,recorded,target", [(90, 80, 100, 90), (80, 80, 100, 80), (120, 80, 100, 120)])
+def test_a_target_given_on_the_command_line_is_the_target(configured, step, recorded, target):
+    assert resume.current_target(configured, step, recorded, given=False) == (100 if configured <= step else target)
+    assert resume.current_target(configured, step, recorded, given=True) == target
+
+
 @pytest.mark.slow
 def test_an_extended_job_reports_one_target_everywhere(tmp_path):
     """Train a 2-step config, extend it with max_steps=4 on the command line: the checkpoint, the
@@ -105,6 +112,40 @@ def test_an_extended_job_reports_one_target_everywhere(tmp_path):
     s = status.gather(config.load(str(c)))
     assert (s["latest_step"], s["max_steps"], s["complete"]) == (4, 4, True)
     assert "step 4 of 4 (100 %) — complete" in status.format_text(s)
+
+
+@pytest.mark.slow
+def test_a_job_cut_in_its_wrap_up_finishes_it_and_an_explicit_target_ends_an_extended_job(tmp_path):
+    """A session cut after its last checkpoint but before final/ did not finish the job: the same
+    command runs the wrap-up and trains no step more (Trainer resumed mid-epoch at max_steps trained
+    one). max_steps=N on the command line is the target even below the one the job was extended to;
+    below the checkpoint's own step it is refused, and nothing is touched."""
+    c = tmp_path / "c.yaml"
+    run = tmp_path / "run"
+    c.write_text((ROOT / "configs/default.yaml").read_text().replace("max_steps: 60", "max_steps: 2")
+                 .replace("save_steps: 20", "save_steps: 2").replace("outputs/default", str(run)))
+    assert train(["--config", str(c), "max_steps=6", *FAST], nproc=1).returncode == 0
+    # The session that ran to 6 is cut after its checkpoint-4: 6 and final/ never happened.
+    shutil.rmtree(run / "checkpoint-6")
+    shutil.rmtree(run / "final")
+    assert status.gather(config.load(str(c)))["max_steps"] == 6  # the plain command would go on to 6
+
+    below = train(["--config", str(c), "max_steps=3", *FAST], nproc=1)
+    assert below.returncode == 2 and "error: max_steps=3 is below the step of checkpoint-4" in below.stderr
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+
+    s = status.gather(config.load(str(c), ["max_steps=4"]), steps_given=True)
+    assert (s["latest_step"], s["max_steps"], s["complete"]) == (4, 4, False)
+    assert "did not finish: the same command runs it" in status.format_text(s)
+
+    ended = train(["--config", str(c), "max_steps=4", *FAST], nproc=1)
+    assert ended.returncode == 0, ended.stderr[-2000:]
+    assert "checkpoint-4 is the job's last step, but its wrap-up" in ended.stdout
+    assert "complete: step 4 of 4" in ended.stdout
+    assert not (run / "checkpoint-5").exists()  # no step trained past the target
+    assert json.loads((run / "final/eval_results.json").read_text())["step"] == 4
+    s = status.gather(config.load(str(c), ["max_steps=4"]), steps_given=True)
+    assert s["complete"] and s["final_step"] == 4
 
 
 # ---- item 7: bootstrap on a CPU machine -------------------------------------------------------------

@@ -135,18 +135,37 @@ def _fetch_newer(output_dir, store, local_step: int | None, warnings: list) -> P
     return dest
 
 
-def current_target(configured: int | None, step: int | None, recorded: int | None) -> int | None:
+def current_target(configured: int | None, step: int | None, recorded: int | None,
+                   given: bool = False) -> int | None:
     """The job's step target now: one rule for the script, `kit status` and `kit schedule`.
 
     The configured max_steps, while the job has not reached it. A job already past it was extended
     (`max_steps=100` on the command line of a 60-step config): then the target it was extended to,
     as recorded by the checkpoint or the last session, is the current one — never "step 100 of 60".
+    A max_steps `given` on this command line is the target, also below the recorded one: that is how
+    an extended job is ended early (`max_steps=80` of a job extended to 100 ends it at step 80).
     """
-    if configured and (step is None or step < configured):
+    if configured and (given or step is None or step < configured):
         return configured
     if recorded and recorded > (configured or 0):
         return recorded
     return configured or recorded
+
+
+def final_step(output_dir: str | Path) -> int | None:
+    """The step of the `final/` folder in `output_dir` (its eval_results.json), None without a readable one."""
+    try:
+        results = parse_json((Path(output_dir) / "final" / "eval_results.json").read_bytes())
+    except (OSError, ValueError):
+        return None
+    step = results.get("step") if isinstance(results, dict) else None
+    return step if isinstance(step, int) else None
+
+
+def wrapped_up(output_dir: str | Path, store, step: int) -> bool:
+    """Whether the wrap-up of `step` (final evaluation, final/) finished: a final/ of that step here or
+    in the store. A session cut after its last checkpoint but before final/ has not finished the job."""
+    return final_step(output_dir) == step or (store is not None and store.final_step() == step)
 
 
 def _verify_explicit(path: Path) -> None:
@@ -163,8 +182,11 @@ def _verify_explicit(path: Path) -> None:
                          "checkpoint, or resume=auto to take the newest one that does")
 
 
-def choose(cfg, store, world_size: int, force: bool = False) -> Decision:
-    """Rank 0's decision. Downloads from `store` into `cfg.output_dir` when the store is newer."""
+def choose(cfg, store, world_size: int, force: bool = False, steps_given: bool = False) -> Decision:
+    """Rank 0's decision. Downloads from `store` into `cfg.output_dir` when the store is newer.
+
+    `steps_given`: max_steps came from the command line, so it is the target (current_target).
+    """
     d = Decision()
     if cfg.resume == "never":
         existing = local_checkpoints(cfg.output_dir)
@@ -199,8 +221,16 @@ def choose(cfg, store, world_size: int, force: bool = False) -> Decision:
     check_fingerprint(path, cfg, force, d.warnings)
     state = trainer_state(path)
     d.step = state.get("global_step") or 0
-    d.max_steps = current_target(cfg.max_steps, d.step, state.get("max_steps"))
+    d.max_steps = current_target(cfg.max_steps, d.step, state.get("max_steps"), steps_given)
+    if steps_given and d.max_steps and d.step > d.max_steps:
+        raise UsageError(f"max_steps={d.max_steps} is below the step of {path.name}, the checkpoint to resume: "
+                         f"training cannot go back; max_steps={d.step} ends the job there, or resume=PATH "
+                         "names an earlier checkpoint")
     d.complete = bool(d.max_steps) and d.step >= d.max_steps
+    if d.complete and not wrapped_up(cfg.output_dir, store, d.step):
+        d.complete = False  # the trainer resumes at its target, trains no step, and the wrap-up runs
+        d.warnings.append(f"{path.name} is the job's last step, but its wrap-up (final evaluation and final/) did "
+                          "not finish: it runs now")
     d.world_size = (manifest.read_manifest(path) or {}).get("world_size")
     if d.world_size and d.world_size != world_size and not d.complete:
         d.warnings.append(

@@ -27,17 +27,20 @@ SESSIONS_LOCAL = "kit_sessions.jsonl"
 SESSIONS_STORE = "sessions.jsonl"
 
 
-def gather(cfg, now: float | None = None) -> dict:
+def gather(cfg, now: float | None = None, steps_given: bool = False) -> dict:
     """Facts about the job `cfg` describes.
 
     Returns:
         A JSON-able dict: ``store`` (its description, or None), ``output_dir``, ``checkpoints``
         (steps present, ascending), ``verified`` (each checkpoint newest first: step, where, state
-        ``verified`` | ``invalid``, why), ``latest_step`` (the newest that verifies, or None), ``max_steps``,
-        ``complete``, ``progress`` (0..1 or None), ``run_id`` (None before the first start),
+        ``verified`` | ``invalid``, why), ``latest_step`` (the newest that verifies, or None), ``final_step`` (of
+        the final/ folder, or None), ``max_steps``, ``complete`` (the target reached and final/ of it
+        written), ``progress`` (0..1 or None), ``run_id`` (None before the first start),
         ``log_history`` (the newest checkpoint's Trainer log: loss by step), ``sessions`` (the session records, oldest
         first), ``lease`` (holder, since, heartbeat, heartbeat_age_s, released; None when the job
         never took one) and ``warnings``.
+    `steps_given`: max_steps came from the command line, so it is the target (resume.current_target).
+
     Raises:
         StoreError, UsageError: the store cannot be opened or read.
     """
@@ -51,11 +54,12 @@ def gather(cfg, now: float | None = None) -> dict:
     state_max_steps = facts.pop("state_max_steps", None)
     latest = facts["latest_step"]
     recorded = max((m for m in (state_max_steps, _last_max_steps(facts["sessions"])) if m), default=None)
-    max_steps = resume.current_target(cfg.max_steps, latest, recorded)
+    max_steps = resume.current_target(cfg.max_steps, latest, recorded, steps_given)
     facts.update(
         output_dir=cfg.output_dir,
         max_steps=max_steps,
-        complete=bool(max_steps) and latest is not None and latest >= max_steps,
+        # At the target, the job is complete once its wrap-up wrote final/ of that step (resume.wrapped_up).
+        complete=bool(max_steps) and latest is not None and latest >= max_steps and facts["final_step"] == latest,
         progress=(min(1.0, (latest or 0) / max_steps) if max_steps else None),
         warnings=warnings + facts.get("warnings", []),
     )
@@ -84,6 +88,7 @@ def _from_store(cfg, now: float) -> dict:
         "checkpoints": sorted({v.step for v in verdicts if v.cand.kind == "kit"}),
         "verified": _verified(verdicts),
         "latest_step": latest,
+        "final_step": store.final_step(),
         **_trainer_state(state, f"checkpoint-{latest}/trainer_state.json"),
         "sessions": records(_store_read(store, SESSIONS_STORE), f"the store's kit/{SESSIONS_STORE}"),
         "lease": _lease(_json(lease_raw, "kit lease"), now, released_if_absent and lease_raw is None),
@@ -126,6 +131,7 @@ def _from_output_dir(cfg, warnings: list) -> dict:
         "checkpoints": sorted(v.step for v in verdicts),
         "verified": _verified(verdicts),
         "latest_step": latest,
+        "final_step": resume.final_step(out),
         **_trainer_state(state, f"{latest_path.name if latest_path else ''}/trainer_state.json"),
         "sessions": records(_read(out / SESSIONS_LOCAL), str(out / SESSIONS_LOCAL)),
         "lease": None,
@@ -258,7 +264,11 @@ def format_text(s: dict) -> str:
         progress = f"step {latest} of {total} ({100 * s['progress']:.0f} %)"
     else:
         progress = f"step {latest}"
-    rows.append(("progress", progress + (" — complete" if s["complete"] else "")))
+    if s["complete"]:
+        progress += " — complete"
+    elif latest is not None and total and latest >= total:
+        progress += " — its wrap-up (final evaluation, final/) did not finish: the same command runs it"
+    rows.append(("progress", progress))
     sessions = s["sessions"]
     rows.append(("sessions", str(len(sessions)) if sessions else "none recorded"))
     ledger = s.get("goodput") or {}

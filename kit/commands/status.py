@@ -30,7 +30,7 @@ def run(args) -> int:
         from kit.report import plots
 
         plots.check_target(args.plot)
-    facts = status.gather(cfg)
+    facts = status.gather(cfg, steps_given=config.given(args.overrides, "max_steps"))
     if args.plot:
         facts["plot"] = str(plots.job_plot(facts["log_history"], facts["sessions"], args.plot, facts["max_steps"],
                                            facts["goodput"]))

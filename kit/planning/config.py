@@ -173,6 +173,11 @@ def parse_overrides(overrides) -> list[tuple[str, Any]]:
     return pairs
 
 
+def given(overrides, key: str) -> bool:
+    """Whether `key` is among the `key=value` overrides (a value from the command line, not a file)."""
+    return any(k == key for k, _ in parse_overrides(overrides))
+
+
 MAX_NODES = 10_000  # values in one config, YAML aliases expanded: a real one has about a hundred
 
 

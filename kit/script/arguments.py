@@ -39,6 +39,11 @@ def settings(embedded: dict, embedded_plan: dict, args: argparse.Namespace) -> t
     return cfg, replan(cfg, args.config)
 
 
+def steps_given(args: argparse.Namespace) -> bool:
+    """max_steps=N among the arguments: then N is the target, also of a job extended past it."""
+    return config.given(args.overrides or (), "max_steps")
+
+
 def replan(cfg: config.RunConfig, source: str) -> dict:
     """The planner's plan for `cfg` on this machine (probed without CUDA), as the script's PLAN dict.
 

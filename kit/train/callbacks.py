@@ -7,6 +7,7 @@ next gradient all-reduce forever.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import statistics
 import sys
@@ -46,6 +47,21 @@ class StopSignals:
         self._previous.clear()
 
 
+class AtTarget(Exception):
+    """Raised before a step past max_steps. Trainer resumed mid-epoch from a checkpoint already at
+    max_steps trains one step more (its stop check comes after a step): a job cut in its wrap-up
+    would end "step 5 of 4". `at_target_only_wrap_up` turns it into no step trained."""
+
+
+@contextlib.contextmanager
+def at_target_only_wrap_up():
+    """Around `trainer.train(...)`: a run resumed at its target trains nothing and goes on to the wrap-up."""
+    try:
+        yield
+    except AtTarget:
+        pass  # every rank stops here, before any collective: the model holds the checkpoint's weights
+
+
 class Control(TrainerCallback):
     """Save by wall time, always save the last step, and stop before the deadline or on a signal."""
 
@@ -72,6 +88,10 @@ class Control(TrainerCallback):
         # this run's max_steps: record the current target, so checkpoints never say "100 of 60".
         if args.max_steps and args.max_steps > 0:
             state.max_steps = args.max_steps
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.max_steps and state.global_step >= state.max_steps:
+            raise AtTarget(f"step {state.global_step} of {state.max_steps}")
 
     def on_step_end(self, args, state, control, **kwargs):
         now = time.monotonic()

@@ -22,8 +22,9 @@ from kit.errors import KitError
 from kit.evaluation import stage
 
 class Job:
-    def __init__(self, cfg, ctx, plan, *, smoke: bool = False, force: bool = False):
+    def __init__(self, cfg, ctx, plan, *, smoke: bool = False, force: bool = False, steps_given: bool = False):
         self.cfg, self.ctx, self.plan, self.smoke, self.force = cfg, ctx, plan, smoke, force
+        self.steps_given = steps_given  # max_steps from the command line: the target (resume.current_target)
         self.store = self.sync = self.lease = self._dir_lock = None
         self.decision = resume.Decision()
         self.signals = StopSignals()
@@ -69,7 +70,7 @@ class Job:
                 check_output_dir(self.cfg.output_dir)  # before any model, data or store is touched
                 self._dir_lock = lock_output_dir(self.cfg.output_dir)  # held until this process ends
                 self._open_store()
-                decision = resume.choose(self.cfg, self.store, self.ctx.world_size, self.force)
+                decision = resume.choose(self.cfg, self.store, self.ctx.world_size, self.force, self.steps_given)
                 outcome = ("ok", (decision, stage.open_run(self.cfg, self.store)))
             except KitError as e:
                 outcome = ("error", (type(e), str(e)))
