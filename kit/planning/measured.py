@@ -28,6 +28,10 @@ MEASURED = {
     # backend unsloth on the chat rows, one run (bench/results/speed_h200_session5.json): padding-free
     # 1,867 trained tokens/s and 7.31 GiB against padded 1,434 and 8.32 GiB; per-step losses within 0.098 %.
     "unsloth_padding_free_vs_padded": 1.302,
+    # backend unsloth padding-free against Unsloth driven directly, the same 80 batches of LMSYS-length
+    # rows, one H100, 4 pairs in A-B-B-A / B-A-A-B order (bench/results/speed_h100_session16_chat_pairs_*.json):
+    # steps 2-80 summed 159.03 s against 158.61 s (pairs 0.974, 1.036, 1.005, 0.972); 7.31 GiB both.
+    "unsloth_backend_vs_direct": 0.997,
     # TRL's activation_offloading on top of Liger, fill rows, three runs on three machines
     # (bench/results/speed_h200_session6.json, speed_h200_session7_fill.json, speed_h200_session9_fill_offload.json):
     # 9,030 against 8,670, 8,763 against 9,120 and (30 steps) 8,584 against 9,022 tokens/s; 7.61 against
