@@ -716,6 +716,31 @@ def test_dry_run_swaps_hub_ids_but_not_the_notebooks_own(tmp_path):
     assert list(dry_run_dataset("messages")) == ["train", "validation", "test"]  # notebooks read all three
 
 
+@pytest.mark.slow
+def test_a_dry_run_writes_nothing_to_the_hub(tmp_path):
+    """A dry run trains kit's stand-in for two steps: pushing that to the notebook's own repo would
+    replace the user's model. push_to_hub=True becomes False and every Hub write is skipped, out
+    loud; run offline, any call left would fail (OfflineModeIsEnabled), so the run exiting 0 shows it."""
+    nb = json.loads((FIXTURES / "tiny_cpu_sft.ipynb").read_text())
+    for cell in nb["cells"]:
+        text = "".join(cell["source"])
+        cell["source"] = text.replace('report_to="none",', 'report_to="none", push_to_hub=True, hub_model_id="me/real",')
+    nb["cells"].append({"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None, "source": (
+        "from huggingface_hub import HfApi, create_repo\ncreate_repo('me/real-merged', exist_ok=True)\n"
+        "trainer.push_to_hub()\nHfApi().upload_folder(repo_id='me/real', folder_path=OUTPUT_DIR)\n"
+        "model.save_pretrained('merged', push_to_hub=True, repo_id='me/real-merged')")})
+    path = tmp_path / "pushes.ipynb"
+    path.write_text(json.dumps(nb))
+    src = convert_notebook(path, dry_run=True).source
+    assert keywords(src, "SFTConfig")["push_to_hub"] == "False"
+    assert "HF_TOKEN" not in src.split("training_ok = False")[0]  # no token asked for: nothing needs one
+    (tmp_path / "train_ddp.py").write_text(src)
+    res = _run([sys.executable, "train_ddp.py"], tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.count("[dry run] skipped") == 3  # create_repo, push_to_hub, upload_folder
+    assert (tmp_path / "merged" / "config.json").is_file()  # saved locally, not pushed
+
+
 @pytest.mark.parametrize("loader, refused", [("AutoModelForMaskedLM", True), ("WhisperForConditionalGeneration", True),
                                              ("AutoModelForSequenceClassification", False),
                                              ("AutoModelForCausalLM", False)])

@@ -170,7 +170,7 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
     if future:
         head += "\n" + "".join(cst.Module(body=[]).code_for_node(s).lstrip("\n") for s in future)
     rank_block = RANK_BLOCK.format(imports=imports, seeds=seeds,
-                                   token=OWN_TOKEN if rewriter.own_token else TOKEN_CHECK if facts.uses_hub else "")
+                                   token=OWN_TOKEN if rewriter.own_token else TOKEN_CHECK if facts.uses_hub and not dry_run else "")
     source = f"{head}\n{rank_block}{body}"
     try:  # compile, not just parse: `await` or `return` where Python refuses them fails here too
         compile(source, script_name, "exec", dont_inherit=True)

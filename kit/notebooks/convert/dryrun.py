@@ -4,9 +4,11 @@ Before spending GPU hours, a user (and kit's tests) can run the converted notebo
 on any machine, CPU included: Hub model ids become `models/tiny-qwen3`, Hub datasets become the
 embedded `data/ha_commands.jsonl` reshaped into the columns the notebook reads, training stops
 after `DRY_RUN_STEPS` steps, and what a tiny model on a CPU cannot do (4-/8-bit loading, 8-bit
-optimizers, 16-bit weights, flash attention, trackers) is switched off. Everything else — rank
-guards, barriers, pushes — is exactly what the real conversion does. What the notebook itself
-writes and reads back (its output folders, its own Hub repos) is left alone.
+optimizers, 16-bit weights, flash attention, trackers) is switched off. Nothing is written to the
+Hub: `push_to_hub=True` becomes False and every Hub write (`push_to_hub*`, `upload_*`,
+`create_repo`…) prints that it was skipped, so a dry run never replaces a user's real model with
+a tiny one. Everything else — rank guards, barriers — is exactly what the real conversion does.
+What the notebook itself writes and reads back (its output folders) is left alone.
 
 The second half of this module runs inside the dry-run script: `dry_run_dataset` and
 `device_properties`.
@@ -38,6 +40,10 @@ SCHEMAS = [("conversations", "sharegpt"), ("instruction", "alpaca"), ("question"
            ("completion", "prompt_completion"), ("messages", "messages"), ("text", "text")]
 
 
+# Calls that write to the Hub: a dry run prints that it skipped them (by the method's name).
+HUB_WRITES = {"push_to_hub", "push_to_hub_merged", "push_to_hub_gguf", "upload_folder", "upload_file",
+              "upload_large_folder", "create_repo", "create_commit", "create_branch", "delete_repo", "delete_file",
+              "delete_folder", "move_repo", "update_repo_settings", "add_space_secret"}
 QWEN3_HEADS = {"CausalLM", "SequenceClassification", "TokenClassification", "QuestionAnswering"}
 BUILDERS = {"json", "csv", "parquet", "text", "arrow", "imagefolder", "audiofolder", "webdataset", "pandas"}
 
@@ -119,6 +125,12 @@ class DryRun(cst.CSTTransformer):
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         name, short = call_name(updated), short_name(updated)
         owner = name.rsplit(".", 1)[0]
+        if short in HUB_WRITES:
+            self.notes.append(f"{name}(…) skipped: a dry run writes nothing to the Hub")
+            return cst.parse_expression(f"print({f'[dry run] skipped {name}(…): nothing is written to the Hub'!r})")
+        if (a := kwarg(updated, "push_to_hub")) is not None and code(a.value) != "False":
+            updated = set_kwarg(updated, "push_to_hub", "False")
+            self.notes.append(f"{short}: push_to_hub=False (a dry run writes nothing to the Hub)")
         if short == "from_pretrained" and (is_model_loader(owner) or owner.endswith(TOKENIZERS)):
             updated = self._swap_model(updated, name)
             for key in ("quantization_config", "attn_implementation"):
