@@ -566,16 +566,27 @@ def test_cd_expands_what_ipython_expands(tmp_path, monkeypatch):
     assert seen == [str(tmp_path / "work"), str(tmp_path), str(tmp_path / "work" / "data"), str(tmp_path / "work")]
 
 
-def test_shell_lines_after_training_are_flagged_to_run_afterwards_not_before(tmp_path):
-    """`!zip -r out.zip o` after trainer.train() was listed as "run before launching" with no REVIEW."""
+def test_shell_lines_after_training_run_there_on_rank_0_or_are_flagged(tmp_path):
+    """`!zip -r out.zip o` after trainer.train() was listed as "run before launching" with no REVIEW;
+    then `!wget URL` followed by Python that opens the file crashed rank 0 before the notebook's own
+    save. A one-line shell command after training now runs in place, on rank 0; what cannot (IPython's
+    `{var}` expansion, a `\\` continuation) is flagged to run once the script has finished."""
     conv = convert_notebook(make_nb(tmp_path, ["!nvidia-smi\n!pip install -q trl", TRAIN[0],
-                                               TRAIN[1] + "\n!ls o", "!zip -r out.zip o\n!pip install gguf"]))
+                                               TRAIN[1] + "\n!ls o", "!wget https://x.org/a.flac\nopen('a.flac')\n"
+                                               "!zip -r {name}.zip o\n!pip install gguf\ntrainer.save_model('s')"]))
     doc = ast.get_docstring(ast.parse(conv.source))
     first, then = doc.split("run what you need before launching:", 1)[1].split("once this script has finished:")
     assert "!nvidia-smi" in first and "!pip install -q trl" in first and "!pip install gguf" in first
-    assert "!ls o" in then and "!zip -r out.zip o" in then and "!zip" not in first
+    assert "!zip -r {name}.zip o" in then and "!zip" not in first and "!ls" not in doc and "wget" not in doc
+    tail = rank0_tail(conv.source)
+    ls, wget, opened, saved = (tail.index(x) for x in ("subprocess.run('ls o', shell=True)",
+                               "subprocess.run('wget https://x.org/a.flac', shell=True)", "open('a.flac')",
+                               "trainer.save_model('s')"))
+    assert ls < wget < opened < saved  # in the notebook's order, where rank 0 runs alone
+    assert "subprocess.run" not in conv.source[:conv.source.index("dist.destroy_process_group()\n")]
     reviews = [c for c in texts(conv) if "REVIEW" in c and "ran after training" in c]
-    assert len(reviews) == 2 and "`!ls o`" in reviews[0] and "`!zip -r out.zip o`" in reviews[1]
+    assert len(reviews) == 1 and "`!zip -r {name}.zip o`" in reviews[0]
+    assert any("`!wget https://x.org/a.flac`: ran after training" in c and "subprocess.run" in c for c in texts(conv))
     assert any("`!nvidia-smi`, `!pip install -q trl`: shell commands" in c and "REVIEW" not in c for c in texts(conv))
 
 
@@ -659,11 +670,17 @@ def test_written_and_launched_script_is_converted(tmp_path):
     nb = make_nb(tmp_path, ["!pip install trl", "%%writefile train.py\nfrom trl import SFTTrainer, SFTConfig\n"
                             "def main():\n    t = SFTTrainer(model='x', args=SFTConfig(output_dir='o'))\n    t.train()\n"
                             "    t.save_model()\n\nif __name__ == '__main__':\n    main()",
-                            "!accelerate launch --multi_gpu train.py"])
+                            "!accelerate launch --multi_gpu \\\n  --num_processes 2 train.py\n!ls o"])
     conv = convert_notebook(nb)
     assert "if is_main:\n            t.save_model()" in conv.source
     assert any(c.startswith("cell 2: the notebook writes its training script train.py (cell 3 launches it")
                for c in texts(conv))
+    # The launch is this script now: listed to run after it, it would train the job twice.
+    doc = ast.get_docstring(ast.parse(conv.source))
+    assert "accelerate launch" not in doc and "--num_processes" not in doc
+    assert "subprocess.run('ls o', shell=True)" in rank0_tail(conv.source)
+    assert any("`!accelerate launch --multi_gpu \\` is replaced by this script" in c for c in texts(conv))
+    assert not any("accelerate" in c and "REVIEW" in c for c in texts(conv))
 
 
 def test_comment_only_cells_kept_and_imports_inside_try(tmp_path):

@@ -39,7 +39,8 @@ from kit.notebooks.convert.refusals import check_convertible, check_written_scri
 from kit.machine.command import launch_command
 from kit.notebooks.convert.script import (DOCSTRING, DRY_NOTE, OWN_TOKEN, RANK_BLOCK, TOKEN_CHECK, TRY_TEMPLATE,
                                           BlankLines, docstring, dropped_note, is_future_import, merge_main_blocks,
-                                          split_dropped)
+                                          split_dropped, training_end)
+from kit.notebooks.convert.shell_after import port_after
 from kit.notebooks.convert.syntax import Change, call_name, clip, code, comments
 from kit.errors import KitError, UsageError
 
@@ -80,8 +81,30 @@ def _code_cells(path, changes: list[Change]):
         before = [p for p in parsed if p[0] < at]
         after = [p for p in parsed if p[0] >= at]
         parsed = [*before, (wcell, tree, module, False), *after]
-        return parsed, gather([(c, t) for c, t, _, _ in parsed]), cells.dropped
+        dropped = _without_launch(cells.dropped, launched.get(name))
+        if len(dropped) < len(cells.dropped):
+            changes.append(Change(at, f"`{clip(launched[name][1], 60)}` is replaced by this script: run the script "
+                                      "instead (the command is at the top), not that line"))
+        return parsed, gather([(c, t) for c, t, _, _ in parsed]), dropped
     return parsed, facts, cells.dropped
+
+
+def _without_launch(dropped: list[tuple[int, int, str]], launch: tuple[int, str] | None) -> list:
+    """The dropped shell lines less the launch of the script kit converted in its place (and the
+    lines that launch continues on with `\\`): running it as well would train the job twice."""
+    if launch is None:
+        return dropped
+    out, skipping = [], False
+    for cell, number, text in dropped:
+        if skipping and cell == launch[0]:
+            skipping = text.endswith("\\")
+            continue
+        skipping = False
+        if cell == launch[0] and text == launch[1]:
+            skipping = text.endswith("\\")
+            continue
+        out.append((cell, number, text))
+    return out
 
 
 def convert_notebook(path: str | Path, precision: str = "auto", script_name: str = "train_ddp.py",
@@ -107,6 +130,9 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
     parsed, facts, dropped = _code_cells(path, changes)
     trees = [(c, t) for c, t, _, _ in parsed]
     check_convertible(trees, facts)
+    parsed, dropped = port_after(path, parsed, dropped, training_end(trees, facts), changes)
+    trees = [(c, t) for c, t, _, _ in parsed]
+    facts = gather(trees)
     dropped_before, dropped_after = split_dropped(dropped, trees, facts, changes)
     peft = any(isinstance(n, (ast.Import, ast.ImportFrom)) and "peft" in ast.unparse(n) or
                (isinstance(n, ast.Name) and n.id in ("peft_config", "LoraConfig", "get_peft_model"))

@@ -127,11 +127,13 @@ def _launched_script(line: str) -> str | None:
     return next((w for w in words if w.endswith(".py")), None)
 
 
-def strip_magics(source: str, cell: int, changes: list[Change], cells: Cells | None = None) -> str | None:
+def strip_magics(source: str, cell: int, changes: list[Change], cells: Cells | None = None,
+                 port: frozenset | set = frozenset()) -> str | None:
     """Drop `!`/`%` lines (or the whole cell under a non-Python cell magic: None).
 
     A dropped line becomes an empty line (or `pass` inside a block), so line numbers in parse
-    errors still match the notebook.
+    errors still match the notebook. The lines numbered in `port` run in place instead, through
+    subprocess.run (kit.notebooks.convert.shell_after).
     """
     cells = Cells() if cells is None else cells
     lines = source.splitlines()
@@ -150,6 +152,7 @@ def strip_magics(source: str, cell: int, changes: list[Change], cells: Cells | N
                                         "other than Python"))
         return None
     kept, here, continued = [], [], False
+    start = command = ""  # the shell command being read: its first line, and its lines joined
     for number, line in enumerate(lines, 1):
         stripped = line.lstrip()
         indent = line[: len(line) - len(stripped)]
@@ -161,6 +164,11 @@ def strip_magics(source: str, cell: int, changes: list[Change], cells: Cells | N
                                         "IPython" + ("; it runs on every rank, check that is harmless" if shell
                                                      else ""), review=shell))
             continue
+        if number in port:
+            from kit.notebooks.convert.shell_after import python_for as shell_python
+
+            kept.append(indent + shell_python(stripped))
+            continue
         if continued or stripped.startswith(("!", "%")):
             python = None if continued else python_for(stripped)
             if python is not None:
@@ -170,8 +178,9 @@ def strip_magics(source: str, cell: int, changes: list[Change], cells: Cells | N
                 changes.append(Change(cell, f"`{stripped[:60]}` became `{python}`: {why}"))
                 continue
             here.append((number, stripped))
-            if not continued and (script := _launched_script(stripped)):
-                cells.launches.append((cell, stripped, script))
+            start, command = (start, command[:-1] + " " + stripped) if continued else (stripped, stripped)
+            if not stripped.endswith("\\") and (script := _launched_script(command)):  # `\` lines joined
+                cells.launches.append((cell, start, script))
             if indent and not continued and not is_install(stripped):
                 # Inside a loop or a branch it ran there, maybe once per pass: nobody can run it "first".
                 shown = redact(clip(stripped, 60))

@@ -150,17 +150,22 @@ def _reads_as(literal: str, text: str) -> bool:
             return False
 
 
+def training_end(trees, facts) -> tuple[int, int] | None:
+    """(cell, line) where training's last collective statement ends; None without one."""
+    if facts.last_collective is None:
+        return None
+    cell, index = facts.last_collective
+    body = dict(trees)[cell].body
+    return cell, body[index].end_lineno if index < len(body) else 0
+
+
 def split_dropped(dropped: list[tuple[int, int, str]], trees, facts, changes: list[Change]) -> tuple[list, list]:
     """The dropped shell/magic lines, (before, after) the end of training, each said in the change list.
 
     Before: setup to run before torchrun (installs always count as setup). After: what the notebook
     ran on the finished model (`!zip -r out.zip out`, `!ls out`): flagged, to run once the script ends.
     """
-    end = None
-    if facts.last_collective is not None:
-        cell, index = facts.last_collective
-        body = dict(trees)[cell].body
-        end = (cell, body[index].end_lineno if index < len(body) else 0)
+    end = training_end(trees, facts)
     before = [d for d in dropped if end is None or d[:2] < end or is_install(d[2])]
     after = [d for d in dropped if d not in before]
     for group, words, review in ((before, "shell commands and IPython magics are not Python; run them before "
