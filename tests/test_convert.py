@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import os
 import shlex
 import subprocess
@@ -933,3 +934,27 @@ def test_dry_run_swaps_a_model_named_in_a_tuple_assignment_and_turns_liger_off(t
                                                "use_liger_kernel=True), train_dataset=d)\ntrainer.train()"]), dry_run=True)
     assert "SFTTrainer(model='" in conv.source and "tiny-qwen3" in conv.source.split("SFTTrainer(model=", 1)[1][:200]
     assert "use_liger_kernel=False" in conv.source
+
+
+@pytest.mark.parametrize("line, what", [
+    ('open_ai_key = "sk-proj-' + "Ab1" * 10 + '"', "an OpenAI/Anthropic API key"),
+    ('wandb.login(key="' + "0123456789abcdef" * 2 + '01234567")', 'a secret (key="…")'),
+    ('os.environ["WANDB_API_KEY"] = "' + "9f" * 20 + '"', 'a secret (WANDB_API_KEY="…")'),
+    ('client = Client(api_key="AKIA' + "ABCDEFGHIJKLMNOP" + '")', "an AWS access key"),
+    ('!wandb login ' + "a1" * 20 + ' && echo ghp_' + "x" * 36, "a GitHub token"),
+])
+def test_a_secret_in_a_cell_is_refused_by_cell_and_line_never_written(tmp_path, capsys, line, what):
+    """Only Hugging Face tokens were kept out of the script: an OpenAI or W&B key in a cell was
+    written into it verbatim. The error names the cell and line, never the value."""
+    out = tmp_path / "x.py"
+    nb = make_nb(tmp_path, [TRAIN[0], "import os\nx = 1\n" + line, TRAIN[1]])
+    code, _, err = cli([str(nb), "-o", str(out)], capsys)
+    assert code == 2 and f"error: cell 2, line 3 holds what looks like {what}" in err and err.count("\n") == 1
+    assert not out.exists() and max(re.findall(r"[A-Za-z0-9_-]{16,}", line), key=len)[-16:] not in err
+
+
+@pytest.mark.parametrize("line", ['open_ai_key = "sk-xxxx"  # replace with your key', 'api_key = "YOUR_API_KEY_HERE"',
+                                  'tokenizer.pad_token = tokenizer.eos_token', 'max_tokens = 2048',
+                                  'key = "meta-llama/Llama-3.1-8B-Instruct"'])
+def test_placeholders_and_ordinary_names_are_not_secrets(tmp_path, line):
+    assert line.split(" = ")[0] in convert_notebook(make_nb(tmp_path, [TRAIN[0], line, TRAIN[1]])).source

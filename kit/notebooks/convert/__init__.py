@@ -30,7 +30,7 @@ import libcst as cst
 
 from kit.notebooks.convert.calls import CellRewriter
 from kit.notebooks.convert.kinds import uses_every_parameter
-from kit.notebooks.convert.cells import is_comment_only, parse_cell, read_cells
+from kit.notebooks.convert.cells import is_comment_only, parse_cell, read_cells, read_code_cells, without_launch
 from kit.notebooks.convert.dryrun import DryRun
 from kit.notebooks.convert.facts import Facts, gather
 from kit.notebooks.convert.ranks import (Guard, barrier_statement, rank0_block, shown_result, side_effect,
@@ -40,6 +40,7 @@ from kit.machine.command import launch_command
 from kit.notebooks.convert.script import (DOCSTRING, DRY_NOTE, OWN_TOKEN, RANK_BLOCK, TOKEN_CHECK, TRY_TEMPLATE,
                                           BlankLines, docstring, dropped_note, is_future_import, merge_main_blocks,
                                           split_dropped, training_end)
+from kit.notebooks.convert import literal_secrets
 from kit.notebooks.convert.shell_after import port_after
 from kit.notebooks.convert.syntax import Change, call_name, clip, code, comments
 from kit.errors import KitError, UsageError
@@ -81,30 +82,12 @@ def _code_cells(path, changes: list[Change]):
         before = [p for p in parsed if p[0] < at]
         after = [p for p in parsed if p[0] >= at]
         parsed = [*before, (wcell, tree, module, False), *after]
-        dropped = _without_launch(cells.dropped, launched.get(name))
+        dropped = without_launch(cells.dropped, launched.get(name))
         if len(dropped) < len(cells.dropped):
             changes.append(Change(at, f"`{clip(launched[name][1], 60)}` is replaced by this script: run the script "
                                       "instead (the command is at the top), not that line"))
         return parsed, gather([(c, t) for c, t, _, _ in parsed]), dropped
     return parsed, facts, cells.dropped
-
-
-def _without_launch(dropped: list[tuple[int, int, str]], launch: tuple[int, str] | None) -> list:
-    """The dropped shell lines less the launch of the script kit converted in its place (and the
-    lines that launch continues on with `\\`): running it as well would train the job twice."""
-    if launch is None:
-        return dropped
-    out, skipping = [], False
-    for cell, number, text in dropped:
-        if skipping and cell == launch[0]:
-            skipping = text.endswith("\\")
-            continue
-        skipping = False
-        if cell == launch[0] and text == launch[1]:
-            skipping = text.endswith("\\")
-            continue
-        out.append((cell, number, text))
-    return out
 
 
 def convert_notebook(path: str | Path, precision: str = "auto", script_name: str = "train_ddp.py",
@@ -198,6 +181,7 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
     rank_block = RANK_BLOCK.format(imports=imports, seeds=seeds,
                                    token=OWN_TOKEN if rewriter.own_token else TOKEN_CHECK if facts.uses_hub and not dry_run else "")
     source = f"{head}\n{rank_block}{body}"
+    literal_secrets.refuse(source, read_code_cells(path))  # an API key in a cell never lands in the script
     try:  # compile, not just parse: `await` or `return` where Python refuses them fails here too
         compile(source, script_name, "exec", dont_inherit=True)
     except SyntaxError as e:  # a bug in kit, not in the notebook

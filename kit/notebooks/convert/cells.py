@@ -249,3 +249,21 @@ def is_comment_only(source: str) -> bool:
     """A cell of comments alone (a note the user left): kept in the script as comments."""
     lines = [line.strip() for line in source.splitlines() if line.strip()]
     return bool(lines) and all(re.match(r"#", line) for line in lines)
+
+
+def without_launch(dropped: list[tuple[int, int, str]], launch: tuple[int, str] | None) -> list:
+    """The dropped shell lines less the launch of the script kit converted in its place (and the
+    lines that launch continues on with `\\`): running it as well would train the job twice."""
+    if launch is None:
+        return dropped
+    out, skipping = [], False
+    for cell, number, text in dropped:
+        if skipping and cell == launch[0]:
+            skipping = text.endswith("\\")
+            continue
+        skipping = False
+        if cell == launch[0] and text == launch[1]:
+            skipping = text.endswith("\\")
+            continue
+        out.append((cell, number, text))
+    return out
