@@ -958,3 +958,20 @@ def test_a_secret_in_a_cell_is_refused_by_cell_and_line_never_written(tmp_path, 
                                   'key = "meta-llama/Llama-3.1-8B-Instruct"'])
 def test_placeholders_and_ordinary_names_are_not_secrets(tmp_path, line):
     assert line.split(" = ")[0] in convert_notebook(make_nb(tmp_path, [TRAIN[0], line, TRAIN[1]])).source
+
+
+def test_dry_run_data_has_the_columns_the_notebook_names(tmp_path):
+    """The stand-in rows had only the detected schema's columns: `samples["quote"]` raised KeyError and
+    `remove_columns([...])` ValueError inside the dry run, on the notebook's own column names."""
+    from kit.notebooks.convert.dryrun import dry_run_dataset
+
+    nb = make_nb(tmp_path, ["data = load_dataset('Abirate/english_quotes')\n"
+                            "data = data.map(lambda samples: tokenizer(samples['quote']), batched=True)\n"
+                            "ds = load_dataset('HuggingFaceH4/Multilingual-Thinking', split='train')\n"
+                            "ds = ds.remove_columns(column_names=['developer', 'user'])\nm = row['messages']", *TRAIN])
+    src = convert_notebook(nb, dry_run=True).source
+    assert src.count("extra=['developer', 'quote', 'user']") == 2
+    rows = dry_run_dataset("messages", split="train", extra=["developer", "quote", "user"])
+    assert {"messages", "quote", "developer", "user"} <= set(rows.column_names)
+    assert rows.remove_columns(column_names=["developer", "user"]).column_names == ["messages", "quote"]
+    assert rows[0]["quote"].strip()

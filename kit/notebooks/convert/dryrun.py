@@ -44,6 +44,15 @@ SCHEMAS = [("conversations", "sharegpt"), ("instruction", "alpaca"), ("question"
 HUB_WRITES = {"push_to_hub", "push_to_hub_merged", "push_to_hub_gguf", "upload_folder", "upload_file",
               "upload_large_folder", "create_repo", "create_commit", "create_branch", "delete_repo", "delete_file",
               "delete_folder", "move_repo", "update_repo_settings", "add_space_secret"}
+# Names a notebook subscripts that are no extra data column: another schema's columns (TRL would
+# read the rows as that format), tokenizer outputs, chat-turn keys.
+NOT_EXTRA = {c for c, _ in SCHEMAS} | {"input", "output", "answer", "prompt", "rejected", "images", "image", "audio",
+                                       "input_ids", "attention_mask", "labels", "token_type_ids", "role", "content",
+                                       "from", "value", "train", "test", "validation", "completion_mask",
+                                       "assistant_masks", "position_ids", "pixel_values"}
+# Training arguments that need a GPU, off in a dry run (which runs on a CPU too).
+GPU_ONLY_ARGS = {"use_liger_kernel": "Liger's Triton kernels need a GPU",
+                 "activation_offloading": "it offloads to the CPU from a GPU", "tf32": "TF32 is an Ampere GPU's"}
 QWEN3_HEADS = {"CausalLM", "SequenceClassification", "TokenClassification", "QuestionAnswering"}
 BUILDERS = {"json", "csv", "parquet", "text", "arrow", "imagefolder", "audiofolder", "webdataset", "pandas"}
 
@@ -54,8 +63,9 @@ def _hub_id(value: object) -> bool:
         and not value.startswith((".", "/", "~")) and value not in BUILDERS and not Path(value).exists()
 
 
-def _plan(trees: list[ast.Module]) -> tuple[set[str], dict[str, str], str]:
-    """(what the notebook produces, NAME -> literal for top-level string settings, dataset schema)."""
+def _plan(trees: list[ast.Module]) -> tuple[set[str], dict[str, str], str, list[str]]:
+    """(what the notebook produces, NAME -> literal for top-level string settings, dataset schema, the
+    other columns it names: `row["quote"]`, `remove_columns([...])`)."""
     produced, literals, columns = set(), {}, set()
     for tree in trees:
         for node in tree.body:
@@ -77,11 +87,16 @@ def _plan(trees: list[ast.Module]) -> tuple[set[str], dict[str, str], str]:
                         produced.add(normal(ast.unparse(k.value)))
                     if k.arg == "dataset_text_field" and isinstance(k.value, ast.Constant):
                         columns.add(k.value.value)
+                if ast.unparse(node.func).endswith("remove_columns"):  # remove_columns(["a", "b"]): they must exist
+                    for arg in [*node.args, *(k.value for k in node.keywords)]:
+                        columns |= {e.value for e in getattr(arg, "elts", [arg])
+                                    if isinstance(e, ast.Constant) and isinstance(e.value, str)}
             elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) \
                     and isinstance(node.slice.value, str):
                 columns.add(node.slice.value)
     schema = next((s for col, s in SCHEMAS if col in columns), "messages")
-    return produced, literals, schema
+    return produced, literals, schema, sorted(c for c in columns if c.isidentifier() and c not in NOT_EXTRA
+                                             and not c.isupper())  # HF_TOKEN: os.environ's, not a column
 
 
 class DryRun(cst.CSTTransformer):
@@ -89,7 +104,7 @@ class DryRun(cst.CSTTransformer):
 
     def __init__(self, trees: list[ast.Module], model: Path = TINY_MODEL, data: Path = TINY_DATA):
         super().__init__()
-        self.produced, self.literals, self.schema = _plan(trees)
+        self.produced, self.literals, self.schema, self.extra = _plan(trees)
         self.model, self.data = str(model), str(data)
         self.notes: list[str] = []
         self.used_helpers = False
@@ -146,6 +161,9 @@ class DryRun(cst.CSTTransformer):
                     updated = set_kwarg(updated, key, "torch.float32")
                     self.notes.append(f"{name}: {key} → torch.float32")
             return updated
+        if short.endswith("Trainer") and kwarg(updated, "quantization_config") is not None:  # trainer loads it
+            updated = drop_kwarg(updated, "quantization_config")
+            self.notes.append(f"{name}: quantization_config dropped (a tiny model on any device)")
         if name in ("pipeline", "transformers.pipeline", "LLM", "vllm.LLM") or (
                 short.endswith("Trainer") and (a := kwarg(updated, "model")) is not None
                 and isinstance(a.value, (cst.SimpleString, cst.Name))):
@@ -154,8 +172,9 @@ class DryRun(cst.CSTTransformer):
             split = kwarg(updated, "split")
             self.notes.append(f"{name}({code(updated.args[0].value)}) → the embedded data as {self.schema!r} rows")
             self.used_helpers = True
+            extra = f", extra={self.extra!r}" if self.extra else ""  # the notebook's own columns, stand-in text
             return cst.parse_expression(f"dry_run_dataset({self.schema!r}, split={code(split.value) if split else None}"
-                                        f", path={self.data!r})")
+                                        f", path={self.data!r}{extra})")
         if is_training_args(updated):
             updated = set_kwarg(updated, "max_steps", str(DRY_RUN_STEPS))
             updated = set_kwarg(updated, "report_to", '"none"')
@@ -163,13 +182,16 @@ class DryRun(cst.CSTTransformer):
             if (a := kwarg(updated, "optim")) is not None and any(w in code(a.value) for w in ("8bit", "paged", "bnb")):
                 updated = set_kwarg(updated, "optim", '"adamw_torch"')
                 self.notes.append(f"{short}: optim {code(a.value)} → 'adamw_torch' (no bitsandbytes)")
-            if (a := kwarg(updated, "use_liger_kernel")) is not None and code(a.value) != "False":
-                updated = set_kwarg(updated, "use_liger_kernel", "False")
-                self.notes.append(f"{short}: use_liger_kernel=False (Liger's Triton kernels need a GPU)")
+            for key, why in GPU_ONLY_ARGS.items():
+                if (a := kwarg(updated, key)) is not None and code(a.value) != "False":
+                    updated = set_kwarg(updated, key, "False")
+                    self.notes.append(f"{short}: {key}=False ({why})")
             for key, cap in (("max_completion_length", 16), ("max_new_tokens", MAX_NEW_TOKENS)):
                 if kwarg(updated, key) is not None:
                     updated = set_kwarg(updated, key, str(cap))
             return updated
+        if name == "huggingface_hub.get_token":  # no token check in a dry run: a missing token reads as ""
+            return cst.parse_expression('(huggingface_hub.get_token() or "")')
         if name == "torch.cuda.get_device_properties":
             self.used_helpers = True
             return updated.with_changes(func=cst.Name("device_properties"))
@@ -207,12 +229,16 @@ def _shape(schema: str, rows: list[tuple[str, str, str]]) -> dict[str, list]:
                           {"role": "assistant", "content": a}] for s, u, a in rows]}
 
 
-def dry_run_dataset(schema: str, split: str | None = None, path: str = str(TINY_DATA)):
-    """The embedded rows in `schema`'s columns; a Dataset for a split (slices too), else a DatasetDict
-    with train, validation and test splits (the last two: the first 16 rows)."""
+def dry_run_dataset(schema: str, split: str | None = None, path: str = str(TINY_DATA), extra: list[str] = ()):
+    """The embedded rows in `schema`'s columns (and each `extra` column, the rows as text); a Dataset
+    for a split (slices too), else a DatasetDict with train, validation and test splits (the last two:
+    the first 16 rows)."""
     from datasets import Dataset, DatasetDict
 
-    data = Dataset.from_dict(_shape(schema, _rows(path)))
+    rows = _rows(path)
+    columns = _shape(schema, rows)
+    columns.update({name: [f"{u}\n{a}" for _, u, a in rows] for name in extra if name not in columns})
+    data = Dataset.from_dict(columns)
     if split is None:
         held_out = data.select(range(min(16, len(data))))
         return DatasetDict({"train": data, "validation": held_out, "test": held_out})

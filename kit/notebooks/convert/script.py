@@ -34,7 +34,8 @@ Made again with: kit convert {notebook} -o {script} --force{flags}
 DRY_NOTE = '''\
 DRY RUN: Hub models and datasets are swapped for kit's tiny local model and data, training stops
 after a few steps, 4/8-bit loading, 8-bit optimizers and trackers are off, and nothing is written
-to the Hub (pushes print that they were skipped). Convert again without --dry-run for the real run.
+to the Hub (pushes print that they were skipped, so code reading the notebook's own repo back fails
+there). Convert again without --dry-run for the real run.
 
 '''
 
