@@ -975,3 +975,18 @@ def test_dry_run_data_has_the_columns_the_notebook_names(tmp_path):
     assert {"messages", "quote", "developer", "user"} <= set(rows.column_names)
     assert rows.remove_columns(column_names=["developer", "user"]).column_names == ["messages", "quote"]
     assert rows[0]["quote"].strip()
+
+
+def test_after_training_any_value_a_cell_showed_is_printed_unless_none(tmp_path):
+    """`classifier(text)` or `tokenizer.decode(ids).replace(...)` as a cell's last line after training
+    was computed and dropped: the notebook showed it. Shown now as IPython does: not when None, not
+    after a `;`, and never a call run for its effect (save, push)."""
+    conv = convert_notebook(make_nb(tmp_path, [*TRAIN, "classifier = pipeline('text-classification', model='o')\n"
+                                               "classifier('I love this')", "tokenizer.decode(ids).replace('<pad>', '')",
+                                               "plot_losses();", "model.save_pretrained('o')", "a + b"]))
+    tail = rank0_tail(conv.source)
+    assert "if (shown := classifier('I love this')) is not None:\n            print(shown)" in tail
+    assert "if (shown := tokenizer.decode(ids).replace('<pad>', '')) is not None:" in tail
+    assert "print(a + b)" in tail and "plot_losses();" in tail and "shown := model.save_pretrained" not in tail
+    before = convert_notebook(make_nb(tmp_path, ["prepare(ds)", *TRAIN], "before.ipynb")).source
+    assert "shown :=" not in before  # before training every rank runs it: left as it was

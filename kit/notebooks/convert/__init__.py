@@ -214,7 +214,7 @@ def _rewrite_cell(cell: int, module: cst.Module, facts: Facts, rewriter: CellRew
         lines = [line for r, t in notes if r for line in comments(t, f"kit: REVIEW (cell {cell}): ")]
         if lines:
             new = new.with_changes(leading_lines=(*new.leading_lines, *lines))
-        if i == len(module.body) - 1 and (shown := shown_result(new)) is not None:  # rank 0 prints it (Guard)
+        if i == len(module.body) - 1 and (shown := shown_result(new, rewriter.after_training)) is not None:
             changes.append(Change(cell, f"the cell's last line `{clip(code(new).strip(), 50)}` → print(...): "
                                         "the notebook showed its value, a script shows nothing"))
             new = shown

@@ -30,6 +30,12 @@ SHOW_FUNCTIONS = {"print", "pprint", "pprint.pprint", "display"}
 SHOW_METHODS = {"show", "print_trainable_parameters"}
 # A cell's last expression is shown by the notebook; after training these become print(...) on rank 0.
 SHOWN_RESULTS = {"compute", "batch_decode", "decode", "evaluate", "predict", "head", "describe", "to_pandas"}
+# Calls made for their effect (None, or the object itself, which a notebook line is not run to show).
+EFFECT_METHODS = {"empty_cache", "set_format", "set_seed", "manual_seed", "seed", "collect", "finish", "close", "sleep",
+                  "append", "extend", "update", "clear", "remove", "to", "cuda", "cpu", "eval", "train", "half",
+                  "float", "set_device", "synchronize", "reset_peak_memory_stats", "set_verbosity",
+                  "disable_progress_bar", "enable_progress_bar", "filterwarnings", "mkdir", "makedirs", "chdir"}
+EFFECT_MODULES = ("os.", "gc.", "warnings.", "logging.", "shutil.", "time.", "random.", "torch.cuda.")
 PLOT_MODULES = ("plt.", "sns.", "matplotlib.", "seaborn.", "px.")
 TRACKERS = ("wandb.", "trackio.", "mlflow.", "comet_ml.")
 GENERATION = {"generate", "fast_generate"}
@@ -199,16 +205,27 @@ def rank0_block(stmts: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
     return [cst.If(test=cst.Name("is_main"), body=cst.IndentedBlock(body=block), leading_lines=lead)]
 
 
-def shown_result(stmt: cst.BaseStatement) -> cst.BaseStatement | None:
+def shown_result(stmt: cst.BaseStatement, after_training: bool = False) -> cst.BaseStatement | None:
     """`metric.compute(...)` or `results` as a cell's last line, as `print(...)`: the notebook showed
-    the value, a script shows nothing. None for anything else (a call run for its effect, a string)."""
+    the value, a script shows nothing. None for anything else (a call run for its effect, a string,
+    a line ending in `;`, which IPython does not show either).
+
+    After training, where rank 0 runs alone, any other call's value is shown as IPython shows it,
+    unless it is None: `if (shown := classifier(text)) is not None: print(shown)`.
+    """
     if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Expr)):
         return None
     value = stmt.body[0].value
+    if isinstance(stmt.body[0].semicolon, cst.Semicolon):
+        return None
     if isinstance(value, cst.Call):
         if not (isinstance(value.func, cst.Attribute) and value.func.attr.value in SHOWN_RESULTS):
-            return None
-    elif not isinstance(value, (cst.Name, cst.Attribute, cst.Subscript)):
+            if not after_training or side_effect(stmt) is not None or short_name(value) in SHOW_METHODS | EFFECT_METHODS \
+                    or call_name(value).startswith(EFFECT_MODULES):
+                return None
+            return cst.parse_statement(f"if (shown := {code(value)}) is not None:\n    print(shown)\n").with_changes(
+                leading_lines=stmt.leading_lines)
+    elif not isinstance(value, (cst.Name, cst.Attribute, cst.Subscript, cst.BinaryOperation)):
         return None
     return stmt.with_changes(body=[cst.Expr(cst.Call(func=cst.Name("print"), args=[cst.Arg(value)]))])
 
