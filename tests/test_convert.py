@@ -990,3 +990,15 @@ def test_after_training_any_value_a_cell_showed_is_printed_unless_none(tmp_path)
     assert "print(a + b)" in tail and "plot_losses();" in tail and "shown := model.save_pretrained" not in tail
     before = convert_notebook(make_nb(tmp_path, ["prepare(ds)", *TRAIN], "before.ipynb")).source
     assert "shown :=" not in before  # before training every rank runs it: left as it was
+
+
+def test_deletes_are_rank_0_writes_at_any_depth(tmp_path):
+    """`shutil.rmtree(output_dir)` inside a notebook's own training function ran on every rank: rank 1
+    removed the folder rank 0 was still saving into (and two ranks removing one folder race)."""
+    conv = convert_notebook(make_nb(tmp_path, [TRAIN[0], "import os, shutil\ndef phase(out):\n"
+                                               "    t = SFTTrainer(model=m, args=SFTConfig(output_dir=out), train_dataset=d)\n"
+                                               "    t.train()\n    t.save_model(out + '/final')\n"
+                                               "    shutil.rmtree(out + '/checkpoints')\n    os.remove(out + '/log.txt')",
+                                               "phase('o1')\nphase('o2')"]))
+    calls = guarded_calls(conv.source)
+    assert {"t.save_model", "shutil.rmtree", "os.remove"} <= calls

@@ -24,8 +24,11 @@ WRITE_METHODS = {"save_model", "save_pretrained", "save_pretrained_merged", "sav
                  "push_to_hub", "push_to_hub_merged", "push_to_hub_gguf", "to_json", "to_csv", "to_parquet",
                  "save_to_disk", "savefig", "upload_file", "upload_folder", "create_repo", "write", "writelines",
                  "save_state", "create_model_card"}
-WRITE_FUNCTIONS = {"torch.save", "json.dump", "pickle.dump", "np.save", "shutil.copy", "shutil.copytree",
-                   "shutil.make_archive"}
+WRITE_FUNCTIONS = {"torch.save", "json.dump", "pickle.dump", "np.save", "shutil.copy", "shutil.copy2", "shutil.copyfile",
+                   "shutil.copytree", "shutil.make_archive", "shutil.move",
+                   # deletes too: every rank removing one folder races (FileNotFoundError), and may remove
+                   # what rank 0 is still writing
+                   "shutil.rmtree", "os.remove", "os.unlink", "os.rmdir", "os.rename", "os.replace"}
 SHOW_FUNCTIONS = {"print", "pprint", "pprint.pprint", "display"}
 SHOW_METHODS = {"show", "print_trainable_parameters"}
 # A cell's last expression is shown by the notebook; after training these become print(...) on rank 0.
