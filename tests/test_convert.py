@@ -291,6 +291,10 @@ def test_training_args_call_without_keywords_is_completed(tmp_path):
     (["import torch\nmodel.train()\nfor b in data:\n    loss(b).backward()"], "no training code found"),
     (["md:# only words"], "no training code found"),
     (["x = 1"], "no training code found"),
+    (["!git clone https://github.com/me/recipes", "!ACCELERATE_USE_FSDP=1 torchrun --nproc_per_node=4 ./scripts/run_fsdp_qlora.py "
+      "--config llama.yaml"], "no cell trains; cell 2 launches ./scripts/run_fsdp_qlora.py"),
+    (["!python scripts/run_sft.py --config qwen.yaml"], "no cell trains; cell 1 launches scripts/run_sft.py (`!python "
+                                                         "scripts/run_sft.py --config qwen.yaml`): a script that trains"),
     (["from accelerate import Accelerator, notebook_launcher",
       "def loop():\n    acc = Accelerator()\n    model, opt = acc.prepare(m, o)\n    for b in data:\n"
       "        acc.backward(model(b).loss)", "notebook_launcher(loop, (), num_processes=2)"],

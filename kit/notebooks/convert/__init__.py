@@ -35,7 +35,7 @@ from kit.notebooks.convert.dryrun import DryRun
 from kit.notebooks.convert.facts import Facts, gather
 from kit.notebooks.convert.ranks import (Guard, barrier_statement, rank0_block, shown_result, side_effect,
                                          split_statements, writes_file)
-from kit.notebooks.convert.refusals import check_convertible, check_written_script
+from kit.notebooks.convert.refusals import check_convertible, check_launched, check_written_script
 from kit.machine.command import launch_command
 from kit.notebooks.convert.script import (DOCSTRING, DRY_NOTE, OWN_TOKEN, RANK_BLOCK, TOKEN_CHECK, TRY_TEMPLATE,
                                           BlankLines, docstring, dropped_note, is_future_import, merge_main_blocks,
@@ -64,6 +64,8 @@ def _code_cells(path, changes: list[Change]):
     cells = read_cells(path, changes)
     parsed = [(cell, *parse_cell(src, cell), is_comment_only(src)) for cell, src in cells.code]
     facts = gather([(c, t) for c, t, _, _ in parsed])
+    if facts.last_train is None:
+        check_launched(cells.launches, cells.written)
     if facts.last_train is not None or not cells.written:
         return parsed, facts, cells.dropped
     launched = {script: (cell, line) for cell, line, script in cells.launches}

@@ -117,7 +117,7 @@ def is_install(line: str) -> bool:
 
 def _launched_script(line: str) -> str | None:
     """The .py file a shell line launches (`!accelerate launch --multi_gpu train.py`), if any."""
-    body = line.lstrip("!%").strip()
+    body = re.sub(r"^(?:[A-Za-z_]\w*=\S*\s+)+", "", line.lstrip("!%").strip())  # `ACCELERATE_USE_FSDP=1 torchrun …`
     if not any(body.startswith(launcher) for launcher in LAUNCHERS):
         return None
     try:

@@ -7,9 +7,11 @@ nothing written).
 from __future__ import annotations
 
 import ast
+import re
 
 from kit.notebooks.convert.facts import Facts, vllm_refusal
 from kit.errors import UsageError
+from kit.notebooks.convert.syntax import clip
 from kit.machine.command import launch_command
 
 IPYTHON_NAMES = {"get_ipython", "Out", "In", "_oh", "_ih", "_dh", "_", "__", "___", "_i", "_ii", "_iii"}
@@ -48,6 +50,17 @@ def check_convertible(trees: list[tuple[int, ast.Module]], facts: Facts) -> None
     if facts.last_train is None:
         raise UsageError("no training code found: kit convert needs a Trainer's `trainer.train()` call "
                          "(a hand-written loop needs DistributedDataParallel, which kit does not add)")
+
+
+def check_launched(launches: list[tuple[int, str, str]], written: dict) -> None:
+    """A notebook with no training in its cells that launches a script it did not write: the script
+    trains, and it is a script already (its cells hold nothing to convert)."""
+    outside = [(cell, line, script) for cell, line, script in launches if script not in written]
+    if outside:
+        trains = [x for x in outside if re.search(r"(?i)train|sft|dpo|orpo|grpo|fine.?tun|run_", x[2])]
+        cell, line, script = (trains or outside)[0]  # the training launch, before a merge or an eval
+        raise UsageError(f"no cell trains; cell {cell} launches {script} (`{clip(line, 60)}`): a script that trains "
+                         "is one already, so run that command in a terminal (kit converts training done in cells)")
 
 
 def check_written_script(name: str, cell: int, launch: tuple[int, str] | None, tree: ast.Module) -> None:
