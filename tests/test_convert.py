@@ -617,8 +617,10 @@ def test_unseeded_data_prep_gets_the_notebook_seed(tmp_path):
     assert "random.seed(3407)" in src.split("training_ok = False")[0]
     assert any("random.seed(3407) in the rank block (the notebook's seed, from SFTConfig(seed=3407))" in c
                for c in texts(conv))
-    plain = convert_notebook(make_nb(tmp_path, ["ds = ds.shuffle()", *TRAIN], "plain.ipynb"))
+    plain = convert_notebook(make_nb(tmp_path, ["ds = ds.shuffle()", *TRAIN, "pick = eval_ds.shuffle()[0]"],
+                                     "plain.ipynb"))
     assert "ds.shuffle(seed=42)" in plain.source
+    assert "eval_ds.shuffle()[0]" in rank0_tail(plain.source)  # after training rank 0 alone: left as it was
     spelled = convert_notebook(make_nb(tmp_path, ["import numpy\nx = numpy.random.rand(8)", *TRAIN], "np.ipynb"))
     assert "np.random.seed(42)" in spelled.source.split("training_ok = False")[0]  # numpy.random, not only np.random
     seeded = convert_notebook(make_nb(tmp_path, ["import numpy\nnumpy.random.seed(1)\nx = numpy.random.rand(8)",

@@ -198,10 +198,11 @@ class CellRewriter(cst.CSTTransformer):
             self.note("display() → print(): a script has no rich output")
             return updated.with_changes(func=cst.Name("print"), args=[shown_text(a) for a in updated.args])
         elif short in ("shuffle", "train_test_split") and isinstance(updated.func, cst.Attribute) \
-                and not code(updated.func.value).endswith("random") and kwarg(updated, "seed") is None:
+                and not code(updated.func.value).endswith("random") and kwarg(updated, "seed") is None \
+                and not self.after_training:  # after it rank 0 alone runs: nothing for ranks to agree on
             return self._seed(updated, name, "seed")
         elif short == "sample" and isinstance(updated.func, cst.Attribute) and kwarg(updated, "frac") is not None \
-                and kwarg(updated, "random_state") is None:
+                and kwarg(updated, "random_state") is None and not self.after_training:
             return self._seed(updated, name, "random_state")
         elif name == "notebook_launcher" and updated.args:
             fn = _atom(updated.args[0].value)
