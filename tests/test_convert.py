@@ -707,6 +707,7 @@ def test_notebook_launcher_becomes_a_call(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--dry-run-model", "models/tiny-qwen3"], "only make sense with --dry-run"),
+    (["--dry-run-push"], "only make sense with --dry-run"),
     (["--dry-run", "--dry-run-model", "nowhere"], "no config.json there"),
     (["--dry-run", "--dry-run-data", "nowhere.jsonl"], "no such file"),
 ])

@@ -4,8 +4,8 @@
 
 For each, the test asserts what a user relies on: exit 0 within the timeout (no hang), every
 `Trainer.train()` got the same data on both ranks, code after training ran on rank 0 alone (and
-did run), the expected number of pushes reached the Hub, and no rank exited with a live process
-group. Refused notebooks exit 2 with one line naming the cell and the reason.
+did run), the expected number of pushes reached the Hub (`--dry-run-push`: by default a dry run
+skips them, tests/test_convert.py), and no rank exited with a live process group. Refused notebooks exit 2 with one line naming the cell and the reason.
 
 Unsloth, vLLM and wandb are stood in for by tests/fixtures/shims/ (they need a GPU or a server);
 the probe there records what each rank did. See that folder's README.
@@ -94,7 +94,7 @@ def test_corpus_notebook_runs_under_torchrun(notebook, tmp_path, hub, capsys):
     probe = tmp_path / "probe"
     probe.mkdir()
     script = work / "train_ddp.py"
-    assert main(["convert", str(FIXTURES / notebook), "-o", str(script), "--dry-run"]) == 0
+    assert main(["convert", str(FIXTURES / notebook), "-o", str(script), "--dry-run", "--dry-run-push"]) == 0
     capsys.readouterr()
     hub.repos.clear()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]

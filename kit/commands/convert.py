@@ -24,6 +24,9 @@ def add_arguments(parser) -> None:
                         help="with --dry-run: the local model to use (default: models/tiny-qwen3)")
     parser.add_argument("--dry-run-data", type=Path, default=None, metavar="FILE",
                         help="with --dry-run: a chat-format JSONL file like data/ha_commands.jsonl")
+    parser.add_argument("--dry-run-push", action="store_true",
+                        help="with --dry-run: let its Hub writes through, to the Hub HF_ENDPOINT names (a test "
+                             "server); by default a dry run skips them, so it never overwrites your real repos")
 
 
 def run(args) -> int:
@@ -34,8 +37,8 @@ def run(args) -> int:
         raise UsageError(f"-o {out}: that is the notebook itself: write the script to another file")
     if out.exists() and not args.force:
         raise UsageError(f"-o {out}: exists: pass --force to overwrite it, or choose another -o")
-    if (args.dry_run_model or args.dry_run_data) and not args.dry_run:
-        raise UsageError("--dry-run-model/--dry-run-data only make sense with --dry-run: add it")
+    if (args.dry_run_model or args.dry_run_data or args.dry_run_push) and not args.dry_run:
+        raise UsageError("--dry-run-model/--dry-run-data/--dry-run-push only make sense with --dry-run: add it")
     if args.dry_run_model is not None and not (args.dry_run_model / "config.json").is_file():
         raise UsageError(f"--dry-run-model {args.dry_run_model}: no config.json there: give a local model folder")
     if args.dry_run_data is not None and regular_file(args.dry_run_data, f"--dry-run-data {args.dry_run_data}") is None:
@@ -48,7 +51,8 @@ def run(args) -> int:
     conversion = convert_notebook(args.notebook, args.precision, script_name=out.name,
                                   keep_global_batch=args.keep_global_batch, dry_run=args.dry_run,
                                   dry_run_model=args.dry_run_model and args.dry_run_model.resolve(),
-                                  dry_run_data=args.dry_run_data and args.dry_run_data.resolve())
+                                  dry_run_data=args.dry_run_data and args.dry_run_data.resolve(),
+                                  dry_run_push=args.dry_run_push)
     from kit.auth import refuse_token
 
     # A notebook cell may hold a literal token (`login("hf_…")`): it must not land in a script.

@@ -94,7 +94,7 @@ def _code_cells(path, changes: list[Change]):
 
 def convert_notebook(path: str | Path, precision: str = "auto", script_name: str = "train_ddp.py",
                      keep_global_batch: bool = False, dry_run: bool = False, dry_run_model: Path | None = None,
-                     dry_run_data: Path | None = None) -> Conversion:
+                     dry_run_data: Path | None = None, dry_run_push: bool = False) -> Conversion:
     """Convert a notebook to a rank-aware script.
 
     Args:
@@ -104,6 +104,7 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
         script_name: the output's file name, quoted in the script's docstring.
         keep_global_batch: divide gradient accumulation by the number of GPUs.
         dry_run: swap Hub models and datasets for kit's tiny local ones (see `kit.notebooks.convert.dryrun`).
+        dry_run_push: let the dry run's Hub writes through (to a test Hub), instead of skipping them.
 
     Raises:
         UsageError: unreadable notebook, a cell that is not Python, something that cannot run
@@ -131,7 +132,7 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
     dry = None
     if dry_run:
         extra = {k: v for k, v in (("model", dry_run_model), ("data", dry_run_data)) if v is not None}
-        dry = DryRun([t for _, t in trees], **extra)
+        dry = DryRun([t for _, t in trees], push=dry_run_push, **extra)
 
     items, pending, found_args = [], [], False
     split_at = None
@@ -181,7 +182,7 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
     if future:
         head += "\n" + "".join(cst.Module(body=[]).code_for_node(s).lstrip("\n") for s in future)
     rank_block = RANK_BLOCK.format(imports=imports, seeds=seeds,
-                                   token=OWN_TOKEN if rewriter.own_token else TOKEN_CHECK if facts.uses_hub and not dry_run else "")
+                                   token=OWN_TOKEN if rewriter.own_token else TOKEN_CHECK if facts.uses_hub and (dry_run_push or not dry_run) else "")
     source = f"{head}\n{rank_block}{body}"
     literal_secrets.refuse(source, read_code_cells(path))  # an API key in a cell never lands in the script
     try:  # compile, not just parse: `await` or `return` where Python refuses them fails here too

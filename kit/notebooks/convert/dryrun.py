@@ -7,7 +7,8 @@ after `DRY_RUN_STEPS` steps, and what a tiny model on a CPU cannot do (4-/8-bit 
 optimizers, 16-bit weights, flash attention, trackers) is switched off. Nothing is written to the
 Hub: `push_to_hub=True` becomes False and every Hub write (`push_to_hub*`, `upload_*`,
 `create_repo`…) prints that it was skipped, so a dry run never replaces a user's real model with
-a tiny one. Everything else — rank guards, barriers — is exactly what the real conversion does.
+a tiny one (`--dry-run-push` lets them through, to the Hub HF_ENDPOINT names: kit's tests run a
+test Hub). Everything else — rank guards, barriers — is exactly what the real conversion does.
 What the notebook itself writes and reads back (its output folders) is left alone.
 
 The second half of this module runs inside the dry-run script: `dry_run_dataset` and
@@ -65,8 +66,8 @@ def _hub_id(value: object) -> bool:
 
 def _plan(trees: list[ast.Module]) -> tuple[set[str], dict[str, str], str, list[str]]:
     """(what the notebook produces, NAME -> literal for top-level string settings, dataset schema, the
-    other columns it names: `row["quote"]`, `remove_columns([...])`)."""
-    produced, literals, columns = set(), {}, set()
+    other columns it names: `row["quote"]` in a function given to .map/.filter, `remove_columns([...])`)."""
+    produced, literals, columns, extra, mapped = set(), {}, set(), set(), []
     for tree in trees:
         for node in tree.body:
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) \
@@ -89,21 +90,31 @@ def _plan(trees: list[ast.Module]) -> tuple[set[str], dict[str, str], str, list[
                         columns.add(k.value.value)
                 if ast.unparse(node.func).endswith("remove_columns"):  # remove_columns(["a", "b"]): they must exist
                     for arg in [*node.args, *(k.value for k in node.keywords)]:
-                        columns |= {e.value for e in getattr(arg, "elts", [arg])
-                                    if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+                        extra |= {e.value for e in getattr(arg, "elts", [arg])
+                                  if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+                if ast.unparse(node.func).endswith((".map", ".filter")):  # its function reads rows' columns
+                    mapped += [a for a in [*node.args[:1], *(k.value for k in node.keywords if k.arg == "function")]]
             elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) \
                     and isinstance(node.slice.value, str):
                 columns.add(node.slice.value)
     schema = next((s for col, s in SCHEMAS if col in columns), "messages")
-    return produced, literals, schema, sorted(c for c in columns if c.isidentifier() and c not in NOT_EXTRA
-                                             and not c.isupper())  # HF_TOKEN: os.environ's, not a column
+    functions = {f.name: f for tree in trees for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)}
+    for fn in mapped:  # `lambda row: tok(row["quote"])` or `def fmt(example): …example["quote"]…`
+        fn = functions.get(fn.id) if isinstance(fn, ast.Name) else fn
+        if isinstance(fn, (ast.Lambda, ast.FunctionDef)) and fn.args.args:
+            row = fn.args.args[0].arg
+            extra |= {n.slice.value for n in ast.walk(fn) if isinstance(n, ast.Subscript)
+                      and isinstance(n.value, ast.Name) and n.value.id == row and isinstance(n.slice, ast.Constant)
+                      and isinstance(n.slice.value, str)}
+    return produced, literals, schema, sorted(c for c in extra if c.isidentifier() and c not in NOT_EXTRA)
 
 
 class DryRun(cst.CSTTransformer):
     """Rewrites one cell for a dry run; `notes` say what changed."""
 
-    def __init__(self, trees: list[ast.Module], model: Path = TINY_MODEL, data: Path = TINY_DATA):
+    def __init__(self, trees: list[ast.Module], model: Path = TINY_MODEL, data: Path = TINY_DATA, push: bool = False):
         super().__init__()
+        self.push = push  # --dry-run-push: Hub writes go through, to the Hub HF_ENDPOINT names (kit's tests)
         self.produced, self.literals, self.schema, self.extra = _plan(trees)
         self.model, self.data = str(model), str(data)
         self.notes: list[str] = []
@@ -140,10 +151,10 @@ class DryRun(cst.CSTTransformer):
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         name, short = call_name(updated), short_name(updated)
         owner = name.rsplit(".", 1)[0]
-        if short in HUB_WRITES:
+        if short in HUB_WRITES and not self.push:
             self.notes.append(f"{name}(…) skipped: a dry run writes nothing to the Hub")
             return cst.parse_expression(f"print({f'[dry run] skipped {name}(…): nothing is written to the Hub'!r})")
-        if (a := kwarg(updated, "push_to_hub")) is not None and code(a.value) != "False":
+        if (a := kwarg(updated, "push_to_hub")) is not None and code(a.value) != "False" and not self.push:
             updated = set_kwarg(updated, "push_to_hub", "False")
             self.notes.append(f"{short}: push_to_hub=False (a dry run writes nothing to the Hub)")
         if short == "from_pretrained" and (is_model_loader(owner) or owner.endswith(TOKENIZERS)):
