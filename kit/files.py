@@ -165,3 +165,25 @@ def check_output(path, flag: str, example: str) -> Path:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"{flag} {path}: folder {parent} is not writable: choose another {flag}")
     return path
+
+
+MAX_SECONDS = 7 * 24 * 3600.0  # a week: past it a timer or socket timeout overflows (1e300 did), and nobody waits that long
+
+
+def env_seconds(name: str, default: float) -> float:
+    """A duration from the environment variable `name` (`default` when unset or empty).
+
+    Raises:
+        UsageError: not a number of seconds in (0, a week].
+    """
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= MAX_SECONDS:
+        raise UsageError(f"environment variable {name}={raw[:40]!r} must be a number of seconds above 0 and at most "
+                         f"{MAX_SECONDS:.0f} (a week)")
+    return value

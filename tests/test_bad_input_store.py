@@ -171,13 +171,19 @@ def status_server_error_on_listing(ctx):
 @case
 def status_timeout_setting_not_a_number(ctx):
     ctx.monkeypatch.setenv("KIT_NETWORK_TIMEOUT_S", "soon")
-    return "status", [ctx.hub_store()], 2, "KIT_NETWORK_TIMEOUT_S='soon' must be a positive number"
+    return "status", [ctx.hub_store()], 2, "KIT_NETWORK_TIMEOUT_S='soon' must be a number of seconds above 0"
 
 
 @case
 def status_timeout_setting_negative(ctx):
     ctx.monkeypatch.setenv("KIT_NETWORK_TIMEOUT_S", "-5")
-    return "status", [ctx.hub_store()], 2, "must be a positive number of seconds"
+    return "status", [ctx.hub_store()], 2, "must be a number of seconds above 0"
+
+
+@case
+def status_timeout_setting_huge(ctx):  # 1e300 overflowed the socket timeout: exit 1, "a bug in kit"
+    ctx.monkeypatch.setenv("KIT_NETWORK_TIMEOUT_S", "1e300")
+    return "status", [ctx.hub_store()], 2, "at most 604800 (a week)"
 
 
 # ---- store: the training script ------------------------------------------------------------------

@@ -114,8 +114,11 @@ def test_ranks_that_planned_differently_stop_before_training_instead_of_hanging(
     ({"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "no-such-host.invalid", "MASTER_PORT": "29577",
       "KIT_RENDEZVOUS_S": "4"}, "rank 1 of WORLD_SIZE 2 waited 4 s at no-such-host.invalid:29577"),
     ({"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29577", "KIT_RENDEZVOUS_S": "soon"},
-     "KIT_RENDEZVOUS_S='soon' is not a number of seconds > 0"),
-], ids=["no-master-addr", "bad-port", "rank-alone", "unknown-host", "bad-wait"])
+     "KIT_RENDEZVOUS_S='soon' must be a number of seconds above 0"),
+    # 1e300 s overflowed threading.Timer: a traceback, then torch's own 30-minute wait
+    ({"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29577", "KIT_RENDEZVOUS_S": "1e300"},
+     "KIT_RENDEZVOUS_S='1e300' must be a number of seconds above 0 and at most 604800"),
+], ids=["no-master-addr", "bad-port", "rank-alone", "unknown-host", "bad-wait", "huge-wait"])
 def test_a_rank_launched_without_its_peers_is_one_line_exit_2_not_a_hang(tmp_path, env, want):
     done = run([sys.executable, str(SCRIPT_PATH), f"output_dir={tmp_path / 'o'}", "max_steps=2"],
                env=cpu_env(**env), timeout=120)

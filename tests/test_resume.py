@@ -269,3 +269,31 @@ def test_a_different_world_size_resumes_with_a_warning(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "written by 2 processes, this run has 1" in r.stdout
     assert "complete: step 9 of 9" in r.stdout
+
+
+@pytest.mark.slow
+def test_a_store_that_stops_taking_checkpoints_ends_the_session_with_exit_4(tmp_path):
+    """Uploads failing for the rest of a session (a full or unmounted drive, write access revoked)
+    used to end "paused … run the same command to continue", exit 0: on a fresh machine that
+    command resumed from the store's old step and the session's steps were lost, unannounced."""
+    out, store = tmp_path / "run", tmp_path / "drive"
+    log = tmp_path / "log.txt"
+    cmd = [f"output_dir={out}", f"store={store}", "max_steps=400", "save_steps=5", "time_budget_minutes=0.15", *FAST]
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), *cmd], cwd=ROOT, env=cpu_env(), stdout=open(log, "w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (store / "checkpoints" / "checkpoint-5").is_dir() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        shutil.rmtree(store / "checkpoints")
+        (store / "checkpoints").write_text("not a folder any more")  # every later upload fails, root or not
+        assert proc.wait(timeout=180) == 4, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            kill_job(proc, str(out))
+    text = log.read_text()
+    paused = int(text.split("paused at step ")[1].split()[0])
+    assert paused > 5 and (out / f"checkpoint-{paused}").is_dir()  # the work is kept locally
+    error = [line for line in text.splitlines() if line.startswith("error: ")]
+    assert len(error) == 1 and f"is behind: its newest checkpoint is step 5, this session ended at step {paused}" \
+        in error[0] and f"Keep {out}" in error[0]

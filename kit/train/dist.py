@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as tdist
 
-from kit.files import write_atomic
+from kit.files import env_seconds, write_atomic
 
 # Long enough for rank 0 to download a checkpoint or finish a final upload while the others wait
 # at a barrier; short enough that a lost peer ends the job instead of hanging a session.
@@ -116,15 +116,9 @@ def _bounded_rendezvous(rank: int, world_size: int, address: str):
     """End the process (one line, exit 2) if the group has not formed within RENDEZVOUS_S."""
     import threading
 
-    from kit.errors import EXIT_USAGE, UsageError
+    from kit.errors import EXIT_USAGE
 
-    raw = os.environ.get("KIT_RENDEZVOUS_S", "").strip()
-    try:
-        wait_s = float(raw) if raw else RENDEZVOUS_S
-    except ValueError:
-        wait_s = -1.0
-    if not 0 < wait_s < float("inf"):
-        raise UsageError(f"environment variable KIT_RENDEZVOUS_S={raw!r} is not a number of seconds > 0")
+    wait_s = env_seconds("KIT_RENDEZVOUS_S", RENDEZVOUS_S)
 
     def give_up():
         print(f"error: rank {rank} of WORLD_SIZE {world_size} waited {wait_s:.0f} s at {address} for the "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from kit.errors import EXIT_CANNOT_TRAIN, CannotTrain, under_torchrun
+from kit.errors import EXIT_CANNOT_TRAIN, EXIT_STORE, CannotTrain, under_torchrun
 from kit.train.callbacks import meter_words
 
 FINAL_UPLOAD_TIMEOUT_S = 600.0
@@ -53,6 +53,7 @@ def finish(job, trainer) -> int:
             job.log(words)
         if job.sync is not None:
             job.sync.close(timeout=FINAL_UPLOAD_TIMEOUT_S)
+        behind = store_behind(job, step)
         if not paused:
             from kit.deliver import wrapup
 
@@ -80,4 +81,22 @@ def finish(job, trainer) -> int:
                     f"{job.cfg.output_dir}/checkpoint-{step}")
             for line in closing:
                 job.log(line)
+        if behind:  # the next session, on a fresh machine, would resume from the store's older step
+            from kit.auth import redact
+
+            print(f"error: {redact(behind)}", file=sys.stderr, flush=True)
+            code = EXIT_STORE
     return code
+
+
+def store_behind(job, step: int) -> str | None:
+    """Why the store lacks this session's last checkpoint (its uploads failed), None when it has it."""
+    if job.store is None or step <= job.decision.step or (job.stored_step or 0) >= step:
+        return None
+    errors = job.sync.errors if job.sync is not None else []
+    newest = max(job.stored_step or 0, job.decision.step) or None
+    why = f": {errors[-1]}" if errors else ""
+    return (f"the store {job.store.describe()} is behind: its newest checkpoint is "
+            f"{f'step {newest}' if newest else 'none'}, this session ended at step {step}, as its uploads failed{why}. "
+            f"Keep {job.cfg.output_dir} (it holds checkpoint-{step}), fix the store and run the same command: it "
+            "resumes from there; a fresh machine would resume from the store's older step")

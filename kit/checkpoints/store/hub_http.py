@@ -12,7 +12,7 @@ import os
 from huggingface_hub import constants
 from huggingface_hub.utils import _http as hf_http
 
-from kit.errors import UsageError
+from kit.files import env_seconds
 
 DEFAULT_TIMEOUT_S = 60.0
 TIMEOUT_ENV = "KIT_NETWORK_TIMEOUT_S"  # seconds one socket operation may stall; default 60
@@ -27,16 +27,7 @@ def network_timeout_s() -> float:
     Raises:
         UsageError: the variable is set to something that is not a positive number.
     """
-    raw = os.environ.get(TIMEOUT_ENV, "").strip()
-    if not raw:
-        return DEFAULT_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = 0.0
-    if not value > 0 or value == float("inf"):
-        raise UsageError(f"{TIMEOUT_ENV}={raw[:40]!r} must be a positive number of seconds")
-    return value
+    return env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)
 
 
 def hub_offline() -> bool:
