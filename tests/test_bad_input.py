@@ -427,6 +427,12 @@ def test_script_bad_input(sandbox, capfd, files, argv, code, want):
     ({"RANK": "5", "WORLD_SIZE": "2"}, "RANK 5 / LOCAL_RANK 0 is not a rank of WORLD_SIZE 2"),  # said, not silent
     ({"RANK": "abc"}, "RANK='abc' is not a whole number"),
     ({"LOCAL_RANK": "99999999999999999999"}, "LOCAL_RANK 99999999999999999999 is not a rank of WORLD_SIZE 1"),
+    # Read by accelerate inside Trainer: int('') there was a traceback after kit had written files.
+    ({"WORLD_SIZE": ""}, "WORLD_SIZE='' is not a whole number"),
+    ({"LOCAL_RANK": ""}, "LOCAL_RANK='' is not a whole number"),
+    ({"OMPI_COMM_WORLD_SIZE": "abc"}, "OMPI_COMM_WORLD_SIZE='abc' is not a whole number"),
+    ({"PMI_SIZE": "x"}, "PMI_SIZE='x' is not a whole number"),
+    ({"ACCELERATE_MIXED_PRECISION": "garbage"}, "ACCELERATE_MIXED_PRECISION='garbage' is not one of no, fp16"),
 ])
 @pytest.mark.parametrize("own_config", [False, True], ids=["settings", "own-config"])
 def test_script_refuses_a_broken_torchrun_environment(sandbox, capfd, monkeypatch, env, want, own_config):

@@ -52,10 +52,18 @@ class Context:
         return self.world_size > 1
 
 
+# What torchrun sets, and what accelerate (inside Trainer) reads as integers too: set but not a
+# whole number (empty included), accelerate's int() raised a traceback once kit had written files.
+LAUNCHER_INTS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
+                 "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_SIZE", "PMI_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_RANK",
+                 "MV2_COMM_WORLD_LOCAL_RANK")
+PRECISIONS = ("no", "fp16", "bf16", "fp8")  # accelerate's ACCELERATE_MIXED_PRECISION values
+
+
 def env_int(name: str, default: int) -> int:
     """An integer that torchrun (or the user) set in the environment; a UsageError when it is not one."""
     value = os.environ.get(name)
-    if value in (None, ""):
+    if value is None:
         return default
     try:
         number = int(value)
@@ -71,6 +79,14 @@ def env_int(name: str, default: int) -> int:
 
 def init(timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> Context:
     """Read RANK/LOCAL_RANK/WORLD_SIZE, pin this rank's device and start the process group."""
+    for name in LAUNCHER_INTS:
+        env_int(name, 0)
+    precision = os.environ.get("ACCELERATE_MIXED_PRECISION")
+    if precision is not None and precision.lower() not in PRECISIONS:
+        from kit.errors import UsageError
+
+        raise UsageError(f"environment variable ACCELERATE_MIXED_PRECISION={precision[:20]!r} is not one of "
+                         f"{', '.join(PRECISIONS)}: unset it (kit sets the precision itself)")
     rank = env_int("RANK", 0)
     local_rank = env_int("LOCAL_RANK", 0)
     world_size = env_int("WORLD_SIZE", 1)
