@@ -153,9 +153,12 @@ def check_output(path, flag: str, example: str) -> Path:
     if str(path) == "-":  # the Unix "standard output": a file named '-' was written instead
         raise UsageError(f"{flag} -: this command writes a file, not to standard output: give a file name such as "
                          f"{example}")
+    named_folder = str(path).endswith(("/", os.sep))  # `-o newdir/`: Path() drops the slash, and a file was written
     path = Path(path)
-    if path.is_dir():
-        raise UsageError(f"{flag} {path}: is a directory: give a file name such as {path / example}")
+    if path.is_dir() or named_folder:
+        what = "is a directory" if path.is_dir() else "names a folder (it ends in /)"
+        raise UsageError(f"{flag} {path}{'/' if named_folder else ''}: {what}: give a file name such as "
+                         f"{path / example}")
     if path.exists() or path.is_symlink():
         regular_file(path, f"{flag} {path}")
     parent = path.parent

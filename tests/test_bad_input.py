@@ -181,6 +181,14 @@ CLI_CASES = [
     ("model-empty", {}, ["plan", "model=' '"], 2, "'model'.*must not be empty"),
     ("path-control-char", {"c.yaml": 'output_dir: "a\\nb"\n'}, ["plan", "--config", "c.yaml"], 2,
      "'output_dir' in c.yaml holds a control character"),
+    ("render-o-names-a-folder", {}, ["render", "--config", "configs/default.yaml", "--gpus", "cpu", "-o", "newdir/"], 2,
+     r"-o newdir/: names a folder \(it ends in /\): give a file name such as newdir/train_ddp.py"),  # was a file 'newdir'
+    ("bootstrap-o-names-a-folder", {}, ["bootstrap", "--config", "configs/default.yaml", "-o", "newdir/"], 2,
+     r"-o newdir/: names a folder"),
+    # A name past 255 bytes: the script's first touch of output_dir was an OSError traceback.
+    ("path-name-too-long", {}, ["render", "--config", "configs/default.yaml", "--gpus", "cpu", "-o", "t.py",
+                                "output_dir=runs/" + "z" * 300], 2, "'output_dir'.*'zzz.* is 300 bytes long, over the 255"),
+    ("data-name-too-long", {}, ["plan", "data.path=d/" + "é" * 130 + ".jsonl"], 2, "'data.path'.* 266 bytes long"),
     ("unsloth-on-cpu", {}, ["plan", "backend=unsloth"], 3, "backend=unsloth needs a CUDA GPU"),
     ("model-config-negative", {"m/config.json": {"hidden_size": 0, "num_hidden_layers": -2, "num_attention_heads": 4,
                                                  "intermediate_size": 8, "vocab_size": 10, "head_dim": 8}},

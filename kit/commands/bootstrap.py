@@ -59,7 +59,7 @@ def run(args) -> Result:
     if args.config:  # before probing or planning: a refused -o must cost nothing and touch nothing
         from kit.commands.render import check_output
 
-        check_output(Path(args.output), args.config)
+        check_output(args.output, args.config)  # the text as given: `newdir/` names a folder
     facts = probe.load_facts(args.facts) if args.facts else probe.gather()
     verdicts = judge(facts)
     cpu_only = not facts.gpus and bool(facts.torch.get("installed"))

@@ -79,7 +79,7 @@ def run(args) -> int:
         args.stdout, args.output = True, "train_ddp.py"
     out = Path(args.output)
     if not args.stdout:  # checked before planning, so a refused run touches nothing
-        check_output(out, args.config)
+        check_output(args.output, args.config)  # the text as given: `newdir/` names a folder
     text, plan = render_for(cfg, args.config, machine_facts(args), args.gpus, args=args, output=args.output)
     if args.stdout:
         sys.stdout.write(text)
@@ -91,7 +91,7 @@ def run(args) -> int:
     return 0
 
 
-def check_output(out: Path, config_path: str | None = None) -> None:
+def check_output(out: Path | str, config_path: str | None = None) -> None:
     """Refuse an -o that cannot take a script (a folder, a FIFO or device, a missing or unwritable
     folder) or that is the config itself, before any work."""
     import os

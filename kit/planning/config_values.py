@@ -55,6 +55,10 @@ _PLANNED = {"strategy": "kit plans the strategy itself (single, ddp, fsdp, model
                         "see `kit plan`"}
 
 
+# Keys that name local files or folders (a store or resume may also be hf://… or a keyword).
+PATH_KEYS = {"output_dir", "store", "resume", "data.path", "model"}
+
+
 def unknown_key(key: str, known, prefix: str, source: str, value=None) -> UsageError:
     leaf = key.split(".")[-1]
     where = f" in {source}" if source else ""
@@ -143,6 +147,8 @@ def check_value(key: str, f: dataclasses.Field, value, source: str):
             value = names.check_model(value, key, where)
         elif key == "store":
             value = names.check_store(value, key, where)
+        if key in PATH_KEYS:
+            names.check_name_lengths(value, key, where)
     if key in _CHOICES and value not in _CHOICES[key]:
         close = difflib.get_close_matches(str(value).lower(), _CHOICES[key], n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""

@@ -90,6 +90,17 @@ def check_store(value: str, key: str, where: str) -> str:
     return value
 
 
+NAME_MAX = 255  # bytes in one file or folder name: ext4, xfs, btrfs, NTFS (in UTF-16 units), APFS
+
+
+def check_name_lengths(value: str, key: str, where: str) -> None:
+    """Refuse a path one of whose names no file system takes (OSError: File name too long, later)."""
+    long = next((part for part in value.replace("\\", "/").split("/") if len(part.encode()) > NAME_MAX), None)
+    if long is not None:
+        raise UsageError(f"config key {key!r}{where}: the name {long[:24]!r}… is {len(long.encode())} bytes long, "
+                         f"over the {NAME_MAX} a file system allows in one file or folder name: shorten it")
+
+
 def check_data(path: str) -> None:
     """A relative data file that is not there, before any plan (the script found out after the model
     loaded). Absolute paths may exist only where the job runs (/kaggle/input/…): the script checks them."""
