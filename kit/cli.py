@@ -43,12 +43,20 @@ class _Parser(argparse.ArgumentParser):
             return super().parse_known_args(args, namespace)
         self._argv = list(sys.argv[1:] if args is None else args)  # for error(): the value it refused
         if any(a.nargs in (argparse.PARSER, argparse.REMAINDER) for a in self._get_positional_actions()):
-            return super().parse_known_args(args, namespace)
+            return self._no_empty(super().parse_known_args(args, namespace))
         self._intermixed = True
         try:
-            return self.parse_known_intermixed_args(args, namespace)
+            return self._no_empty(self.parse_known_intermixed_args(args, namespace))
         finally:
             self._intermixed = False
+
+    def _no_empty(self, parsed):
+        """An option given an empty value (`-o ""`, `--plot ""`) was taken as not given: refuse it."""
+        for action in self._actions:
+            given = [o for o in action.option_strings if o in self._argv or f"{o}=" in self._argv]
+            if given and getattr(parsed[0], action.dest, None) == "":
+                self.error(f"argument {given[0]}: an empty value: give one, or leave {given[0]} out")
+        return parsed
 
     def error(self, message):
         # argparse takes a value that starts with "-" (`--gpus -1xT4`) for an option and says only

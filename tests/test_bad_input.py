@@ -181,6 +181,11 @@ CLI_CASES = [
     ("model-empty", {}, ["plan", "model=' '"], 2, "'model'.*must not be empty"),
     ("path-control-char", {"c.yaml": 'output_dir: "a\\nb"\n'}, ["plan", "--config", "c.yaml"], 2,
      "'output_dir' in c.yaml holds a control character"),
+    # An empty option value was taken as not given: a merge into the default folder, no plot, this machine.
+    ("export-o-empty", {}, ["export", "--adapter", "a", "-o", ""], 2, "argument -o: an empty value"),
+    ("plan-gpus-empty", {}, ["plan", "--gpus="], 2, "argument --gpus: an empty value"),
+    ("status-plot-empty", {}, ["status", "--config", "configs/default.yaml", "--plot", ""], 2,
+     "argument --plot: an empty value"),
     ("render-o-names-a-folder", {}, ["render", "--config", "configs/default.yaml", "--gpus", "cpu", "-o", "newdir/"], 2,
      r"-o newdir/: names a folder \(it ends in /\): give a file name such as newdir/train_ddp.py"),  # was a file 'newdir'
     ("bootstrap-o-names-a-folder", {}, ["bootstrap", "--config", "configs/default.yaml", "-o", "newdir/"], 2,
