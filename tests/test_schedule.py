@@ -464,3 +464,17 @@ def test_ctrl_c_of_a_scheduled_run_is_one_line_and_exit_130(tmp_path):
     assert proc.returncode == 130, stdout[-2000:] + stderr[-2000:]
     assert stderr.strip() == "interrupted", stderr[-3000:]
     assert list(runs.glob("*.kernel.log"))
+
+
+@pytest.mark.parametrize("args, code, words", [
+    (["--notebook", "nowhere/resume.ipynb"], 2, ["--notebook nowhere/resume.ipynb: no such file"]),
+    (["--store", "/dev/null"], 4, ["store /dev/null is a file"]),
+])
+def test_print_cron_checks_what_its_line_names(args, code, words, capsys, monkeypatch, tmp_path):
+    """--print-cron printed (exit 0) a line naming a missing notebook or a file as the store: a line
+    that fails at every run, found only in cron's mail."""
+    monkeypatch.chdir(ROOT)
+    got, out, err = in_process(["--runs-dir", str(tmp_path / "runs"), *args, "--print-cron"], capsys)
+    lines = err.strip().splitlines()
+    assert got == code and out == "" and len(lines) == 1 and lines[0].startswith("error: "), err
+    assert all(w in lines[0] for w in words), err

@@ -127,8 +127,13 @@ def run(args) -> int:
 
     runs_dir = check_runs_dir(Path(args.runs_dir))
     units = unattended(_repeat_command(args), Path.cwd(), args.every, runs_dir)
-    if args.print_cron:
+    if args.print_cron:  # a line that fails every run is no line: the inputs it names are checked first
         check_cron(args.every)
+        if not args.kaggle:
+            schedule.check_notebook(Path(args.notebook))
+            _check_script(args.config)
+        if cfg.store and not cfg.store.startswith("hf://"):  # a Hub store is checked where the line runs
+            schedule.check_store(cfg)
         print(units)
         return 0
     if args.kaggle:
