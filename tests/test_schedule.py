@@ -363,6 +363,20 @@ def test_the_local_loop_stops_when_a_run_made_no_progress(tmp_path, monkeypatch)
                         "paused at step 40 of 200")
 
 
+
+def test_a_failed_or_stopped_loop_ends_with_one_error_line_on_stderr(tmp_path, monkeypatch, capsys):
+    """The failure was only in stdout's "run 1: outcome: …" line: exit 2 with an empty stderr."""
+    from kit.notebooks.schedule import loop as schedule
+
+    outcome = "failed (exit code 2): error: data file d/rows.jsonl line 11: a row is null, not an object"
+    monkeypatch.setattr(schedule, "execute", lambda plan, n, verbose=False: (outcome, tmp_path / "1.ipynb"))
+    plan = schedule.Plan(notebook=tmp_path / "nb.ipynb", runs_dir=tmp_path / "runs", parameters={})
+    assert schedule.loop(plan, repeat=True, every_minutes=0.01, max_runs=None, sleep=lambda s: None) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: run 1 failed: data file d/rows.jsonl line 11: a row is null, not an object "
+                   f"(its notebook: {tmp_path / '1.ipynb'})"]
+
+
 def _notebook(path, source: str):
     import nbformat
 

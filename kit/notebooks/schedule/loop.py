@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -98,12 +99,15 @@ def loop(plan: Plan, *, repeat: bool, every_minutes: float, max_runs: int | None
             n += 1
             outcome, out = execute(plan, n, verbose)
             say(f"run {n}: outcome: {outcome}  ({out})", flush=True)
-            if is_failure(outcome):
+            if is_failure(outcome):  # the reason once more, as kit's one error line on stderr
+                said = outcome.split("error: ", 1)[1] if "error: " in outcome else outcome
+                print(auth.redact(f"error: run {n} failed: {said} (its notebook: {out})"), file=sys.stderr, flush=True)
                 return failure_code(outcome)
             after = stops.step_of(outcome)
             decision = stops.decide(stops.Session(outcome, before, after), used_hours=0.0)
             if isinstance(decision, stops.Stop) and not decision.ok:
                 say(f"stopped: {decision.reason}", flush=True)
+                print(f"error: stopped after run {n}: {decision.reason}", file=sys.stderr, flush=True)
                 return 1
             before = after
             if is_done(outcome) or not repeat or (max_runs is not None and n >= max_runs):
