@@ -181,6 +181,7 @@ CLI_CASES = [
     ("model-empty", {}, ["plan", "model=' '"], 2, "'model'.*must not be empty"),
     ("path-control-char", {"c.yaml": 'output_dir: "a\\nb"\n'}, ["plan", "--config", "c.yaml"], 2,
      "'output_dir' in c.yaml holds a control character"),
+    ("override-flow-key-twice", {}, ["plan", "lora={r: 4, r: 8}"], 2, "override 'lora': key 'r' is given twice"),
     # An empty option value was taken as not given: a merge into the default folder, no plot, this machine.
     ("export-o-empty", {}, ["export", "--adapter", "a", "-o", ""], 2, "argument -o: an empty value"),
     ("plan-gpus-empty", {}, ["plan", "--gpus="], 2, "argument --gpus: an empty value"),

@@ -949,6 +949,7 @@ def test_dry_run_swaps_a_model_named_in_a_tuple_assignment_and_turns_liger_off(t
     ('os.environ["WANDB_API_KEY"] = "' + "9f" * 20 + '"', 'a secret (WANDB_API_KEY="…")'),
     ('client = Client(api_key="AKIA' + "ABCDEFGHIJKLMNOP" + '")', "an AWS access key"),
     ('!wandb login ' + "a1" * 20 + ' && echo ghp_' + "x" * 36, "a GitHub token"),
+    ("TOKEN = 'hf_' + '" + "abcdefghijklmnopqrstuvwxyz123456" + "'", "a Hugging Face token"),  # split: was written
 ])
 def test_a_secret_in_a_cell_is_refused_by_cell_and_line_never_written(tmp_path, capsys, line, what):
     """Only Hugging Face tokens were kept out of the script: an OpenAI or W&B key in a cell was

@@ -163,8 +163,11 @@ def parse_overrides(overrides) -> list[tuple[str, Any]]:
         if not sep or not key.strip():
             raise UsageError(f"override {item!r} is not KEY=VALUE (e.g. lora.r=8)")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
+            # The loader that refuses a key given twice, as in a file: `lora={r: 4, r: 8}` kept 8 silently.
+            value = yaml.load(raw, Loader=_unique_keys_loader()) if raw.strip() else ""
+        except yaml.YAMLError as e:
+            if "is given twice" in str(getattr(e, "problem", "")):
+                raise UsageError(f"override {key.strip()!r}: {e.problem.split(' (first on line')[0]}") from None
             value = raw  # an unparseable scalar is kept as the literal string
         except (ValueError, RecursionError):  # an integer past 4300 digits, or nested past Python's limit
             raise UsageError(f"override {key.strip()!r}: a value too large or nested too deep to read") from None

@@ -45,11 +45,32 @@ def _named(tree: ast.AST):
                 yield name, value.value, value.lineno
 
 
+def _joined(tree: ast.AST):
+    """String literals added together (`'hf_' + 'abc…'`), joined: a token split in two is still one."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            parts, todo = [], [node]
+            while todo:
+                n = todo.pop()
+                if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add):
+                    todo += [n.right, n.left]
+                elif isinstance(n, ast.Constant) and isinstance(n.value, str):
+                    parts.append(n.value)
+                else:
+                    break
+            else:
+                yield "".join(parts), parts[-1]
+
+
 def find(script: str) -> tuple[str, str] | None:
     """(value, what) of the first secret in the converted script's text; None without one."""
     for shape, what in SHAPES[1:]:  # Hugging Face tokens: kit.auth.refuse_token, on every generated file
         if m := shape.search(script):
             return m.group(0), what
+    for joined, last in _joined(ast.parse(script)):
+        for shape, what in SHAPES:
+            if shape.search(joined):
+                return last, what
     for name, value, _ in _named(ast.parse(script)):
         if SECRET_NAME.search(name) and SECRET_VALUE.fullmatch(value):
             return value, f"a secret ({name}=\"…\")"
