@@ -1010,3 +1010,13 @@ def test_deletes_are_rank_0_writes_at_any_depth(tmp_path):
                                                "phase('o1')\nphase('o2')"]))
     calls = guarded_calls(conv.source)
     assert {"t.save_model", "shutil.rmtree", "os.remove"} <= calls
+
+
+def test_a_written_training_script_is_converted_beside_another_launched_script(tmp_path):
+    """`!python prepare_data.py` (a script the notebook did not write) beside a %%writefile train.py it
+    launches: train.py is the job, not a reason to refuse."""
+    conv = convert_notebook(make_nb(tmp_path, ["!python prepare_data.py --out d", "%%writefile train.py\n"
+                                               "from trl import SFTTrainer, SFTConfig\nt = SFTTrainer(model='x', "
+                                               "args=SFTConfig(output_dir='o'))\nt.train()",
+                                               "!accelerate launch --multi_gpu train.py"]))
+    assert "t.train()" in conv.source and "!python prepare_data.py --out d" in ast.get_docstring(ast.parse(conv.source))

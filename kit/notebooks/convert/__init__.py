@@ -64,9 +64,7 @@ def _code_cells(path, changes: list[Change]):
     cells = read_cells(path, changes)
     parsed = [(cell, *parse_cell(src, cell), is_comment_only(src)) for cell, src in cells.code]
     facts = gather([(c, t) for c, t, _, _ in parsed])
-    if facts.last_train is None:
-        check_launched(cells.launches, cells.written)
-    if facts.last_train is not None or not cells.written:
+    if facts.last_train is not None:
         return parsed, facts, cells.dropped
     launched = {script: (cell, line) for cell, line, script in cells.launches}
     for name, (wcell, body) in cells.written.items():
@@ -89,6 +87,7 @@ def _code_cells(path, changes: list[Change]):
             changes.append(Change(at, f"`{clip(launched[name][1], 60)}` is replaced by this script: run the script "
                                       "instead (the command is at the top), not that line"))
         return parsed, gather([(c, t) for c, t, _, _ in parsed]), dropped
+    check_launched(cells.launches, cells.written)  # no cell trains, nor a script the notebook wrote
     return parsed, facts, cells.dropped
 
 
