@@ -81,19 +81,20 @@ def _plan(trees: list[ast.Module]) -> tuple[set[str], dict[str, str], str, list[
                                      and isinstance(v.value, str)}
         for node in ast.walk(tree):
             if isinstance(node, ast.Call):
-                if ast.unparse(node.func).rsplit(".", 1)[-1] in PRODUCERS and node.args:
+                func = ast.unparse(node.func)
+                if func.rsplit(".", 1)[-1] in PRODUCERS and node.args:
                     produced.add(normal(ast.unparse(node.args[0])))
                 for k in node.keywords:
                     if k.arg in ("hub_model_id", "output_dir", "repo_id", "save_directory"):
                         produced.add(normal(ast.unparse(k.value)))
                     if k.arg == "dataset_text_field" and isinstance(k.value, ast.Constant):
                         columns.add(k.value.value)
-                if ast.unparse(node.func).endswith("remove_columns"):  # remove_columns(["a", "b"]): they must exist
+                if func.endswith("remove_columns"):  # remove_columns(["a", "b"]): they must exist
                     for arg in [*node.args, *(k.value for k in node.keywords)]:
                         extra |= {e.value for e in getattr(arg, "elts", [arg])
                                   if isinstance(e, ast.Constant) and isinstance(e.value, str)}
-                if ast.unparse(node.func).endswith((".map", ".filter")):  # its function reads rows' columns
-                    mapped += [a for a in [*node.args[:1], *(k.value for k in node.keywords if k.arg == "function")]]
+                if func.endswith((".map", ".filter")):  # its function reads rows' columns
+                    mapped += [*node.args[:1], *(k.value for k in node.keywords if k.arg == "function")]
             elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) \
                     and isinstance(node.slice.value, str):
                 columns.add(node.slice.value)
