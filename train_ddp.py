@@ -22,7 +22,7 @@ try:  # the mechanics (store sync, resume, lease, deadline, smoke checks) are ki
     from transformers import BitsAndBytesConfig, set_seed
     from trl import SFTConfig, SFTTrainer
 
-    from kit.auth import redact_tracebacks
+    from kit.redaction import redact_tracebacks
     from kit.errors import KitError
     from kit.planning import adapt
     from kit.script import arguments

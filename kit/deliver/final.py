@@ -14,7 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
-from kit.auth import redact
+from kit.redaction import redact
 from kit.planning import config
 from kit.deliver import card
 from kit.evaluation import identity

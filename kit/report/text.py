@@ -84,7 +84,7 @@ def show(facts, verdicts=None, next_steps: list[str] | None = None, as_json: boo
     elif in_notebook_kernel():
         from IPython.display import HTML, display
 
-        from kit.auth import redact
+        from kit.redaction import redact
 
         # HTML goes to the notebook through display(), not stdout: scrub it here too.
         display(HTML(redact(to_html(facts, verdicts, None if plan is not None else next_steps, do_this))))

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 
+from kit.parser import Parser
 from kit.planning import config
 
 
 def parse(argv: list[str], config_path: str) -> argparse.Namespace:
-    from kit.cli import _Parser
-
-    parser = _Parser(prog="train_ddp.py", description=f"Train as configured in {config_path}.")
+    parser = Parser(prog="train_ddp.py", description=f"Train as configured in {config_path}.")
     config.add_config_arguments(parser)
     parser.set_defaults(config=None)
     parser.add_argument("--smoke", action="store_true", help="one optimizer step, then check that training works")

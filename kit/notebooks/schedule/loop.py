@@ -23,6 +23,7 @@ from pathlib import Path
 from kit import auth
 from kit.errors import UsageError
 from kit.files import json_problem, parse_json, read_text, regular_file
+from kit.redaction import redact
 from kit.notebooks.schedule.papermill_run import Plan, execute, is_done, is_failure
 from kit.notebooks.schedule.runs_lock import RunsLock
 
@@ -101,7 +102,7 @@ def loop(plan: Plan, *, repeat: bool, every_minutes: float, max_runs: int | None
             say(f"run {n}: outcome: {outcome}  ({out})", flush=True)
             if is_failure(outcome):  # the reason once more, as kit's one error line on stderr
                 said = outcome.split("error: ", 1)[1] if "error: " in outcome else outcome
-                print(auth.redact(f"error: run {n} failed: {said} (its notebook: {out})"), file=sys.stderr, flush=True)
+                print(redact(f"error: run {n} failed: {said} (its notebook: {out})"), file=sys.stderr, flush=True)
                 return failure_code(outcome)
             after = stops.step_of(outcome)
             decision = stops.decide(stops.Session(outcome, before, after), used_hours=0.0)
