@@ -90,7 +90,8 @@ class RunConfig:
     kernels: str = _f("auto", "auto|liger|none: liger = Liger's Triton kernels (RMSNorm, SwiGLU, RoPE) on the GPU")
     activation_offloading: str = _f("auto", "auto|on|off: the layer inputs gradient checkpointing keeps, moved to "
                                             "pinned CPU memory during the step (TRL's activation_offloading)")
-    compile: str = _f("auto", "auto|on|off: torch.compile each decoder layer (plain backend, GPU); auto = off")
+    compile: str = _f("auto", "auto|on|off: torch.compile each decoder layer (plain backend, GPU); auto = on for "
+                            "bf16 NVIDIA GPUs with one replica per GPU, for jobs of at least 300 micro-batches")
     max_grad_norm: float = _f(1.0, "gradient clipping norm; 0 disables")
     precision: str = _f("auto", "auto|bf16|fp16|fp32; auto = bf16 where native, fp16 on T4/V100, fp32 on CPU")
     gradient_checkpointing: str = _f("auto", "auto|on|off; auto = on when needed to fit or model >= 1B params")
