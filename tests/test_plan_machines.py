@@ -190,3 +190,33 @@ def test_render_says_what_it_wrote_in_words(tmp_path, capsys):
     wrote = capsys.readouterr().out.splitlines()[0]
     assert wrote.endswith(": single on the CPU (one process), fp32") and "× cpu" not in wrote
 
+
+
+@pytest.mark.parametrize("spec,words", [("cpu", "# the plan: single process on the CPU, fp32"),
+                                        ("1xT4", "# the plan: single GPU (Tesla T4), fp16")])
+def test_the_scripts_header_names_its_plan_in_words(capsys, spec, words):
+    assert main(["render", "--config", "configs/default.yaml", "--gpus", spec, "-o", "-"]) == 0
+    assert words in capsys.readouterr().out
+
+
+def test_a_script_given_a_config_on_one_of_two_nodes_plans_the_whole_world(monkeypatch):
+    # Rank 0 of node 0 of 2 nodes × 8 GPUs: torchrun sets WORLD_SIZE=16 and LOCAL_WORLD_SIZE=8.
+    # The 8-GPU machine cannot exist here: its facts are the GPU table's (what the probe reads there).
+    from kit.machine import probe
+    from kit.script import arguments
+
+    monkeypatch.setattr(probe, "gather", lambda: probe.Facts.from_dict(gpu_table.synthesize("8xH100")))
+    monkeypatch.setenv("WORLD_SIZE", "16")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    planned = arguments.replan(cfg(*QWEN8_QLORA, "global_batch=32"), "big.yaml")
+    assert (planned["strategy"], planned["nodes"], planned["nproc"]) == ("ddp", 2, 8)
+    assert planned["global_batch"] == planned["per_device_batch"] * planned["grad_accum"] * 16 == 32
+    assert "planned for these machines (2 nodes × 8× NVIDIA H100 80GB HBM3)" in planned["replanned"]
+
+
+@pytest.mark.parametrize("spec,nodes,words", [
+    ("1xT4", "1", "global_batch 12 is not a multiple of per_device_batch 8 × 1 process = 8"),
+    ("2xT4", "2", "global_batch 12 is not a multiple of per_device_batch 8 × 4 processes = 32")])
+def test_a_batch_that_does_not_divide_counts_the_whole_worlds_processes(capsys, spec, nodes, words):
+    code, _, err = kit_plan(capsys, "--gpus", spec, "--nodes", nodes, "global_batch=12", "per_device_batch=8")
+    assert code == 2 and words in err and "(s)" not in err

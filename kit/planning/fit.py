@@ -33,14 +33,14 @@ def batch_for_world(cfg, per_device_batch: int, world_size: int) -> tuple[int, i
         return per_device_batch, 1, per_device_batch * world_size
     g = cfg.global_batch
     if g % world_size:
-        raise UsageError(f"global_batch {g} is not a multiple of the {world_size} GPU(s)/processes: pick a "
+        raise UsageError(f"global_batch {g} is not a multiple of the {world_size} processes: pick a "
                          f"multiple of {world_size}")
     if cfg.per_device_batch is None:
         per_device_batch = max(b for b in range(1, per_device_batch + 1) if (g // world_size) % b == 0)
     if g % (per_device_batch * world_size):
-        raise UsageError(f"global_batch {g} is not a multiple of per_device_batch {per_device_batch} × "
-                         f"{world_size} GPU(s) = {per_device_batch * world_size}: pick a global_batch that is, "
-                         "or leave per_device_batch null")
+        ranks = f"{world_size} process" + ("es" if world_size != 1 else "")
+        raise UsageError(f"global_batch {g} is not a multiple of per_device_batch {per_device_batch} × {ranks} = "
+                         f"{per_device_batch * world_size}: pick a global_batch that is, or leave per_device_batch null")
     return per_device_batch, g // (per_device_batch * world_size), g
 
 

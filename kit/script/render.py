@@ -41,6 +41,9 @@ def _strategy_words(plan: dict) -> str:
         return f"FSDP over {n} {where}, {plan.get('precision')}"
     if plan.get("strategy") == "model_parallel":
         return f"model parallel over the {where} of one process, {plan.get('precision')}"
+    if plan.get("strategy") == "single":
+        one = "process on the CPU" if device == "cpu" else f"GPU ({plan.get('gpu_name', 'GPU')})"
+        return f"single {one}, {plan.get('precision')}"
     return f"{plan.get('strategy')} on {n} {where}, {plan.get('precision')}"
 
 
