@@ -220,3 +220,9 @@ def test_a_script_given_a_config_on_one_of_two_nodes_plans_the_whole_world(monke
 def test_a_batch_that_does_not_divide_counts_the_whole_worlds_processes(capsys, spec, nodes, words):
     code, _, err = kit_plan(capsys, "--gpus", spec, "--nodes", nodes, "global_batch=12", "per_device_batch=8")
     assert code == 2 and words in err and "(s)" not in err
+
+
+def test_a_refused_mix_of_gpus_is_named_as_the_mix(capsys):
+    code, out, err = kit_plan(capsys, "--gpus", "2xT4+L4")
+    assert code == 3 and out.splitlines()[0] == "plan for models/tiny-qwen3 on 2× Tesla T4 + 1× NVIDIA L4"
+    assert "mixed GPU models" in err

@@ -92,7 +92,7 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
             raise UsageError(f"--nodes {nodes} on CPU-only machines: multi-node training is for GPU machines")
         return _cpu_plan(facts, cfg, model, plan, nproc)
 
-    plan.gpu, plan.gpus = facts.gpus[0]["name"], len(facts.gpus)  # what a refusal below was planned for
+    plan.gpu, plan.gpus = _machine_gpus(facts.gpus), len(facts.gpus)  # what a refusal below was planned for
     v = verdicts.judge(facts)
     if not v.ok:
         _refuse(plan, v.summary if v.action in v.summary else f"{v.summary} {v.action}".strip())
@@ -182,6 +182,13 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
                             "model and data once and keeps its own output_dir; a node that dies ends the job (non-zero "
                             "exit), and the same commands resume it.")
     return plan
+
+
+def _machine_gpus(gpus: list[dict]) -> str:
+    """The GPU name of a machine, or its mix: "Tesla T4", "1× Tesla T4 + 1× NVIDIA L4"."""
+    names = [g["name"] for g in gpus]
+    kinds = list(dict.fromkeys(names))
+    return kinds[0] if len(kinds) == 1 else " + ".join(f"{names.count(k)}× {k}" for k in kinds)
 
 
 def _as_facts(facts):

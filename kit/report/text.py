@@ -208,6 +208,8 @@ def plan_where(plan) -> str:
     """What a plan runs on: "2× Tesla T4", "2 nodes × 8× NVIDIA H100 80GB HBM3", "the CPU"."""
     if plan.device == "cpu":
         where = "the CPU"
+    elif " + " in (plan.gpu or ""):  # a machine of mixed GPUs, refused: its mix
+        where = plan.gpu
     elif plan.gpu:
         where = f"{plan.gpus or plan.nproc}× {plan.gpu}"
     else:
