@@ -46,7 +46,6 @@ def session_ledger(rec: dict, next_rec: dict | None) -> dict:
     time_lost = lost * step_s if step_s else 0.0
     weight = int(_num(rec.get("gpu_count")) or _num(rec.get("world_size")) or 1)
     on_cpu = _num(rec.get("gpu_count")) == 0 or rec.get("gpu_name") == "cpu"  # its processes' time, not GPUs'
-
     return {"span_s": span, "setup_s": setup, "train_s": train, "start_step": int(start_step),
             "end_step": int(end_step) if end_step is not None else None, "steps_done": done, "steps_lost": lost,
             "time_lost_s": time_lost, "step_s": step_s, "weight": weight, "on_cpu": on_cpu,
@@ -86,8 +85,10 @@ def words(led: dict) -> str | None:
     if led.get("goodput") is None:
         return None
     unit = "process h" if led.get("on_cpu") else "GPU h"  # a CPU run's hours are its processes'
+    redone = led["steps_recomputed"]
     out = (f"{100 * led['goodput']:.1f} % goodput: {led['useful_gpu_hours']:.2f} of {led['gpu_hours']:.2f} {unit} "
-           f"trained steps that stayed; {led['steps_recomputed']} step{'s' if led['steps_recomputed'] != 1 else ''} recomputed; {led['setup_s']:.0f} s of setup")
+           f"trained steps that stayed; {redone} step{'s' if redone != 1 else ''} recomputed; "
+           f"{led['setup_s']:.0f} s of setup")
     if led.get("hours_left") is not None:
         more = led["sessions_needed"]
         out += (f"; ~{led['hours_left']:.2f} h left at the latest speed"
