@@ -270,9 +270,8 @@ def _two_sessions(tmp_path, tracker: str, **env):
     from tests.scripts import FAST, ROOT, cpu_env, train
 
     out, store = tmp_path / "out", tmp_path / "store"
-    env = cpu_env(WANDB_API_KEY=WANDB_KEY, HF_TOKEN=TOKEN, **env)
-    for k in TRACKER_VARS[1:]:
-        env.pop(k, None)
+    given = {"WANDB_API_KEY": WANDB_KEY, "HF_TOKEN": TOKEN, **env}
+    env = {k: v for k, v in cpu_env(**given).items() if k in given or k not in TRACKER_VARS}  # no caller's
     logs = []
     for steps in (4, 6):
         r = train([f"output_dir={out}", f"store={store}", f"max_steps={steps}", "save_steps=2", *FAST,
@@ -321,4 +320,16 @@ def test_trackio_local_on_rank_0_one_run_continued_by_the_resume(tmp_path):
     assert {name for name, _ in rows} == {run_id}, "one tracked run: kit's run id, continued by the resume"
     steps = [json.loads(m)["train/global_step"] for _, m in rows if "train/loss" in json.loads(m)]
     assert steps == [1, 2, 3, 4, 5, 6]
+    _no_secret_in(tmp_path)
+
+
+@pytest.mark.slow
+def test_wandb_offline_on_rank_0_keeps_the_run_id_across_the_resume(tmp_path):
+    """wandb is not in the test extra (Kaggle's and Colab's images carry it): skipped where it is absent."""
+    pytest.importorskip("wandb")
+    out, store, run_id, logs = _two_sessions(tmp_path, "wandb", WANDB_MODE="offline", HOME=tmp_path / "home")
+    runs = sorted((out / "wandb").glob("offline-run-*"))
+    # One run folder per session, both rank 0's and under kit's run id (`wandb sync` joins them: resume=allow).
+    assert [p.name.rsplit("-", 3)[1:] for p in runs] == [run_id.split("-")] * 2, runs
+    assert all((p / f"run-{run_id}.wandb").is_file() for p in runs)
     _no_secret_in(tmp_path)
