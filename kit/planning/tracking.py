@@ -58,7 +58,8 @@ def choose(report_to: str, installed: dict, where: str = "here") -> tuple[str, s
         return "none", None
     if report_to == "auto":
         if installed.get("trackio"):
-            return "trackio", "report_to=auto: trackio is installed, so metrics go to its local database."
+            return "trackio", ("report_to=auto: trackio is installed, so metrics go to trackio (its local database, "
+                               "or the Space TRACKIO_SPACE_ID names).")
         if installed.get("trackio") is None:
             return "none", "report_to=auto: trackio if it is installed where the script runs, else no tracker."
         return "none", "report_to=auto: trackio is not installed, so no tracker (`pip install trackio` to get one)."
