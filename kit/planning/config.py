@@ -108,6 +108,9 @@ class RunConfig:
     time_budget_minutes: float | None = _f(None, "stop cleanly before this many minutes; null = platform default")
     seed: int = _f(42, "random seed")
     logging_steps: int = _f(10, "log loss every this many steps")
+    report_to: str = _f("none", "none|auto|trackio|wandb|tensorboard: the experiment tracker, logged from rank 0 and "
+                        "named by kit's run id (a resumed job continues the same tracked run); auto = trackio where "
+                        "installed, else none. Keys come from WANDB_API_KEY (or a Kaggle/Colab secret of that name)")
     eval_steps: int | None = _f(None, "evaluate every this many steps; null = at the end only")
     resume: str = _f("auto", "auto (newest complete checkpoint, silent if none) | never | a checkpoint PATH")
 

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from kit.errors import CannotTrain, UsageError
 from kit.machine import gpu_table, verdicts
 from kit.machine.command import launch_command
-from kit.planning import hostram, memory, plan_words, precision, shapes, speed
+from kit.planning import hostram, memory, plan_words, precision, shapes, speed, tracking
 from kit.planning.measured import MEASURED
 from kit.planning.names import check_data
 from kit.planning import nodes as nodes_mod
@@ -83,6 +83,10 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
     plan = Plan(model=cfg.model)
     plan.reasons.append(f"{cfg.model}: {plan_words.count(model.params)} parameters, {model.layers} layers, vocab "
                         f"{model.vocab} (from {model.source}).")
+    # A tracker the machine's facts show missing: refused here, as the script refuses it at launch.
+    _, tracked = tracking.choose(cfg.report_to, tracking.installed_in(facts.packages), "on the machine planned for")
+    if tracked:
+        plan.reasons.append(tracked)
     quantized = cfg.method == "qlora" or model.prequantized is not None
     if model.prequantized and cfg.method == "full":
         raise UsageError(f"{cfg.model} is a 4-bit checkpoint and cannot be fully fine-tuned: use method=lora, "

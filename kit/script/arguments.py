@@ -28,14 +28,28 @@ def parse(argv: list[str], config_path: str) -> argparse.Namespace:
 
 
 def settings(embedded: dict, embedded_plan: dict, args: argparse.Namespace) -> tuple[config.RunConfig, dict]:
-    """(config, plan): the embedded ones with overrides, or `--config FILE` planned for this machine."""
+    """(config, plan): the embedded ones with overrides, or `--config FILE` planned for this machine.
+
+    Checked here, before any model loads: the settings' values, and the tracker report_to names
+    (installed here; rank 0: its key, kit.train.tracking).
+    """
     if not args.config:
         cfg = config.from_dict(embedded, source="train_ddp.py SETTINGS")
         for key, value in config.parse_overrides(args.overrides or ()):
             config.set_value(cfg, key, value, source="command line")
-        return cfg, embedded_plan
-    cfg = config.load(args.config, args.overrides or ())
-    return cfg, replan(cfg, args.config)
+        planned = embedded_plan
+    else:
+        cfg = config.load(args.config, args.overrides or ())
+        planned = replan(cfg, args.config)
+    _settle_tracker(cfg)
+    return cfg, planned
+
+
+def _settle_tracker(cfg: config.RunConfig) -> None:
+    from kit.train import tracking
+    from kit.train.dist import env_int
+
+    tracking.settle(cfg, env_int("RANK", 0))
 
 
 def steps_given(args: argparse.Namespace) -> bool:

@@ -86,6 +86,7 @@ def render(cfg: config.RunConfig, plan: dict, config_path: str, machine: str, re
         launch=f"{_launch_line(kept):<52} ",
         launch_bare=_launch_line(kept),
         unsloth_import=unsloth_import,
+        report_to=cfg.report_to,
         kit_version=__version__,
         settings=_literal(config.to_dict(cfg)),
         plan=_literal(kept),
