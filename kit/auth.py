@@ -148,13 +148,17 @@ def refuse_token(value, what: str, exit_code: int = 2) -> None:
 
 
 class _Redacting:
-    """A text stream that scrubs tokens from what is written, delegating everything else."""
+    """A text stream that scrubs tokens from what is written, and shows escaped every character that
+    could recolour the terminal or make a line read backwards (`kit.errors.shown`; newlines and tabs
+    pass: kit's own output has them), delegating everything else."""
 
     def __init__(self, stream):
         self._stream = stream
 
     def write(self, text):
-        return self._stream.write(redact(text))
+        from kit.errors import shown
+
+        return self._stream.write(shown(redact(text), limit=None, keep="\n\t"))
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
@@ -164,7 +168,7 @@ class redacted_output:
     """`with redacted_output():` — stdout and stderr scrub tokens for the block's duration.
 
     The CLI's last line of defence: a message that echoes a value kit did not think to check
-    (a facts file's platform, a server's reply) still never shows a token.
+    (a facts file's platform, a server's reply) still never shows a token, nor an escape sequence.
     """
 
     def __enter__(self):

@@ -106,6 +106,6 @@ def check_output(out: Path | str, config_path: str | None = None) -> None:
 
 def launch_for(plan, script: Path) -> str:
     """The plan's launch command for the script written at `script` (not always ./train_ddp.py)."""
-    import shlex
+    from kit.machine.command import shell_word
 
-    return plan.launch.replace("train_ddp.py", shlex.quote(Path(script).as_posix()))
+    return plan.launch.replace("train_ddp.py", shell_word(Path(script).as_posix(), path=True))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from kit.machine.command import shell_word
 from kit.planning import config
 
 DEFAULT_NOTEBOOK = "notebooks/resume.ipynb"
@@ -168,7 +169,7 @@ def _check_script(config_path: str | None) -> None:
     from kit.files import regular_file
 
     if regular_file(Path("train_ddp.py"), "train_ddp.py") is None:
-        how = f"kit bootstrap --config {shlex.quote(config_path)}" if config_path else "kit bootstrap --config CONFIG"
+        how = f"kit bootstrap --config {shell_word(config_path, path=True)}" if config_path else "kit bootstrap --config CONFIG"
         raise UsageError(f"no train_ddp.py in {Path.cwd()}: each scheduled run resumes it; run `{how}` here first")
 
 

@@ -44,8 +44,10 @@ class Job:
     def log(self, message: str) -> None:
         if self.ctx.is_main:
             from kit.auth import redact
+            from kit.errors import shown
 
-            print(f"[kit] {redact(message)}", flush=True)
+            # Notes name paths, models and data values: shown escaped (kit.errors.shown), never raw.
+            print(f"[kit] {shown(redact(message), limit=None, keep=chr(10) + chr(9))}", flush=True)
 
     # -- start ------------------------------------------------------------------------------
     @property
