@@ -26,6 +26,7 @@ STRATEGIES = ("auto", "ddp", "fsdp", "model_parallel")
 EVAL_METRICS = ("auto", "exact_match", "none")
 
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+MAX_NAMES = 256  # module names in lora.target_modules, renamed columns in data.columns
 INT_MAX = 2**31 - 1  # a C int: what torch, tokenizers and the Trainer's step counters hold
 MAX_EPOCHS = 10**6
 
@@ -109,6 +110,9 @@ def check_value(key: str, f: dataclasses.Field, value, source: str):
             return None
         raise UsageError(f"config key {shown(key, quote=True)}{where} must not be null")
     _refuse_controls(key, value, where)
+    if isinstance(value, (list, dict)) and len(value) > MAX_NAMES:  # each is matched against every module or column
+        raise UsageError(f"config key {shown(key, quote=True)}{where} lists {len(value):,} names; a real one has "
+                         f"a few (at most {MAX_NAMES:,})")
     if key in ("gradient_checkpointing", "activation_offloading", "compile"):
         # PyYAML reads on/off/yes/no/true/false as booleans: accept them all.
         if isinstance(value, bool):
