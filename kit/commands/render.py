@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kit.planning import config
 from kit.script import render
-from kit.errors import UsageError
+from kit.errors import UsageError, shown
 
 RENDERABLE = ("single", "ddp", "fsdp", "model_parallel")  # the strategies the template runs (kit.train.sharding)
 
@@ -86,7 +86,7 @@ def run(args) -> int:
         return 0
     render.write(text, out, args.force)
     devices = plan.gpus if plan.strategy == "model_parallel" else plan.nproc  # one process drives every GPU
-    print(f"wrote {out}: {plan.strategy} over {devices} × {plan.device}, {plan.precision}")
+    print(f"wrote {shown(out, limit=None)}: {plan.strategy} over {devices} × {plan.device}, {plan.precision}")
     print(f"next: {launch_for(plan, out)}")
     return 0
 

@@ -108,7 +108,7 @@ def show(facts, verdicts=None, next_steps: list[str] | None = None, as_json: boo
 
 def _print_next(wrote: str | None, next_steps: list[str] | None) -> None:
     if wrote:
-        print(wrote[:1].upper() + wrote[1:])
+        print(shown(wrote[:1].upper() + wrote[1:], limit=None))  # it names the -o path
     for step in next_steps or []:
         print(f"Next: {step}")
 
