@@ -24,13 +24,14 @@ class KitError(Exception):
         # Messages echo values (a config value, a path, a server's reply): a token among them is
         # scrubbed here, once, so no message can carry one to a terminal, a log or another rank.
         # They echo untrusted text too (a path, a GPU name, a key): one line, shown escaped and bounded.
-        super().__init__(shown(redact(message), limit=MESSAGE_LIMIT))
+        super().__init__(shown(redact(message), limit=MESSAGE_LIMIT, word_limit=WORD_LIMIT))
         if exit_code is not None:
             self.exit_code = exit_code
 
 
 SHOWN_LIMIT = 200  # characters of one echoed value (a key, a path, a setting) in a message
 MESSAGE_LIMIT = 4000  # characters of a whole message: no real one comes near it
+WORD_LIMIT = 1000  # characters of one unbroken run in a message (a path, a value): a real path is far shorter
 # What must not reach a terminal raw: C0/C1 controls (newline, carriage return, ESC, which starts a
 # colour or cursor sequence), DEL, the soft hyphen and other invisible format characters, bidi
 # embeddings, overrides and isolates (U+202A–U+202E, U+2066–U+2069, which make a name read
@@ -41,7 +42,8 @@ _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u00ad\u061c\u115f\u1160\u180e\u200b-\u
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
-def shown(value, limit: int | None = SHOWN_LIMIT, *, quote: bool = False, keep: str = "") -> str:
+def shown(value, limit: int | None = SHOWN_LIMIT, *, quote: bool = False, keep: str = "",
+          word_limit: int | None = None) -> str:
     """`value` as it may be printed on a terminal: every character that could recolour it, move its
     cursor, start a line of its own or make text read backwards shown escaped as Python writes it
     (`\\n`, `\\x1b`, `\\u202e`), and the whole cut to `limit` characters with an ellipsis.
@@ -49,12 +51,16 @@ def shown(value, limit: int | None = SHOWN_LIMIT, *, quote: bool = False, keep: 
     The one way kit puts a string it did not write (a path, a name, a GPU name, a repo id, a setting,
     a value from the store or the data) into a message, a plan, a report or a note. `quote` gives
     it in quotes as `repr` does (for `got 'x'`); `keep` lists characters let through (the newlines
-    of kit's own multi-line output). Non-strings are shown by their `repr`.
+    of kit's own multi-line output); `word_limit` cuts each run without a space the same way (a
+    message that echoes a 100 kB path or value it did not cut itself). Non-strings are shown by
+    their `repr`.
 
         shown("GPU\\n\\x1b[31mred")     # 'GPU\\\\n\\\\x1b[31mred'
         shown("x" * 10_000, 5)         # 'xxxxx… (10,000 characters)'
     """
     text = value if isinstance(value, str) else repr(value)
+    if word_limit is not None and len(text) > word_limit:
+        text = re.sub(f"\\S{{{word_limit + 1},}}", lambda m: shown(m.group(), word_limit, quote=False, keep=keep), text)
     cut = limit is not None and len(text) > limit
     head = text[:limit] if cut else text
     if quote and isinstance(value, str):

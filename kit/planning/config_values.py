@@ -143,7 +143,11 @@ def check_value(key: str, f: dataclasses.Field, value, source: str):
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise UsageError(f"config key {shown(key, quote=True)}{where} must be a number, got {shown(value, quote=True)}")
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:  # an integer of 400 digits: no float holds it (it was "a bug in kit")
+            raise UsageError(f"config key {shown(key, quote=True)}{where} must be a finite number, got "
+                             f"{shown(value, quote=True)}") from None
         if not math.isfinite(value):  # YAML's .nan/.inf: a NaN learning rate trains nothing, silently
             raise UsageError(f"config key {shown(key, quote=True)}{where} must be a finite number, got {shown(value, quote=True)}")
     elif ann.startswith("bool"):
@@ -159,12 +163,12 @@ def check_value(key: str, f: dataclasses.Field, value, source: str):
         value = str(value)
         if not value.strip() and key in _NON_EMPTY:
             raise UsageError(f"config key {shown(key, quote=True)}{where} must not be empty")
+        if key in PATH_KEYS:  # first: a 5,000-character model name was an OSError from stat()
+            names.check_name_lengths(value, key, where)
         if key == "model":
             value = names.check_model(value, key, where)
         elif key == "store":
             value = names.check_store(value, key, where)
-        if key in PATH_KEYS:
-            names.check_name_lengths(value, key, where)
     if key in _CHOICES and value not in _CHOICES[key]:
         close = difflib.get_close_matches(str(value).lower(), _CHOICES[key], n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
