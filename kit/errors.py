@@ -6,6 +6,7 @@ traceback, and never carries a token (its message is redacted when it is made).
 """
 
 import re
+from pathlib import PurePath
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -53,11 +54,13 @@ def shown(value, limit: int | None = SHOWN_LIMIT, *, quote: bool = False, keep: 
     it in quotes as `repr` does (for `got 'x'`); `keep` lists characters let through (the newlines
     of kit's own multi-line output); `word_limit` cuts each run without a space the same way (a
     message that echoes a 100 kB path or value it did not cut itself). Non-strings are shown by
-    their `repr`.
+    their `repr` (paths by their text).
 
         shown("GPU\\n\\x1b[31mred")     # 'GPU\\\\n\\\\x1b[31mred'
         shown("x" * 10_000, 5)         # 'xxxxx… (10,000 characters)'
     """
+    if isinstance(value, PurePath):  # a path is shown as its text, not as PosixPath('…')
+        value = str(value)
     text = value if isinstance(value, str) else repr(value)
     if word_limit is not None and len(text) > word_limit:
         text = re.sub(f"\\S{{{word_limit + 1},}}", lambda m: shown(m.group(), word_limit, quote=False, keep=keep), text)

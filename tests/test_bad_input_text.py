@@ -144,11 +144,23 @@ def test_untrusted_text_never_reaches_the_terminal_raw(sandbox, capsys):
         assert not any(line.startswith("error: FORGED") for line in (out + err).splitlines()), argv
         if code:
             assert len([line for line in err.splitlines() if line.startswith("error:")]) == 1, err
+    code, out, err = run(["render", "--config", "configs/default.yaml", "-o", "e\nerror: FORGED\u202e.py"], capsys)
+    assert code == 0 and "wrote e\\nerror: FORGED\\u202e.py: " in out, out
     code, out, err = run(["status", "--config", "configs/default.yaml", od], capsys)
     assert "h\\x1b[2J" in out and "paused\\u202e" in out  # the session line, shown escaped
 
 
-def test_the_scripts_notes_and_data_errors_show_paths_escaped(sandbox, capfd):
+@pytest.fixture(scope="module")
+def libraries_loaded():
+    """The training libraries imported before a test captures output: their loggers keep the stderr
+    they were first imported under, and a test's capture is closed when it ends (a later test's
+    log line then became a 'Logging error' traceback in that test's stderr)."""
+    import datasets  # noqa: F401
+    import transformers  # noqa: F401
+    import trl  # noqa: F401
+
+
+def test_the_scripts_notes_and_data_errors_show_paths_escaped(libraries_loaded, sandbox, capfd):
     """The generated script's own lines: a data file whose name holds a bidi override and a zero-width space,
     and a bad row: the error names it escaped, and no note of kit's holds a raw one."""
     from tests.test_bad_input import run_script_in_process
@@ -288,3 +300,11 @@ def test_list_settings_are_capped(sandbox, capsys, override, want):
     before = snapshot(sandbox)
     code, out, err = run(["plan", "--gpus", "1xT4", override], capsys)
     check_contract(sandbox, before, code, out, err, 2, want)
+
+
+def test_overrides_are_capped(sandbox, capsys):
+    before = snapshot(sandbox)
+    began = time.monotonic()
+    code, out, err = run(["plan", "--gpus", "1xT4", *["max_steps=5"] * 100_000], capsys)  # main: a minute, then a plan
+    check_contract(sandbox, before, code, out, err, 2, "100,000 key=value overrides; a run has at most 1,000")
+    assert time.monotonic() - began < 30

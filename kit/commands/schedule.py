@@ -18,6 +18,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from kit.errors import shown
 from kit.machine.command import shell_word
 from kit.planning import config
 
@@ -146,7 +147,7 @@ def run(args) -> int:
     notebook = schedule.check_notebook(Path(args.notebook))
     _check_script(args.config)
     where = schedule.check_store(cfg)
-    print(f"schedule: {notebook} → {runs_dir}/; store: {where or f'none (local {cfg.output_dir})'}; "
+    print(f"schedule: {shown(notebook)} → {shown(runs_dir)}/; store: {where or f'none (local {cfg.output_dir})'}; "
           f"{'until complete' if args.loop else 'one run'}", flush=True)
     print(units, flush=True)
     parameters = {

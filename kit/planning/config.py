@@ -157,8 +157,12 @@ def parse_overrides(overrides) -> list[tuple[str, Any]]:
     """Parse `key=value` strings; values are YAML scalars (`8` → int, `null` → None, `[a, b]` → list)."""
     import yaml
 
+    overrides = list(overrides or ())
+    if len(overrides) > MAX_OVERRIDES:  # each is parsed as YAML: 100,000 of them took a minute before a word
+        raise UsageError(f"{len(overrides):,} key=value overrides; a run has at most {MAX_OVERRIDES:,}: put the "
+                         "settings in a config file")
     pairs = []
-    for item in overrides or ():
+    for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise UsageError(f"override {shown(item, quote=True)} is not KEY=VALUE (e.g. lora.r=8)")
@@ -210,6 +214,7 @@ def given(overrides, key: str) -> bool:
     return any(k == key for k, _ in parse_overrides(overrides))
 
 
+MAX_OVERRIDES = 1000  # key=value arguments on one command line (there are about 60 keys)
 MAX_NODES = 10_000  # values in one config, YAML aliases expanded: a real one has about a hundred
 
 
