@@ -88,7 +88,7 @@ def gather(cwd: str | None = None) -> Facts:
         torch=finish_torch(), gpus=gpus, gpu_count=len(gpus), driver=driver, gpu_source=source,
         cpu_count=_cpu_count(), ram_bytes=_ram_bytes(unknown), disk_free_bytes=_disk_free(cwd, unknown),
         packages={name: _version(name) for name in PACKAGES},
-        hf_token_available=_hf_token(plat, unknown), unknown=unknown)
+        hf_token_available=_hf_token(plat, unknown), unknown=_shown_strings(unknown))
 
 
 def load_facts(path: str) -> Facts:
