@@ -104,6 +104,7 @@ def test_an_override_means_its_text_not_what_yaml_makes_of_it(sandbox, capsys):
 
     assert config.load(None, ["store=/x #1", "revision=v2 # note"]).store == "/x #1"  # main: '/x' (a comment)
     assert config.load(None, ["revision=v2 # note"]).revision == "v2 # note"
+    assert config.load(None, ["output_dir=#run1"]).output_dir == "#run1"  # main: null ('must not be null')
     assert config.load(None, ["lora.target_modules=[q_proj,\n v_proj]"]).lora.target_modules == ["q_proj", "v_proj"]
     before = snapshot(sandbox)
     code, out, err = run(["plan", "--gpus", "1xT4", "lora.target_modules=[q\nproj]"], capsys)  # main: 'q proj'

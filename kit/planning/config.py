@@ -194,8 +194,8 @@ def _unfolded(raw: str, value, name: str):
     if value is raw or not raw.strip() or not any(c in raw for c in _LINE_BREAKS + "#"):
         return value  # unparseable (kept as typed), empty, or nothing YAML would drop or fold
     top = yaml.compose(raw, Loader=yaml.SafeLoader)
-    if isinstance(value, str) and isinstance(top, yaml.ScalarNode) and top.style is None:
-        return raw.strip()  # a plain string: the text itself
+    if top is None or (isinstance(value, str) and isinstance(top, yaml.ScalarNode) and top.style is None):
+        return raw.strip()  # a plain string (or one YAML reads as only a comment, `#run1`): the text itself
     todo, folded = [top], False
     while todo and not folded:
         node = todo.pop()
