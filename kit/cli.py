@@ -120,7 +120,10 @@ def _unforeseen(e: BaseException, code: int, tail: str) -> Outcome:
         what = "out of memory reading the input: is a file or a value far larger than it should be?"
     else:
         what = f"{type(e).__name__}: {e}"
-    print(f"error: {what.splitlines()[0] if what else type(e).__name__}{tail}", file=sys.stderr)
+    from kit.errors import shown
+
+    # An OSError's file name is the user's (or a file's) text: escaped and bounded, as in every message.
+    print(f"error: {shown(what.splitlines()[0] if what else type(e).__name__, limit=1000)}{tail}", file=sys.stderr)
     return Outcome(code)
 
 

@@ -7,7 +7,6 @@ import ast
 import json
 import re
 import os
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ import torch
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from kit.cli import main
+from kit.machine.command import shell_word
 from kit.notebooks.convert import convert_notebook
 from kit.errors import UsageError
 
@@ -415,7 +415,9 @@ def test_user_names_are_escaped_in_the_generated_script(tmp_path, capsys, name):
     code, _, err = cli([str(nb), "-o", str(out)], capsys)
     assert code == 0, err
     doc = ast.get_docstring(ast.parse(out.read_text()), clean=False)
-    assert f"python {shlex.quote(name)}" in doc and shlex.quote(nb.name) in doc
+    # shell words as kit.machine.command writes them: a tab or CR in $'…' quoting, escaped, still pasteable
+    assert f"python {shell_word(name, path=True)}" in doc and shell_word(nb.name, path=True) in doc
+    assert "\t" not in doc and "\r" not in doc
 
 
 def test_docstring_reads_back_as_its_text():

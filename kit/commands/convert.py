@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kit.errors import UsageError
+from kit.errors import UsageError, shown
 from kit.files import check_output, regular_file, write_atomic
 
 
@@ -59,7 +59,7 @@ def run(args) -> int:
     refuse_token(conversion.source, f"the script converted from {args.notebook}")
     # Temp file + rename in the same folder: a crash never leaves half a script behind.
     _write(out, conversion.source)
-    print(format_changes(conversion, Path(args.notebook).name, str(out)))
+    print(format_changes(conversion, shown(Path(args.notebook).name), shown(str(out))))
     return 0
 
 

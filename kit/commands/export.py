@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from kit.errors import shown
 from kit.planning import config
 
 
@@ -51,7 +52,8 @@ def run(args) -> int:
                           gguf_type=qtype)
     for w in plan.warnings:
         print(f"warning: {w}")
-    print(f"export: {plan.adapter} onto {plan.base} ({plan.base_revision}) in {plan.dtype} -> {plan.out} "
+    print(f"export: {shown(plan.adapter)} onto {shown(plan.base)} ({plan.base_revision}) in {plan.dtype} -> "
+          f"{shown(plan.out)} "
           f"(needs ~{plan.need_bytes / 1e9:.2f} GB, {plan.free_bytes / 1e9:.1f} GB free)", flush=True)
     result = {"plan": plan.to_dict(), **export.merge(plan)}
     agree = result["top1_agreement"]
@@ -65,7 +67,7 @@ def run(args) -> int:
         except KitError as err:  # the merged folder is complete and verified: say so, keep it
             raise KitError(f"{err} (the verified 16-bit export in {out} is complete and kept; GGUF can be "
                            f"retried from it)", err.exit_code) from None
-        print(f"gguf: {result['gguf']}")
+        print(f"gguf: {shown(result['gguf'])}")
     if store is not None:
         result["pushed"] = store.publish_folder(out, "", "kit: merged model")
         print(f"pushed: {result['pushed']}")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kit.planning import config
 from kit.script import render
-from kit.errors import UsageError
+from kit.errors import UsageError, shown
 
 RENDERABLE = ("single", "ddp", "fsdp", "model_parallel")  # the strategies the template runs (kit.train.sharding)
 
@@ -87,7 +87,7 @@ def run(args) -> int:
     render.write(text, out, args.force)
     from kit.report.text import plan_summary
 
-    print(f"wrote {out}: {plan_summary(plan)}")
+    print(f"wrote {shown(out, limit=None)}: {plan_summary(plan)}")
     print(f"next: {launch_for(plan, out)}")
     return 0
 
@@ -107,6 +107,6 @@ def check_output(out: Path | str, config_path: str | None = None) -> None:
 
 def launch_for(plan, script: Path) -> str:
     """The plan's launch command for the script written at `script` (not always ./train_ddp.py)."""
-    import shlex
+    from kit.machine.command import shell_word
 
-    return plan.launch.replace("train_ddp.py", shlex.quote(Path(script).as_posix()))
+    return plan.launch.replace("train_ddp.py", shell_word(Path(script).as_posix(), path=True))

@@ -18,6 +18,8 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from kit.errors import shown
+from kit.machine.command import shell_word
 from kit.planning import config
 
 DEFAULT_NOTEBOOK = "notebooks/resume.ipynb"
@@ -145,7 +147,7 @@ def run(args) -> int:
     notebook = schedule.check_notebook(Path(args.notebook))
     _check_script(args.config)
     where = schedule.check_store(cfg)
-    print(f"schedule: {notebook} → {runs_dir}/; store: {where or f'none (local {cfg.output_dir})'}; "
+    print(f"schedule: {shown(notebook)} → {shown(runs_dir)}/; store: {where or f'none (local {cfg.output_dir})'}; "
           f"{'until complete' if args.loop else 'one run'}", flush=True)
     print(units, flush=True)
     parameters = {
@@ -168,7 +170,7 @@ def _check_script(config_path: str | None) -> None:
     from kit.files import regular_file
 
     if regular_file(Path("train_ddp.py"), "train_ddp.py") is None:
-        how = f"kit bootstrap --config {shlex.quote(config_path)}" if config_path else "kit bootstrap --config CONFIG"
+        how = f"kit bootstrap --config {shell_word(config_path, path=True)}" if config_path else "kit bootstrap --config CONFIG"
         raise UsageError(f"no train_ddp.py in {Path.cwd()}: each scheduled run resumes it; run `{how}` here first")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+from kit.errors import shown
 from kit.planning import config
 
 
@@ -42,5 +43,5 @@ def run(args) -> int:
     else:
         print(status.format_text(facts))
         if args.plot:
-            print(f"{'plot':<12} {facts['plot']}")
+            print(f"{'plot':<12} {shown(facts['plot'])}")
     return 0

@@ -11,12 +11,11 @@ again finds the job complete and pushes it then.
 
 from __future__ import annotations
 
-import shlex
 import sys
 from pathlib import Path
 
 from kit.deliver.final import FINAL_DIR, write_final
-from kit.machine.command import launch_command
+from kit.machine.command import launch_command, shell_word
 from kit.errors import EXIT_STORE, StoreError
 from kit.evaluation import stage
 from kit.evaluation.results import change_line
@@ -25,7 +24,7 @@ from kit.files import parse_json
 
 def rerun_command(world_size: int) -> str:
     script, *args = sys.argv
-    return " ".join([launch_command(world_size, script=shlex.quote(script)), *map(shlex.quote, args)])
+    return " ".join([launch_command(world_size, script=script), *map(shell_word, args)])
 
 
 def _facts(job, sessions: list[dict]) -> dict:
@@ -47,10 +46,9 @@ def _facts(job, sessions: list[dict]) -> dict:
 
 
 def export_command(cfg) -> str:
-    import shlex
-
-    out = Path(cfg.output_dir)  # quoted: a user pastes it, and output_dir may hold a space or a `$(…)`
-    return "python -m kit export " + shlex.join(["--adapter", str(out / FINAL_DIR), "-o", str(out / "merged")])
+    out = Path(cfg.output_dir)  # quoted: a user pastes it, and output_dir may hold a space, a `$(…)` or a leading -
+    return (f"python -m kit export --adapter {shell_word(out / FINAL_DIR, path=True)} "
+            f"-o {shell_word(out / 'merged', path=True)}")
 
 
 def _sessions(job) -> list[dict]:

@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from kit.errors import UsageError
+from kit.errors import UsageError, shown
 from kit.files import read_text
 from kit.planning.config_values import check_value, unknown_key
 
@@ -133,7 +133,7 @@ def set_value(cfg: RunConfig, key: str, value, source: str = "") -> None:
     from kit.auth import refuse_token
 
     # Settings are written into train_ddp.py, checkpoints and the store: a token never is.
-    refuse_token(value, f"config key {key!r}" + (f" in {source}" if source else ""))
+    refuse_token(value, f"config key {shown(key, quote=True)}" + (f" in {source}" if source else ""))
     top, _, rest = key.partition(".")
     fields = _fields(RunConfig)
     if top not in fields:
@@ -144,7 +144,7 @@ def set_value(cfg: RunConfig, key: str, value, source: str = "") -> None:
         if not rest:
             if not isinstance(value, dict):
                 where = f" in {source}" if source else ""
-                raise UsageError(f"config key {top!r}{where} must be a mapping, got {value!r}")
+                raise UsageError(f"config key {top!r}{where} must be a mapping, got {shown(value, quote=True)}")
             for k, v in value.items():
                 set_value(cfg, f"{top}.{k}", v, source)
             return
@@ -161,23 +161,56 @@ def parse_overrides(overrides) -> list[tuple[str, Any]]:
     """Parse `key=value` strings; values are YAML scalars (`8` → int, `null` → None, `[a, b]` → list)."""
     import yaml
 
+    overrides = list(overrides or ())
+    if len(overrides) > MAX_OVERRIDES:  # each is parsed as YAML: 100,000 of them took a minute before a word
+        raise UsageError(f"{len(overrides):,} key=value overrides; a run has at most {MAX_OVERRIDES:,}: put the "
+                         "settings in a config file")
     pairs = []
-    for item in overrides or ():
+    for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
-            raise UsageError(f"override {item!r} is not KEY=VALUE (e.g. lora.r=8)")
+            raise UsageError(f"override {shown(item, quote=True)} is not KEY=VALUE (e.g. lora.r=8)")
+        name = shown(key.strip(), quote=True)
         try:
             # The loader that refuses a key given twice, as in a file: `lora={r: 4, r: 8}` kept 8 silently.
             value = yaml.load(raw, Loader=_unique_keys_loader()) if raw.strip() else ""
         except yaml.YAMLError as e:
             if "is given twice" in str(getattr(e, "problem", "")):
-                raise UsageError(f"override {key.strip()!r}: {e.problem.split(' (first on line')[0]}") from None
+                raise UsageError(f"override {name}: {e.problem.split(' (first on line')[0]}") from None
             value = raw  # an unparseable scalar is kept as the literal string
         except (ValueError, RecursionError):  # an integer past 4300 digits, or nested past Python's limit
-            raise UsageError(f"override {key.strip()!r}: a value too large or nested too deep to read") from None
-        _check_size(value, f"override {key.strip()!r}")
-        pairs.append((key.strip(), value))
+            raise UsageError(f"override {name}: a value too large or nested too deep to read") from None
+        _check_size(value, f"override {name}")
+        pairs.append((key.strip(), _unfolded(raw, value, name)))
     return pairs
+
+
+_LINE_BREAKS = "\n\r\x85\u2028\u2029"  # what YAML folds into a space inside a scalar
+
+
+def _unfolded(raw: str, value, name: str):
+    """`value` as the command line gave it where YAML would have changed a string's characters: a line
+    break inside a scalar folds into a space (`data.path=$'a\\nb.jsonl'` became 'a b.jsonl') and ` #…`
+    is a comment (`store=/x #1` became '/x'). A plain string is kept as typed (its check then refuses a
+    line break by name); a line break inside a quoted string or a list's or mapping's item is refused."""
+    import yaml
+
+    if value is raw or not raw.strip() or not any(c in raw for c in _LINE_BREAKS + "#"):
+        return value  # unparseable (kept as typed), empty, or nothing YAML would drop or fold
+    top = yaml.compose(raw, Loader=yaml.SafeLoader)
+    if top is None or (isinstance(value, str) and isinstance(top, yaml.ScalarNode) and top.style is None):
+        return raw.strip()  # a plain string (or one YAML reads as only a comment, `#run1`): the text itself
+    todo, folded = [top], False
+    while todo and not folded:
+        node = todo.pop()
+        if isinstance(node, yaml.ScalarNode):
+            folded = any(c in raw[node.start_mark.index:node.end_mark.index] for c in _LINE_BREAKS)
+        elif isinstance(node, (yaml.SequenceNode, yaml.MappingNode)):
+            todo.extend(n for item in node.value for n in (item if isinstance(item, tuple) else (item,)))
+    if not folded:  # line breaks between a list's items or around the value: YAML's own layout
+        return value
+    raise UsageError(f"override {name}: {shown(raw, quote=True)} holds a line break inside a value: write it "
+                     "on one line")
 
 
 def given(overrides, key: str) -> bool:
@@ -185,6 +218,7 @@ def given(overrides, key: str) -> bool:
     return any(k == key for k, _ in parse_overrides(overrides))
 
 
+MAX_OVERRIDES = 1000  # key=value arguments on one command line (there are about 60 keys)
 MAX_NODES = 10_000  # values in one config, YAML aliases expanded: a real one has about a hundred
 
 
@@ -211,18 +245,23 @@ def load(path: str | None = None, overrides=()) -> RunConfig:
     data: dict = {}
     if path is not None:
         text = read_text(path, "config")
+        where = shown(path)
         try:
-            data = yaml.load(text, Loader=_unique_keys_loader()) or {}
+            data = yaml.load(text, Loader=_unique_keys_loader())
         except (ValueError, RecursionError):  # an integer past 4300 digits, or nested past Python's limit
-            raise UsageError(f"config {path} holds a value too large or nested too deep to read") from None
+            raise UsageError(f"config {where} holds a value too large or nested too deep to read") from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             line = f" line {mark.line + 1}" if mark is not None else ""
             problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-            raise UsageError(f"malformed YAML in {path}{line}: {problem}") from None
+            raise UsageError(f"malformed YAML in {where}{line}: {problem}") from None
+        if data is None or data == {}:  # planning the built-in defaults instead would be silent
+            raise UsageError(f"config {where} is empty (no settings, only comments or blank lines): write the "
+                             "settings into it (e.g. `model: Qwen/Qwen3-0.6B`), or leave --config out")
         if not isinstance(data, dict):
-            raise UsageError(f"config {path} must be a mapping of keys to values, got {type(data).__name__}")
-        _check_size(data, f"config {path}")
+            raise UsageError(f"config {where} must be a mapping of keys to values (`key: value` lines), got a "
+                             f"YAML {type(data).__name__}: {shown(data, quote=True, limit=80)}")
+        _check_size(data, f"config {where}")
     cfg = from_dict(data, source=path or "")
     for key, value in parse_overrides(overrides):
         set_value(cfg, key, value, source="command line")
@@ -247,7 +286,7 @@ def _unique_keys_loader():
                     break
                 if again:
                     raise yaml.constructor.ConstructorError(
-                        None, None, f"key {key!r} is given twice (first on line {seen[key] + 1}); keep one",
+                        None, None, f"key {shown(key, quote=True)} is given twice (first on line {seen[key] + 1}); keep one",
                         key_node.start_mark)
                 seen[key] = key_node.start_mark.line
             return super().construct_mapping(node, deep)

@@ -9,6 +9,7 @@ import html
 import json
 import sys
 
+from kit.errors import shown
 from kit.files import GIB
 
 
@@ -45,7 +46,9 @@ def to_text(facts, verdicts=None, next_steps: list[str] | None = None, do_this: 
 
 def to_html(facts, verdicts=None, next_steps: list[str] | None = None, do_this: bool = True) -> str:
     """A self-contained HTML fragment (two tables and the verdict) for a notebook cell's output."""
-    e = html.escape
+    def e(text) -> str:  # a bidi override or a zero-width character is shown escaped in HTML too
+        return html.escape(shown(str(text), limit=None))
+
     cell = "style='text-align:left;padding:2px 10px'"
     machine = "".join(f"<tr><th {cell}>{e(k)}</th><td {cell}>{e(str(v))}</td></tr>" for k, v in _machine_rows(facts))
     header, *rows = _gpu_table(facts, verdicts)
@@ -105,7 +108,7 @@ def show(facts, verdicts=None, next_steps: list[str] | None = None, as_json: boo
 
 def _print_next(wrote: str | None, next_steps: list[str] | None) -> None:
     if wrote:
-        print(wrote[:1].upper() + wrote[1:])
+        print(shown(wrote[:1].upper() + wrote[1:], limit=None))  # it names the -o path
     for step in next_steps or []:
         print(f"Next: {step}")
 

@@ -10,9 +10,9 @@ from pathlib import Path
 from string import Template
 
 from kit import __version__
-from kit.machine.command import launch_command
+from kit.machine.command import launch_command, shell_word
 from kit.planning import config
-from kit.errors import UsageError
+from kit.errors import UsageError, shown
 from kit.files import check_output, same_content, write_atomic
 
 TEMPLATE = Path(__file__).parent / "templates" / "train_ddp.py.tmpl"
@@ -57,11 +57,11 @@ def _launch_line(plan: dict) -> str:
 
 def rerender_command(config_path: str, machine_args=(), overrides=(), output: str = "train_ddp.py") -> str:
     """The `kit render` command that writes this same file again: same config, machine, overrides, -o."""
-    import shlex
-
     args = ["--config", Path(config_path).as_posix(), *machine_args, *overrides, "-o", Path(output).as_posix(),
             "--force"]
-    return "python -m kit render " + shlex.join(args)
+    # The value after a path flag is a path: `./-x.yaml`, never read as an option.
+    words = [shell_word(a, path=i > 0 and args[i - 1] in ("--config", "-o", "--facts")) for i, a in enumerate(args)]
+    return "python -m kit render " + " ".join(words)
 
 
 def render(cfg: config.RunConfig, plan: dict, config_path: str, machine: str, rerender: str | None = None) -> str:
@@ -94,10 +94,10 @@ def render(cfg: config.RunConfig, plan: dict, config_path: str, machine: str, re
 
 
 def _in_docstring(text: str) -> str:
-    """`text` as it may stand in the script's docstring or a comment: a backslash, a quote or a newline
-    in a path (`we"ird\\N.yaml`) shown escaped, so the script still parses and reads the same."""
-    text = str(text).replace("\\", "\\\\").replace('"', '\\"')
-    return "".join(c if ord(c) >= 32 else repr(c)[1:-1] for c in text)
+    """`text` as it may stand in the script's docstring or a comment: a backslash, a quote, a newline
+    or a bidi override in a path (`we"ird\\N.yaml`) shown escaped (`kit.errors.shown`), so the script
+    still parses, no line of it is forged, and its source and its docstring read the same."""
+    return shown(str(text), limit=None).replace("\\", "\\\\").replace('"', '\\"')
 
 
 def write(text: str, out: Path, force: bool) -> None:

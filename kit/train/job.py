@@ -43,9 +43,11 @@ class Job:
     # -- words ------------------------------------------------------------------------------
     def log(self, message: str) -> None:
         if self.ctx.is_main:
+            from kit.errors import shown
             from kit.redaction import redact
 
-            print(f"[kit] {redact(message)}", flush=True)
+            # Notes name paths, models and data values: shown escaped (kit.errors.shown), never raw.
+            print(f"[kit] {shown(redact(message), limit=None, keep=chr(10) + chr(9))}", flush=True)
 
     # -- start ------------------------------------------------------------------------------
     @property

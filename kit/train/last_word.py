@@ -73,8 +73,9 @@ def repeat_after_torchrun(line: str, stream: str = "stdout") -> bool:
     it holds the rank's stdout open, so a reader of the pipe (a notebook's `!torchrun`, papermill,
     subprocess) sees the line before end of file.
     """
-    from kit.errors import under_torchrun
+    from kit.errors import shown, under_torchrun
 
+    line = shown(line, limit=None)  # it may name output_dir: no raw control or bidi character
     agent = os.getppid()
     if not under_torchrun() or agent <= 1:
         return False

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from kit import auth
-from kit.errors import UsageError
+from kit.errors import UsageError, shown
 from kit.files import json_problem, parse_json, read_text, regular_file
 from kit.redaction import holds_token, redact
 from kit.notebooks.schedule.papermill_run import Plan, execute, is_done, is_failure
@@ -101,16 +101,18 @@ def loop(plan: Plan, *, repeat: bool, every_minutes: float, max_runs: int | None
         while True:
             n += 1
             outcome, out = execute(plan, n, verbose)
-            say(f"run {n}: outcome: {outcome}  ({out})", flush=True)
+            # The outcome is the notebook's own words and the paths the user's: one line each, escaped.
+            say(shown(f"run {n}: outcome: {outcome}  ({out})", limit=None), flush=True)
             if is_failure(outcome):  # the reason once more, as kit's one error line on stderr
                 said = outcome.split("error: ", 1)[1] if "error: " in outcome else outcome
-                print(redact(f"error: run {n} failed: {said} (its notebook: {out})"), file=sys.stderr, flush=True)
+                print(shown(redact(f"error: run {n} failed: {said} (its notebook: {out})"), limit=None),
+                      file=sys.stderr, flush=True)
                 return failure_code(outcome)
             after = stops.step_of(outcome)
             decision = stops.decide(stops.Session(outcome, before, after), used_hours=0.0)
             if isinstance(decision, stops.Stop) and not decision.ok:
-                say(f"stopped: {decision.reason}", flush=True)
-                print(f"error: stopped after run {n}: {decision.reason}", file=sys.stderr, flush=True)
+                say(shown(f"stopped: {decision.reason}", limit=None), flush=True)
+                print(shown(f"error: stopped after run {n}: {decision.reason}", limit=None), file=sys.stderr, flush=True)
                 return 1
             before = after
             if is_done(outcome) or not repeat or (max_runs is not None and n >= max_runs):
