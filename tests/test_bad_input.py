@@ -209,8 +209,6 @@ CLI_CASES = [
     ("nproc-zero-cpu", {}, ["plan", "--nproc", "0"], 2, "--nproc 0: use at least 1 process"),
     ("render-o-device", {}, ["render", "--config", "configs/default.yaml", "--gpus", "cpu", "-o", "/dev/null"], 2,
      "-o /dev/null: not a regular file"),
-    ("render-existing-not-utf8", {"train_ddp.py": b"\xff\xfe# mine"},
-     ["render", "--config", "configs/default.yaml", "--gpus", "cpu"], 2, "train_ddp.py exists and differs"),
     # CLI
     ("unknown-command", {}, ["trian"], 2, "unknown command 'trian'"),
     ("unknown-flag", {}, ["plan", "--bogus"], 2, "unrecognized arguments: --bogus"),
@@ -228,8 +226,6 @@ CLI_CASES = [
      2, "folder no/such does not exist"),
     ("render-o-under-file", {}, ["render", "--config", "configs/default.yaml", "--gpus", "cpu", "-o", "mine.py/x.py"],
      2, "is not a directory"),
-    ("render-differs", {}, ["render", "--config", "configs/default.yaml", "--gpus", "cpu", "-o", "mine.py"], 2,
-     "exists and differs; pass --force"),
     ("render-o-is-the-config", {}, ["render", "--config", "configs/default.yaml", "--gpus", "cpu", "-o",
                                     "./configs/../configs/default.yaml", "--force"], 2, "is the config .* itself"),
     ("bootstrap-o-is-the-config", {}, ["bootstrap", "--facts", str(MACHINES / "kaggle_t4x2.json"), "--config",

@@ -8,14 +8,12 @@ globals, which `%run` hands to the notebook.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.machine import probe
 from kit.report import text as report
-from kit.errors import CannotTrain, KitError, UsageError
-from kit.files import same_content
+from kit.errors import CannotTrain, UsageError
 from kit.machine.verdicts import judge
 
 
@@ -96,30 +94,8 @@ def _plan_and_write(args, facts):
     except CannotTrain as e:
         return getattr(e, "plan", None), None, e
     out = Path(args.output)
-    note = f"wrote {out}"
-    backup = None
-    if same_content(out, text, "-o") is False:
-        # Never lose a script the user may have edited: keep the previous one beside it, numbered
-        # so that a second bootstrap does not overwrite the first backup.
-        backup = _free_backup_name(out)
-        out.replace(backup)
-        note += f" (the previous one is now {backup.name})"
-    try:
-        render.write(text, out, force=True)
-    except KitError:
-        if backup is not None:  # put the user's script back: a failed write must lose nothing
-            backup.replace(out)
-        raise
-    return plan, note, None
-
-
-def _free_backup_name(out: Path) -> Path:
-    """`train_ddp.py.prev`, else `.prev.2`, `.prev.3`, …: the first name not taken."""
-    candidate, n = out.with_name(out.name + ".prev"), 1
-    while os.path.lexists(candidate):  # a dangling symlink is taken too: replacing it would lose it
-        n += 1
-        candidate = out.with_name(f"{out.name}.prev.{n}")
-    return candidate
+    backup = render.write(text, out)
+    return plan, f"wrote {out}{render.kept_words(backup)}", None
 
 
 def _next_steps(facts, verdicts, plan, written, script: str) -> list[str]:

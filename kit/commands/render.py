@@ -19,7 +19,8 @@ def add_arguments(parser) -> None:
     machine = parser.add_mutually_exclusive_group()
     machine.add_argument("--facts", metavar="FILE", help="plan for the machine of this `kit probe --json` file")
     machine.add_argument("--gpus", metavar="NxNAME", help="plan for an assumed machine, e.g. 2xT4, 1xA100-80, cpu")
-    parser.add_argument("--force", action="store_true", help="overwrite an existing, different file")
+    parser.add_argument("--force", action="store_true", help="accepted for older commands: an existing, different "
+                        "file is always replaced and kept as a numbered backup (.prev, .prev.2, …)")
     parser.add_argument("--stdout", action="store_true", help="print the script instead of writing it")
 
 
@@ -84,9 +85,9 @@ def run(args) -> int:
     if args.stdout:
         sys.stdout.write(text)
         return 0
-    render.write(text, out, args.force)
+    backup = render.write(text, out)
     devices = plan.gpus if plan.strategy == "model_parallel" else plan.nproc  # one process drives every GPU
-    print(f"wrote {out}: {plan.strategy} over {devices} × {plan.device}, {plan.precision}")
+    print(f"wrote {out}{render.kept_words(backup)}: {plan.strategy} over {devices} × {plan.device}, {plan.precision}")
     print(f"next: {launch_for(plan, out)}")
     return 0
 

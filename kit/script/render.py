@@ -96,17 +96,44 @@ def _in_docstring(text: str) -> str:
     return "".join(c if ord(c) >= 32 else repr(c)[1:-1] for c in text)
 
 
-def write(text: str, out: Path, force: bool) -> None:
-    """Write `text` to `out` atomically; an existing different file needs `force`."""
+def write(text: str, out: Path, force: bool = False) -> Path | None:
+    """Write `text` to `out` atomically; an existing different file is kept as a numbered backup.
+
+    The one rule of `kit render` and `kit bootstrap`: nothing a user may have edited is lost, and
+    no flag is needed to replace it. Returns the backup's path (`train_ddp.py.prev`, else `.prev.2`,
+    `.prev.3`, … — never an earlier backup overwritten), or None when nothing was replaced. `force`
+    is accepted for older commands and changes nothing.
+    """
     from kit.auth import refuse_token
 
     out = Path(out)
     # The last gate before disk: whatever put it there (a setting, a --config path), no token is written.
     refuse_token(text, f"the script for {out}")
     check_output(out, "-o", "train_ddp.py")
-    if not force and same_content(out, text, "-o") is False:
-        raise UsageError(f"{out} exists and differs; pass --force to overwrite it")
+    backup = None
+    if same_content(out, text, "-o") is False:
+        backup = free_backup_name(out)
+        out.replace(backup)
     try:
         write_atomic(out, text, mode=0o644)
     except OSError as e:
+        if backup is not None:  # put the user's script back: a failed write must lose nothing
+            backup.replace(out)
         raise UsageError(f"cannot write {out}: {e.strerror or e}") from None
+    return backup
+
+
+def free_backup_name(out: Path) -> Path:
+    """`train_ddp.py.prev`, else `.prev.2`, `.prev.3`, …: the first name not taken."""
+    import os
+
+    candidate, n = out.with_name(out.name + ".prev"), 1
+    while os.path.lexists(candidate):  # a dangling symlink is taken too: replacing it would lose it
+        n += 1
+        candidate = out.with_name(f"{out.name}.prev.{n}")
+    return candidate
+
+
+def kept_words(backup: Path | None) -> str:
+    """What the output says about a replaced file: ` (the previous one is now train_ddp.py.prev)`."""
+    return f" (the previous one is now {backup.name})" if backup is not None else ""
