@@ -219,7 +219,7 @@ CLI_CASES = [
     ("gpus-and-facts", {}, ["plan", "--gpus", "2xT4", "--facts", "f.json"], 2, "not allowed with"),
     ("nproc-too-many", {}, ["plan", "--gpus", "2xT4", "--nproc", "5"], 2, "nproc 5"),
     ("nproc-not-int", {}, ["plan", "--nproc", "two"], 2, "invalid int value: 'two'"),
-    ("render-no-config", {}, ["render", "-o", "x.py"], 2, "needs --config"),
+    ("render-no-config", {}, ["render", "-o", "x.py", "--config", "configs/nope.yaml"], 2, "nope.yaml"),
     ("render-o-folder", {}, ["render", "--config", "configs/default.yaml", "--gpus", "cpu", "-o", "configs"], 2,
      "-o configs: is a directory"),
     ("render-o-no-folder", {}, ["render", "--config", "configs/default.yaml", "--gpus", "cpu", "-o", "no/such/x.py"],

@@ -163,14 +163,17 @@ def test_bootstrap_with_config_on_cpu_exits_0_with_one_next_line(tmp_path, capsy
     assert lines[-2:] == [f"Wrote {out}", f"Next: python {out}  (CPU: slow, fine for the tiny default)"]
 
 
-def test_bootstrap_without_config_on_cpu_says_config_gives_a_script(capsys):
+def test_bootstrap_without_config_on_cpu_says_config_gives_a_script(tmp_path, monkeypatch, capsys):
     outcome = cli.run(["bootstrap", "--facts", str(MACHINES / "cpu_only.json")])
     printed = capsys.readouterr()
-    # exit 3, and the result still comes back: the notebook launcher continues on the CPU with it
-    assert outcome.code == 3 and outcome.result.cpu_only
+    # exit 0: the default job trains here, and the one next line is the command that writes its script
+    assert outcome.code == 0 and outcome.result.cpu_only and printed.err == ""
     assert outcome.result.next == ["kit bootstrap --config configs/default.yaml  # writes train_ddp.py for "
-                                      "this machine (CPU: slow, fine for the tiny default)"]
-    assert "--config configs/default.yaml` writes a script" in printed.err
+                                   "this machine (CPU: slow, fine for the tiny default)"]
+    # Outside the checkout the command says where the default config is.
+    monkeypatch.chdir(tmp_path)
+    outcome = cli.run(["bootstrap", "--facts", str(MACHINES / "cpu_only.json")])
+    assert outcome.result.next[0].startswith(f"cd {ROOT} && kit bootstrap --config configs/default.yaml  #")
 
 
 def test_bootstrap_keeps_numbered_backups_and_prev_is_ignored(tmp_path, capsys):
@@ -399,3 +402,30 @@ def test_kit_commands_take_overrides_among_their_flags(capsys):
     assert lora_bytes("--gpus", "2xT4", "--json", "--config", "configs/default.yaml") == 2 * flags_first  # r=16
     assert main(["plan", "lora.r=8", "--jsn", "--gpus", "2xT4"]) == 2  # an unknown flag is still refused, in one line
     assert capsys.readouterr().err.strip() == "error: kit: unrecognized arguments: --jsn (see `kit --help`)"
+
+
+# ---- commands without --config: the README's main job, from one default --------------------------------
+@pytest.mark.parametrize("command", ["plan", "render", "status", "export", "schedule"])
+def test_every_config_command_defaults_to_the_readme_job_config(command, tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert cli.build_parser(command).parse_args([command]).config == config.DEFAULT_CONFIG == "configs/default.yaml"
+    monkeypatch.chdir(tmp_path)  # no configs/default.yaml here: the built-in defaults, into the same output_dir
+    assert cli.build_parser(command).parse_args([command]).config is None
+    assert config.RunConfig().output_dir == config.load(str(ROOT / config.DEFAULT_CONFIG)).output_dir
+
+
+def test_bare_status_and_export_look_where_the_readme_job_writes(tmp_path, monkeypatch, capsys):
+    for name in ("configs", "models", "data"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    monkeypatch.chdir(tmp_path)
+    # What the README's main job leaves (train_ddp.py is configs/default.yaml's script): its sessions log.
+    (tmp_path / "outputs" / "default").mkdir(parents=True)
+    (tmp_path / "outputs/default/kit_sessions.jsonl").write_text(json.dumps(
+        {"session": 1, "outcome": "paused", "start_step": 0, "end_step": 20, "max_steps": 60}) + "\n")
+    assert main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert "local outputs/default" in out and "of 60 steps" in out and "0 of ? steps" not in out
+    assert main(["export"]) == 2
+    err = capsys.readouterr().err
+    assert "outputs/default/final (output_dir/final of configs/default.yaml) does not exist" in err
+    assert "--adapter outputs" not in err  # no flag the user did not give

@@ -80,8 +80,8 @@ def test_render_over_the_shipped_script_as_the_readme_table_says_works_in_a_fres
 
 
 def test_render_errors(tmp_path):
-    r = kit("render", "-o", str(tmp_path / "x.py"))
-    assert r.returncode == 2 and "needs --config" in r.stderr
+    r = kit("render", "-o", str(tmp_path / "x.py"), cwd=tmp_path)  # no configs/default.yaml here to use
+    assert r.returncode == 2 and "needs --config PATH: there is no configs/default.yaml in this folder" in r.stderr
     r = kit("render", "--config", "configs/default.yaml", "--gpus", "2xP100", "-o", str(tmp_path / "x.py"))
     assert r.returncode == 3 and not (tmp_path / "x.py").exists()
     r = kit("render", "--config", "configs/default.yaml", "lora.rr=3", "-o", str(tmp_path / "x.py"))

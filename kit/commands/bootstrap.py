@@ -52,8 +52,10 @@ def run(args) -> Result:
         after the full report, with the Result as its `result`.
     """
     if args.overrides and not args.config:  # they would change nothing: say so rather than ignore them
+        from kit.planning.config import DEFAULT_CONFIG
+
         raise UsageError(f"{args.overrides[0]}: config overrides need --config (bootstrap plans and writes a "
-                         "script only for a config), e.g. --config configs/default.yaml")
+                         f"script only for a config), e.g. --config {DEFAULT_CONFIG}")
     if args.config:  # before probing or planning: a refused -o must cost nothing and touch nothing
         from kit.commands.render import check_output
 
@@ -70,14 +72,12 @@ def run(args) -> Result:
     if refusal is not None:
         refusal.result = result
         raise refusal
-    if written or verdicts.ok:  # a plan that trains here, GPU or CPU (its script written), or a usable GPU
+    if written or verdicts.ok or (cpu_only and not args.config):
+        # A plan that trains here, GPU or CPU (its script written), a usable GPU, or no GPU and no config
+        # asked for: the one next line names the config that trains here.
         return result
-    if args.json:
-        error = CannotTrain(f"{verdicts.summary} Do this: {verdicts.action}")
-    else:
-        error = CannotTrain("no usable GPU: `kit bootstrap --config configs/default.yaml` writes a script that "
-                            "trains the tiny default here, on the CPU (see above)" if cpu_only
-                            else "this machine cannot train on a GPU (see above)")
+    error = CannotTrain(f"{verdicts.summary} Do this: {verdicts.action}" if args.json
+                        else "this machine cannot train on a GPU (see above)")
     error.result = result
     raise error
 
@@ -111,5 +111,16 @@ def _next_steps(facts, verdicts, plan, written, script: str) -> list[str]:
     if verdicts.ok:
         return [verdicts.action]
     if not facts.gpus and facts.torch.get("installed"):
-        return [f"kit bootstrap --config configs/default.yaml  # writes train_ddp.py for this machine ({CPU_NOTE})"]
+        return [f"{_default_bootstrap()}  # writes train_ddp.py for this machine ({CPU_NOTE})"]
     return []
+
+
+def _default_bootstrap() -> str:
+    """The command that writes the default job's script: here, or in the kit checkout the default config is in."""
+    import shlex
+
+    import kit
+    from kit.planning.config import DEFAULT_CONFIG, default_config
+
+    command = f"kit bootstrap --config {DEFAULT_CONFIG}"
+    return command if default_config() else f"cd {shlex.quote(kit.CHECKOUT)} && {command}"

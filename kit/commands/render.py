@@ -13,7 +13,7 @@ RENDERABLE = ("single", "ddp", "fsdp", "model_parallel")  # the strategies the t
 
 
 def add_arguments(parser) -> None:
-    config.add_config_arguments(parser)
+    config.add_config_arguments(parser, config.default_config())
     parser.add_argument("-o", "--output", default="train_ddp.py", help="where to write the script (default: "
                         "train_ddp.py; - prints it, as --stdout)")
     machine = parser.add_mutually_exclusive_group()
@@ -74,7 +74,8 @@ def render_for(cfg, config_path: str, facts: dict, gpus_spec: str | None = None,
 
 def run(args) -> int:
     if args.config is None:
-        raise UsageError("kit render needs --config PATH (start from configs/default.yaml)")
+        raise UsageError(f"kit render needs --config PATH: there is no {config.DEFAULT_CONFIG} in this folder to "
+                         "use by default (run it in the kit checkout, or name your config)")
     cfg = config.from_args(args)
     if args.output == "-":  # the Unix convention for standard output
         args.stdout, args.output = True, "train_ddp.py"

@@ -52,7 +52,7 @@ def _shown(value: float) -> str:
 
 
 def add_arguments(parser) -> None:
-    config.add_config_arguments(parser)
+    config.add_config_arguments(parser, config.default_config())
     parser.add_argument("--notebook", default=DEFAULT_NOTEBOOK, metavar="IPYNB",
                         help=f"the resume notebook papermill runs (default: {DEFAULT_NOTEBOOK})")
     parser.add_argument("--runs-dir", default="runs", metavar="DIR",
