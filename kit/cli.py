@@ -168,21 +168,52 @@ def _unforeseen(e: BaseException, code: int, tail: str) -> Outcome:
     return Outcome(code)
 
 
-def finish_in_script(outcome: Outcome, namespace: dict) -> None:
+def finish_in_script(outcome: Outcome, namespace: dict, argv: list[str] | None = None) -> None:
     """End `%run kit …` / `%run -m kit …`: leave bootstrap's results in the notebook, then exit.
 
     `%run` copies the script's globals into the notebook, so `facts`, `verdicts` and `plan` go
-    into `namespace`. A CPU-only machine still runs the tiny default, so in a notebook kernel its
-    exit 3 is only reported, not raised: SystemExit would stop a papermill run right there.
+    into `namespace`. A command that failed fails the notebook cell: `%run` shows any exception
+    its script raises (SystemExit too) and then reports the cell as run, so "Run all" and papermill
+    would go on to the next cell — `!torchrun … train_ddp.py` with a script that is not the one
+    asked for. In a kernel the cell's result is marked failed instead (`_fail_cell`).
     """
     code, result = outcome.code, outcome.result
     for name in ("facts", "verdicts", "plan"):
         if getattr(result, name, None) is not None:
             namespace[name] = getattr(result, name)
+    if not code:
+        return
+    words = " ".join(["kit", *(sys.argv[1:] if argv is None else argv)])
+    if _fail_cell(CommandFailed(f"`{words}` failed with exit code {code} (its error is above): the notebook "
+                                "stops here")):
+        return
+    raise SystemExit(code)
+
+
+class CommandFailed(Exception):
+    """What a notebook cell that ran a failing `%run kit …` reports as its error."""
+
+
+def _fail_cell(error: Exception) -> bool:
+    """In a Jupyter kernel, mark the running cell as failed with `error`, as if it had raised it: the
+    kernel's reply says "error", so papermill, nbclient and "Run all" stop before the next cell. %run
+    catches whatever its script raises, so raising cannot do this. False outside a kernel (or an
+    IPython without a cell result to mark): then the caller raises SystemExit as a script does."""
+    from kit.auth import redact
     from kit.report.text import in_notebook_kernel
 
-    if code == 3 and getattr(result, "cpu_only", False) and in_notebook_kernel():
-        print("(no GPU here: continuing on the CPU, which is only fit for the tiny default)")
-        return
-    if code:
-        raise SystemExit(code)
+    if not in_notebook_kernel():
+        return False
+    import IPython
+
+    shell = IPython.get_ipython()
+    cell = getattr(getattr(shell, "displayhook", None), "exec_result", None)
+    if cell is None or not hasattr(cell, "error_in_exec"):
+        return False
+    error = CommandFailed(redact(str(error)))
+    try:  # shown as the cell's error (`CommandFailed: …`), and its traceback is what the reply carries
+        raise error
+    except CommandFailed:
+        shell.showtraceback(exception_only=True)
+    cell.error_in_exec = error
+    return True

@@ -2,6 +2,7 @@
 
 import json
 import re
+import shutil
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 from kit import cli
 from kit.cli import main
 from kit.commands import bootstrap
+from kit.errors import UsageError
 
 ROOT = Path(__file__).resolve().parent.parent
 MACHINES = ROOT / "tests" / "fixtures" / "machines"
@@ -144,3 +146,35 @@ def test_probe_prints_facts_only(capsys, monkeypatch, tmp_path):
     assert main(["probe", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert "verdicts" not in d and d["schema"] == 1
+
+
+# ---- a failed bootstrap for one job leaves no other job's script ready to launch ---------------------------
+@pytest.mark.parametrize("machine_name,argv,code", [
+    ("kaggle_p100", ["--config", "configs/qwen3-8b-qlora-kaggle-t4x2.yaml"], 3),  # the machine cannot
+    ("cpu_only", ["--config", "configs/qwen3-8b-qlora-kaggle-t4x2.yaml"], 3),  # no GPU for an 8B job
+    ("kaggle_t4x2", ["--config", "configs/qwen3-8b-qlora-kaggle-t4x2.yaml", "lora.r=many"], 2),  # a bad value
+])
+def test_a_failed_bootstrap_stops_the_script_at_o_from_training_another_job(tmp_path, capsys, machine_name,
+                                                                             argv, code):
+    from kit.script import failed_bootstrap
+
+    out = tmp_path / "train_ddp.py"
+    shutil.copy(ROOT / "train_ddp.py", out)  # a fresh clone's: the tiny default
+    assert main(["bootstrap", "--facts", machine(machine_name), *argv, "-o", str(out)]) == code
+    assert out.read_bytes() == (ROOT / "train_ddp.py").read_bytes()  # nothing replaced
+    assert "train_ddp.py.bootstrap-failed beside it says why" in capsys.readouterr().out
+    with pytest.raises(UsageError, match=r"is not the job last asked for: `kit bootstrap --config "
+                                         r"configs/qwen3-8b-qlora-kaggle-t4x2.yaml` failed \(exit " + str(code)):
+        failed_bootstrap.check(out)
+    # The next script kit writes there is the one asked for: the note goes.
+    assert main(["render", "--config", "configs/default.yaml", "--gpus", "2xT4", "-o", str(out)]) == 0
+    assert not (tmp_path / "train_ddp.py.bootstrap-failed").exists()
+    failed_bootstrap.check(out)
+
+
+def test_a_failed_bootstrap_of_the_scripts_own_job_leaves_it_runnable(tmp_path, capsys):
+    out = tmp_path / "train_ddp.py"
+    shutil.copy(ROOT / "train_ddp.py", out)  # configs/default.yaml's script: the job asked for
+    assert main(["bootstrap", "--facts", machine("kaggle_p100"), "--config", "configs/default.yaml",
+                 "-o", str(out)]) == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train_ddp.py"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from kit.machine import probe
 from kit.report import text as report
-from kit.errors import CannotTrain, UsageError
+from kit.errors import CannotTrain, KitError, UsageError
 from kit.machine.verdicts import judge
 
 
@@ -60,6 +60,34 @@ def run(args) -> Result:
         from kit.commands.render import check_output
 
         check_output(args.output, args.config)  # the text as given: `newdir/` names a folder
+    try:
+        return _judge(args)
+    except KitError as e:
+        if args.config:  # the script at -o must not be launched as if it were the asked job's
+            _stand_down(args, e)
+        raise
+
+
+def _stand_down(args, error: KitError) -> None:
+    """After a failed bootstrap for a config: a note beside the script at -o stops it from training,
+    unless it is that config's own job (`kit.script.failed_bootstrap`)."""
+    from kit.planning import config
+    from kit.script import failed_bootstrap
+
+    try:
+        asked = config.to_dict(config.from_args(args))
+    except KitError:  # the config itself is what failed: whatever is at -o is not it
+        asked = None
+    from kit.auth import redact
+
+    why = redact(f"`kit bootstrap --config {args.config}` failed (exit {error.exit_code}: {str(error).splitlines()[0]})")
+    note = failed_bootstrap.leave_note(Path(args.output), asked, why)
+    if note is not None:
+        print(f"{args.output} is another job's script: it now refuses to run ({note.name} beside it says why; "
+              "the next script kit writes there removes that note)", flush=True)
+
+
+def _judge(args) -> Result:
     facts = probe.load_facts(args.facts) if args.facts else probe.gather()
     verdicts = judge(facts)
     cpu_only = not facts.gpus and bool(facts.torch.get("installed"))

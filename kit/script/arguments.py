@@ -17,7 +17,14 @@ from kit.planning import config
 
 
 def parse(argv: list[str], config_path: str) -> argparse.Namespace:
+    import sys
+
     from kit.cli import _Parser
+    from kit.script import failed_bootstrap
+
+    script = getattr(sys.modules.get("__main__"), "__file__", None)
+    if script:  # a bootstrap for another job failed since this script was written: it must not train instead
+        failed_bootstrap.check(script)
 
     parser = _Parser(prog="train_ddp.py", description=f"Train as configured in {config_path}.")
     config.add_config_arguments(parser)

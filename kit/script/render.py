@@ -12,6 +12,7 @@ from string import Template
 from kit import __version__
 from kit.machine.command import launch_command
 from kit.planning import config
+from kit.script import failed_bootstrap
 from kit.errors import UsageError
 from kit.files import check_output, same_content, write_atomic
 
@@ -120,6 +121,7 @@ def write(text: str, out: Path, force: bool = False) -> Path | None:
         if backup is not None:  # put the user's script back: a failed write must lose nothing
             backup.replace(out)
         raise UsageError(f"cannot write {out}: {e.strerror or e}") from None
+    failed_bootstrap.clear(out)  # the script there now is the one asked for
     return backup
 
 
