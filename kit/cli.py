@@ -74,6 +74,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = _Parser(prog="kit", description="Fine-tune LLMs on notebook GPUs and survive the cutoff.")
+    parser.add_argument("--version", action="store_true", help="print kit's distribution name and version")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, (module_name, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -113,6 +114,9 @@ def _main(argv: list[str] | None = None) -> Outcome:
         _check_utf8(argv)
         parser = build_parser(command)
         args = parser.parse_args(argv)
+        if command is None and args.version:
+            print(version_line())
+            return Outcome(0)
         if command is None:
             parser.print_help()
             return Outcome(EXIT_USAGE if not argv else 0)
@@ -137,6 +141,22 @@ def _main(argv: list[str] | None = None) -> Outcome:
         return _unforeseen(e, EXIT_USAGE, "")
     except Exception as e:  # a bug in kit: one line (the traceback with KIT_DEBUG=1), never a token
         return _unforeseen(e, 1, " (a bug in kit: please report it with KIT_DEBUG=1's traceback)")
+
+
+def version_line() -> str:
+    """`kit-finetune 0.1.0`: the installed distribution's name and version, from its package metadata
+    (PyPI's `kit` is another project); kit's own version when it runs from a checkout not installed."""
+    from importlib import metadata
+
+    import kit
+
+    for dist in metadata.packages_distributions().get("kit", []):
+        try:
+            meta = metadata.metadata(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        return f"{meta['Name']} {meta['Version']} ({kit.CHECKOUT})"
+    return f"kit {kit.__version__} ({kit.CHECKOUT}; not installed as a distribution)"
 
 
 def _check_utf8(argv: list[str]) -> None:

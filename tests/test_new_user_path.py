@@ -429,3 +429,37 @@ def test_bare_status_and_export_look_where_the_readme_job_writes(tmp_path, monke
     err = capsys.readouterr().err
     assert "outputs/default/final (output_dir/final of configs/default.yaml) does not exist" in err
     assert "--adapter outputs" not in err  # no flag the user did not give
+
+
+# ---- the project's own name: `kit --version`, and install hints that name this checkout -------------------
+def test_version_names_the_distribution_from_its_metadata(capsys):
+    import configparser
+    from importlib import metadata
+
+    meta = configparser.ConfigParser()
+    meta.read(ROOT / "setup.cfg")
+    name = meta["metadata"]["name"]
+    assert name == "kit-finetune"
+    assert main(["--version"]) == 0
+    out = capsys.readouterr().out
+    try:
+        version = metadata.version(name)
+    except metadata.PackageNotFoundError:  # a checkout that was never pip-installed
+        assert out.startswith(f"kit {meta['metadata']['version']} (")
+    else:
+        assert out.startswith(f"{name} {version} (")
+
+
+def test_no_install_hint_names_pypis_other_kit(capsys):
+    """On PyPI `kit` is an unrelated project; this one installs from its checkout (`pip install -e ".[x]"`)."""
+    hint = re.compile(r"pip install[^\n`]*?['\"]?\bkit\[")
+    found = []
+    for path in [ROOT / "README.md", *(ROOT / "kit").rglob("*.py"), *(ROOT / "kit").rglob("*.tmpl"),
+                 *(ROOT / "docs").rglob("*.md"), *(ROOT / "notebooks").glob("*.ipynb"), *(ROOT / "tests").glob("*.py")]:
+        text = path.read_text(encoding="utf-8")
+        found += [f"{path.relative_to(ROOT)}: {m.group(0)}" for m in hint.finditer(text)
+                  if path.name != "test_new_user_path.py"]
+    assert not found, found
+    with pytest.raises(SystemExit):  # `kit schedule --help`, the text the report quoted
+        cli.build_parser("schedule").parse_args(["schedule", "--help"])
+    assert 'pip install -e ".[kaggle]"` in the kit checkout' in " ".join(capsys.readouterr().out.split())

@@ -121,7 +121,7 @@ def test_plans_that_fit_only_sharded_render_an_fsdp_script(tmp_path):
     assert "wrote" in r.stdout and "fsdp over 2" in r.stdout
     text = out.read_text()
     assert "'strategy': 'fsdp'" in text and "FSDP over 2 GPUs (Tesla T4), fp16" in text
-    assert "torchrun --standalone --nproc_per_node=2 train_ddp.py" in text
+    assert f"torchrun --standalone --nproc_per_node=2 {out}" in text
 
 
 def test_plans_that_do_not_fit_at_all_are_refused(tmp_path):
@@ -211,3 +211,17 @@ def test_a_replaced_file_that_is_not_utf8_is_kept_byte_for_byte(tmp_path, monkey
     assert main(["render", "--config", "configs/default.yaml", "--gpus", "cpu", "-o", str(out)]) == 0
     assert (tmp_path / "train_ddp.py.prev").read_bytes() == b"\xff\xfe# mine"
     assert "(the previous one is now train_ddp.py.prev)" in capsys.readouterr().out
+
+
+def test_a_script_written_under_another_name_names_itself(tmp_path, monkeypatch, capsys):
+    from kit.cli import main
+
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "t8b.py"
+    assert main(["render", "--config", "configs/qwen3-8b-qlora-kaggle-t4x2.yaml", "--gpus", "2xT4", "-o", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"next: torchrun --standalone --nproc_per_node=2 {out}"
+    text = out.read_text()
+    doc = ast.get_docstring(ast.parse(text))
+    assert "train_ddp.py" not in doc
+    assert f"torchrun --standalone --nproc_per_node=2 {out} # the plan" in doc
+    assert f"python {out} --smoke" in doc and f"-o {out} --force" in doc

@@ -69,7 +69,7 @@ def render_for(cfg, config_path: str, facts: dict, gpus_spec: str | None = None,
     rerender = render.rerender_command(config_path, machine_args(args) if args is not None else
                                        (["--gpus", gpus_spec] if gpus_spec else []),
                                        getattr(args, "overrides", None) or (), output)
-    return render.render(cfg, planned, config_path, machine_words(facts, gpus_spec), rerender), plan
+    return render.render(cfg, planned, config_path, machine_words(facts, gpus_spec), rerender, output), plan
 
 
 def run(args) -> int:

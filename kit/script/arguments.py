@@ -17,6 +17,7 @@ from kit.planning import config
 
 
 def parse(argv: list[str], config_path: str) -> argparse.Namespace:
+    import os
     import sys
 
     from kit.cli import _Parser
@@ -26,7 +27,8 @@ def parse(argv: list[str], config_path: str) -> argparse.Namespace:
     if script:  # a bootstrap for another job failed since this script was written: it must not train instead
         failed_bootstrap.check(script)
 
-    parser = _Parser(prog="train_ddp.py", description=f"Train as configured in {config_path}.")
+    name = os.path.basename(script) if script else "train_ddp.py"  # `-o t8b.py` wrote t8b.py: its --help says so
+    parser = _Parser(prog=name, description=f"Train as configured in {config_path}.")
     config.add_config_arguments(parser)
     parser.set_defaults(config=None)
     parser.add_argument("--smoke", action="store_true", help="one optimizer step, then check that training works")

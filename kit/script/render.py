@@ -45,12 +45,12 @@ def _strategy_words(plan: dict) -> str:
     return f"{plan.get('strategy')} on {n} {where}, {plan.get('precision')}"
 
 
-def _launch_line(plan: dict) -> str:
+def _launch_line(plan: dict, script: str = "train_ddp.py") -> str:
     """The plan's command, as `kit.machine.command` writes it (one process drives all GPUs for model parallel)."""
     strategy, n = plan.get("strategy"), plan.get("nproc", 1)
     if strategy == "model_parallel":
-        return launch_command(1)
-    return launch_command(n, torchrun=strategy == "fsdp" or n > 1)
+        return launch_command(1, script=script)
+    return launch_command(n, torchrun=strategy == "fsdp" or n > 1, script=script)
 
 
 def rerender_command(config_path: str, machine_args=(), overrides=(), output: str = "train_ddp.py") -> str:
@@ -62,12 +62,17 @@ def rerender_command(config_path: str, machine_args=(), overrides=(), output: st
     return "python -m kit render " + shlex.join(args)
 
 
-def render(cfg: config.RunConfig, plan: dict, config_path: str, machine: str, rerender: str | None = None) -> str:
+def render(cfg: config.RunConfig, plan: dict, config_path: str, machine: str, rerender: str | None = None,
+           script: str = "train_ddp.py") -> str:
     """The text of train_ddp.py for `cfg` planned as `plan` on `machine` (words).
 
     `rerender` is the command printed at the top that reproduces the file; by default the one for
-    this machine, no overrides, `-o train_ddp.py`.
+    this machine, no overrides, `-o train_ddp.py`. `script` is where the file goes (`-o` as given):
+    the commands its docstring shows run that file.
     """
+    import shlex
+
+    script = shlex.quote(_in_docstring(Path(script).as_posix()))
     kept = {k: plan[k] for k in PLAN_KEYS if k in plan}
     backend = kept.get("backend")
     unsloth_import = ("    import unsloth  # noqa: F401  (first: Unsloth patches transformers and trl on import)\n\n"
@@ -81,8 +86,11 @@ def render(cfg: config.RunConfig, plan: dict, config_path: str, machine: str, re
         {k: _in_docstring(v) for k, v in words.items()},
         config_path_literal=repr(Path(config_path).as_posix()),
         nproc=kept.get("nproc", 1),
-        launch=f"{_launch_line(kept):<52} ",
-        launch_bare=_launch_line(kept),
+        launch=f"{_launch_line(kept, script):<52} ",
+        launch_bare=_launch_line(kept, script),
+        run_one=f"{'python ' + script:<52} ",
+        run_smoke=f"{'python ' + script + ' --smoke':<52} ",
+        run_config=f"{'python ' + script + ' --config other.yaml':<52} ",
         unsloth_import=unsloth_import,
         kit_version=__version__,
         settings=_literal(config.to_dict(cfg)),
