@@ -463,3 +463,23 @@ def test_no_install_hint_names_pypis_other_kit(capsys):
     with pytest.raises(SystemExit):  # `kit schedule --help`, the text the report quoted
         cli.build_parser("schedule").parse_args(["schedule", "--help"])
     assert 'pip install -e ".[kaggle]"` in the kit checkout' in " ".join(capsys.readouterr().out.split())
+
+
+# ---- the README's closing lines are what its main job prints -------------------------------------------------
+@pytest.mark.slow
+def test_the_readme_closing_lines_are_what_the_main_job_prints(tmp_path):
+    """The README's main job as it is (the shipped script, two processes), output_dir moved aside; its
+    eval line must give the README's figures. Float sums differ in the last digit between CPUs and
+    builds (196.3 on one machine, 196.4 on another), so figures agree to 0.5 %; the rest word for word."""
+    out = tmp_path / "default"
+    done = train([f"output_dir={out}"], nproc=2, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    shown = re.search(r"    (\[kit\] eval loss .*)\n", README).group(1)
+    printed = next(line for line in done.stdout.splitlines() if line.startswith("[kit] eval loss"))
+    number = r"\d+(?:\.\d+)?"
+    assert re.sub(number, "N", printed) == re.sub(number, "N", shown), (printed, shown)
+    for got, want in zip(map(float, re.findall(number, printed)), map(float, re.findall(number, shown))):
+        assert got == pytest.approx(want, rel=0.005, abs=0.05), (printed, shown)
+    tail = done.stdout.replace(str(out), "outputs/default").splitlines()
+    for line in re.findall(r"    (\[kit\] (?:final|export): .*)\n", README):
+        assert any(t.startswith(line) for t in tail), line
