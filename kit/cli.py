@@ -188,7 +188,7 @@ def _unforeseen(e: BaseException, code: int, tail: str) -> Outcome:
     return Outcome(code)
 
 
-def finish_in_script(outcome: Outcome, namespace: dict, argv: list[str] | None = None) -> None:
+def finish_in_script(outcome: Outcome, namespace: dict) -> None:
     """End `%run kit …` / `%run -m kit …`: leave bootstrap's results in the notebook, then exit.
 
     `%run` copies the script's globals into the notebook, so `facts`, `verdicts` and `plan` go
@@ -203,7 +203,7 @@ def finish_in_script(outcome: Outcome, namespace: dict, argv: list[str] | None =
             namespace[name] = getattr(result, name)
     if not code:
         return
-    words = " ".join(["kit", *(sys.argv[1:] if argv is None else argv)])
+    words = " ".join(["kit", *sys.argv[1:]])  # as %run gave them
     if _fail_cell(CommandFailed(f"`{words}` failed with exit code {code} (its error is above): the notebook "
                                 "stops here")):
         return

@@ -71,6 +71,7 @@ def run(args) -> Result:
 def _stand_down(args, error: KitError) -> None:
     """After a failed bootstrap for a config: a note beside the script at -o stops it from training,
     unless it is that config's own job (`kit.script.failed_bootstrap`)."""
+    from kit.auth import redact
     from kit.planning import config
     from kit.script import failed_bootstrap
 
@@ -78,9 +79,8 @@ def _stand_down(args, error: KitError) -> None:
         asked = config.to_dict(config.from_args(args))
     except KitError:  # the config itself is what failed: whatever is at -o is not it
         asked = None
-    from kit.auth import redact
-
-    why = redact(f"`kit bootstrap --config {args.config}` failed (exit {error.exit_code}: {str(error).splitlines()[0]})")
+    first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+    why = redact(f"`kit bootstrap --config {args.config}` failed (exit {error.exit_code}: {first_line})")
     note = failed_bootstrap.leave_note(Path(args.output), asked, why)
     if note is not None:
         print(f"{args.output} is another job's script: it now refuses to run ({note.name} beside it says why; "
