@@ -15,7 +15,7 @@ from kit.planning import config
 
 
 def add_arguments(parser) -> None:
-    config.add_config_arguments(parser)
+    config.add_config_arguments(parser, config.default_config())
     parser.add_argument("--adapter", metavar="DIR", help="adapter folder (default: the config's output_dir/final)")
     parser.add_argument("-o", "--output", metavar="DIR", help="new folder for the merged model "
                         "(default: the config's output_dir/merged)")
@@ -43,6 +43,12 @@ def run(args) -> int:
         store.preflight()  # offline mode, a silent endpoint: one bounded request
     cfg = config.from_args(args)
     adapter = Path(args.adapter or Path(cfg.output_dir) / "final")
+    if args.adapter is None and not adapter.exists():  # the default was not asked for: say where it came from
+        from kit.errors import UsageError
+
+        source = args.config or "the built-in defaults"
+        raise UsageError(f"no finished job to export: {adapter} (output_dir/final of {source}) does not exist: "
+                         "run the job to its end first, or give --adapter DIR (a final/ or checkpoint-N folder)")
     out = Path(args.output or Path(cfg.output_dir) / "merged")
     qtype = gguf.check_type(args.gguf) if args.gguf else None
     llama = gguf.find_llama_cpp(args.llama_cpp) if qtype else None  # refused before any work

@@ -54,7 +54,7 @@ def _shown(value: float) -> str:
 
 
 def add_arguments(parser) -> None:
-    config.add_config_arguments(parser)
+    config.add_config_arguments(parser, config.default_config())
     parser.add_argument("--notebook", default=DEFAULT_NOTEBOOK, metavar="IPYNB",
                         help=f"the resume notebook papermill runs (default: {DEFAULT_NOTEBOOK})")
     parser.add_argument("--runs-dir", default="runs", metavar="DIR",
@@ -77,7 +77,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--print-cron", action="store_true",
                         help="only print a crontab line and a systemd service/timer pair for this schedule")
     parser.add_argument("-v", "--verbose", action="store_true", help="stream each run's cell output")
-    kaggle = parser.add_argument_group("on Kaggle (needs `pip install kit[kaggle]` and Kaggle API credentials)")
+    kaggle = parser.add_argument_group('on Kaggle (needs `pip install -e ".[kaggle]"` in the kit checkout and '
+                                       'Kaggle API credentials)')
     kaggle.add_argument("--kaggle", metavar="USER/SLUG", default=None,
                         help="run each session as a version of this private Kaggle notebook on 2×T4")
     kaggle.add_argument("--kit-repo", metavar="URL", default=None,

@@ -14,7 +14,7 @@ from kit.planning import config
 
 
 def add_arguments(parser) -> None:
-    config.add_config_arguments(parser)
+    config.add_config_arguments(parser, config.default_config())
     parser.add_argument("--json", action="store_true", help="print one JSON object: latest_step (newest verified), verified, max_steps, "
                         "complete, checkpoints, sessions, lease, store")
     parser.add_argument("--plot", metavar="PNG",

@@ -95,7 +95,7 @@ class RunConfig:
     max_grad_norm: float = _f(1.0, "gradient clipping norm; 0 disables")
     precision: str = _f("auto", "auto|bf16|fp16|fp32; auto = bf16 where native, fp16 on T4/V100, fp32 on CPU")
     gradient_checkpointing: str = _f("auto", "auto|on|off; auto = on when needed to fit or model >= 1B params")
-    output_dir: str = _f("outputs/run", "local directory for checkpoints and the final adapter")
+    output_dir: str = _f("outputs/default", "local directory for checkpoints and the final adapter")
     store: str | None = _f(None, "checkpoint store: hf://owner/name, a directory, or null for output_dir only")
     save_steps: int = _f(50, "save a checkpoint every this many optimizer steps")
     save_every_minutes: float | str = _f(30.0, "also save when this many minutes passed since the last save; "
@@ -318,11 +318,28 @@ def describe() -> list[tuple[str, str, Any]]:
     return rows
 
 
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add `--config PATH` and positional `KEY=VALUE` overrides, the same way for every entry point."""
+# The config of the README's main job: what every command uses when no --config is given.
+DEFAULT_CONFIG = "configs/default.yaml"
+
+
+def default_config() -> str | None:
+    """DEFAULT_CONFIG when it is in the current folder (the kit checkout), else None: built-in defaults,
+    which train the same tiny model into the same output_dir."""
+    import os
+
+    return DEFAULT_CONFIG if os.path.isfile(DEFAULT_CONFIG) else None
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, default: str | None = None) -> None:
+    """Add `--config PATH` and positional `KEY=VALUE` overrides, the same way for every entry point.
+
+    `default`: the config used without --config (commands pass `default_config()`; the generated
+    script passes none: it trains its own SETTINGS).
+    """
     keys = ", ".join(k for k, _, _ in describe())
-    parser.add_argument("--config", metavar="PATH", default=None,
-                        help="run config YAML (default: built-in defaults)")
+    parser.add_argument("--config", metavar="PATH", default=default,
+                        help=f"run config YAML (default: {DEFAULT_CONFIG}, the README's main job, when it is in this "
+                             "folder; else built-in defaults)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help=f"override config values, dotted for nested keys (lora.r=8). Keys: {keys}")
 

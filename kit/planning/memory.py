@@ -48,7 +48,7 @@ FUSED_TILE = (4096, 32768)
 def fuses_lm_head(trl_version: str | None) -> bool:
     """Whether SFTTrainer of this TRL version computes the loss without materialising the logits.
 
-    None (TRL not installed where the plan is for) counts as yes: `pip install kit[train]` brings the
+    None (TRL not installed where the plan is for) counts as yes: `pip install -e ".[train]"` brings the
     newest TRL.
     """
     if not trl_version:

@@ -79,9 +79,11 @@ def show(facts, verdicts=None, next_steps: list[str] | None = None, as_json: boo
 
     With a plan (bootstrap --config), the plan comes between the machine and the next steps;
     `wrote` (what bootstrap wrote) gets its own line just before the one `Next:` line, and the
-    verdict's own advice is left out then: the next step of a written plan replaces it.
+    verdict's own advice is left out whenever there is a next step: that step replaces it.
     """
-    do_this = not (plan is not None and wrote)
+    # The verdict's own advice only when there is no next step: a next step (a written plan's launch,
+    # the bootstrap that writes one) replaces it, so no two lines say what to do.
+    do_this = not next_steps
     if as_json:
         print(to_json(facts, verdicts, next_steps, plan, wrote))
     elif in_notebook_kernel():
@@ -103,7 +105,7 @@ def show(facts, verdicts=None, next_steps: list[str] | None = None, as_json: boo
         print(plan_to_text(plan, launch=not next_steps))
         _print_next(wrote, next_steps)
     else:
-        print(to_text(facts, verdicts, next_steps), end="")
+        print(to_text(facts, verdicts, next_steps, do_this), end="")
 
 
 def _print_next(wrote: str | None, next_steps: list[str] | None) -> None:

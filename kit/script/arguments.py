@@ -18,7 +18,17 @@ from kit.planning import config
 
 
 def parse(argv: list[str], config_path: str) -> argparse.Namespace:
-    parser = Parser(prog="train_ddp.py", description=f"Train as configured in {config_path}.")
+    import os
+    import sys
+
+    from kit.script import failed_bootstrap
+
+    script = getattr(sys.modules.get("__main__"), "__file__", None)
+    if script:  # a bootstrap for another job failed since this script was written: it must not train instead
+        failed_bootstrap.check(script)
+
+    name = os.path.basename(script) if script else "train_ddp.py"  # `-o t8b.py` wrote t8b.py: its --help says so
+    parser = Parser(prog=name, description=f"Train as configured in {config_path}.")
     config.add_config_arguments(parser)
     parser.set_defaults(config=None)
     parser.add_argument("--smoke", action="store_true", help="one optimizer step, then check that training works")

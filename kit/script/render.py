@@ -12,6 +12,7 @@ from string import Template
 from kit import __version__
 from kit.machine.command import launch_command, shell_word
 from kit.planning import config
+from kit.script import failed_bootstrap
 from kit.errors import UsageError, shown
 from kit.files import check_output, same_content, write_atomic
 
@@ -47,12 +48,12 @@ def _strategy_words(plan: dict) -> str:
     return f"{plan.get('strategy')} on {n} {where}, {plan.get('precision')}"
 
 
-def _launch_line(plan: dict) -> str:
+def _launch_line(plan: dict, script: str = "train_ddp.py") -> str:
     """The plan's command, as `kit.machine.command` writes it (one process drives all GPUs for model parallel)."""
     strategy, n = plan.get("strategy"), plan.get("nproc", 1)
     if strategy == "model_parallel":
-        return launch_command(1)
-    return launch_command(n, torchrun=strategy == "fsdp" or n > 1)
+        return launch_command(1, script=script)
+    return launch_command(n, torchrun=strategy == "fsdp" or n > 1, script=script)
 
 
 def rerender_command(config_path: str, machine_args=(), overrides=(), output: str = "train_ddp.py") -> str:
@@ -64,12 +65,17 @@ def rerender_command(config_path: str, machine_args=(), overrides=(), output: st
     return "python -m kit render " + " ".join(words)
 
 
-def render(cfg: config.RunConfig, plan: dict, config_path: str, machine: str, rerender: str | None = None) -> str:
+def render(cfg: config.RunConfig, plan: dict, config_path: str, machine: str, rerender: str | None = None,
+           script: str = "train_ddp.py") -> str:
     """The text of train_ddp.py for `cfg` planned as `plan` on `machine` (words).
 
     `rerender` is the command printed at the top that reproduces the file; by default the one for
-    this machine, no overrides, `-o train_ddp.py`.
+    this machine, no overrides, `-o train_ddp.py`. `script` is where the file goes (`-o` as given):
+    the commands its docstring shows run that file.
     """
+    import shlex
+
+    script = shlex.quote(_in_docstring(Path(script).as_posix()))
     kept = {k: plan[k] for k in PLAN_KEYS if k in plan}
     backend = kept.get("backend")
     unsloth_import = ("    import unsloth  # noqa: F401  (first: Unsloth patches transformers and trl on import)\n\n"
@@ -83,8 +89,11 @@ def render(cfg: config.RunConfig, plan: dict, config_path: str, machine: str, re
         {k: _in_docstring(v) for k, v in words.items()},
         config_path_literal=repr(Path(config_path).as_posix()),
         nproc=kept.get("nproc", 1),
-        launch=f"{_launch_line(kept):<52} ",
-        launch_bare=_launch_line(kept),
+        launch=f"{_launch_line(kept, script):<52} ",
+        launch_bare=_launch_line(kept, script),
+        run_one=f"{'python ' + script:<52} ",
+        run_smoke=f"{'python ' + script + ' --smoke':<52} ",
+        run_config=f"{'python ' + script + ' --config other.yaml':<52} ",
         unsloth_import=unsloth_import,
         report_to=cfg.report_to,
         kit_version=__version__,
@@ -100,17 +109,45 @@ def _in_docstring(text: str) -> str:
     return shown(str(text), limit=None).replace("\\", "\\\\").replace('"', '\\"')
 
 
-def write(text: str, out: Path, force: bool) -> None:
-    """Write `text` to `out` atomically; an existing different file needs `force`."""
+def write(text: str, out: Path, force: bool = False) -> Path | None:
+    """Write `text` to `out` atomically; an existing different file is kept as a numbered backup.
+
+    The one rule of `kit render` and `kit bootstrap`: nothing a user may have edited is lost, and
+    no flag is needed to replace it. Returns the backup's path (`train_ddp.py.prev`, else `.prev.2`,
+    `.prev.3`, … — never an earlier backup overwritten), or None when nothing was replaced. `force`
+    is accepted for older commands and changes nothing.
+    """
     from kit.auth import refuse_token
 
     out = Path(out)
     # The last gate before disk: whatever put it there (a setting, a --config path), no token is written.
     refuse_token(text, f"the script for {out}")
     check_output(out, "-o", "train_ddp.py")
-    if not force and same_content(out, text, "-o") is False:
-        raise UsageError(f"{out} exists and differs; pass --force to overwrite it")
+    backup = None
+    if same_content(out, text, "-o") is False:
+        backup = free_backup_name(out)
+        out.replace(backup)
     try:
         write_atomic(out, text, mode=0o644)
     except OSError as e:
+        if backup is not None:  # put the user's script back: a failed write must lose nothing
+            backup.replace(out)
         raise UsageError(f"cannot write {out}: {e.strerror or e}") from None
+    failed_bootstrap.clear(out)  # the script there now is the one asked for
+    return backup
+
+
+def free_backup_name(out: Path) -> Path:
+    """`train_ddp.py.prev`, else `.prev.2`, `.prev.3`, …: the first name not taken."""
+    import os
+
+    candidate, n = out.with_name(out.name + ".prev"), 1
+    while os.path.lexists(candidate):  # a dangling symlink is taken too: replacing it would lose it
+        n += 1
+        candidate = out.with_name(f"{out.name}.prev.{n}")
+    return candidate
+
+
+def kept_words(backup: Path | None) -> str:
+    """What the output says about a replaced file: ` (the previous one is now train_ddp.py.prev)`."""
+    return f" (the previous one is now {backup.name})" if backup is not None else ""

@@ -152,6 +152,34 @@ class Control(TrainerCallback):
         return self.save_every_s
 
 
+class ResumedBatch(TrainerCallback):
+    """Says, before transformers does, that a resumed run's micro-batch differs from the checkpoint's.
+
+    After a change of processes (2 → 1) kit keeps the global batch by changing the micro-batch and
+    the accumulation (and packing may fold them again), and transformers then warns, unexplained,
+    "per_device_train_batch_size: 4 (from args) != 8 (from trainer_state.json)". This note comes first.
+    """
+
+    def __init__(self, checkpoint: str | None, say):
+        self.checkpoint, self.say = checkpoint, say
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        import json
+
+        if not self.checkpoint:
+            return
+        try:
+            saved = json.loads((Path(self.checkpoint) / "trainer_state.json").read_text()).get("train_batch_size")
+        except (OSError, ValueError, AttributeError):
+            return  # resume itself reports an unreadable checkpoint
+        if not isinstance(saved, int) or saved // max(1, args.n_gpu) == args.per_device_train_batch_size:
+            return
+        self.say(f"micro-batch {args.per_device_train_batch_size} × accumulation {args.gradient_accumulation_steps} "
+                 f"per process now, {saved // max(1, args.n_gpu)} when the checkpoint was written (another number of "
+                 "processes, or rows packed into fuller sequences): the global batch is kept, so transformers' warning "
+                 "that per_device_train_batch_size does not match trainer_state.json is expected")
+
+
 class Checkpoints(TrainerCallback):
     """Seal each checkpoint with a manifest, then hand it to the background uploader (rank 0)."""
 

@@ -16,7 +16,7 @@ import os
 from kit.train import dist, sessions
 from kit.checkpoints import fingerprint, resume
 from kit.train.output_dir import check_output_dir, lock as lock_output_dir
-from kit.train.callbacks import Checkpoints, Control, Meter, StopSignals
+from kit.train.callbacks import Checkpoints, Control, Meter, ResumedBatch, StopSignals
 from kit.train.deadline import session_deadline
 from kit.errors import KitError
 from kit.evaluation import stage
@@ -224,7 +224,8 @@ class Job:
             # A session that dies once training began (an exception, not kill -9) is recorded too.
             # Registered after the lease's release, so it runs first, while the lease is still held.
             atexit.register(self._record_if_unfinished)
-        out = [self._control, self._checkpoints, self._meter]
+        out = [self._control, self._checkpoints, self._meter,
+               ResumedBatch(self.resume_from, self.log)]
         if self.smoke:
             from kit.train.smoke import Smoke
 
