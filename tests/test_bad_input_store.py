@@ -278,6 +278,19 @@ def resume_path_manifest_not_json(ctx):
 
 
 @case
+def resume_path_manifest_lists_a_file_outside(ctx):  # counted as verified and resumed from (issue 33)
+    import hashlib
+
+    d = ctx.sealed(4)
+    secret = ctx.tmp / "passwd"
+    secret.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    doc = json.loads((d / MANIFEST_NAME).read_text())
+    doc["files"]["../passwd"] = {"size": secret.stat().st_size, "sha256": hashlib.sha256(secret.read_bytes()).hexdigest()}
+    (d / MANIFEST_NAME).write_text(json.dumps(doc))
+    return "script", [f"resume={d}"], 2, "'../passwd', which leaves its checkpoint folder"
+
+
+@case
 def resume_vanilla_path_without_trainer_state(ctx):
     d = make_ckpt(ctx.tmp / "plain", 4, manifest=False)
     (d / "trainer_state.json").unlink()

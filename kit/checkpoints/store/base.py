@@ -20,7 +20,7 @@ from kit.errors import StoreError
 from kit.files import parse_json
 from kit.retry import retry
 from kit.checkpoints.leftovers import owned_name
-from kit.checkpoints.manifest import MANIFEST_NAME, parse_manifest, read_manifest, verify_files
+from kit.checkpoints.manifest import MANIFEST_NAME, bad_entry, parse_manifest, read_manifest, verify_files
 from kit.checkpoints.store.leasing import LEASE_NAME
 from kit.checkpoints.store.pacing import NO_LIMIT, CommitPacer
 # The store's vocabulary lives in layout.py; importing it here keeps `store.base.X` working.
@@ -177,6 +177,8 @@ class Store(ABC):
         manifest = parse_manifest(raw)
         if manifest is None:
             return False, f"{MANIFEST_NAME} is not a valid kit manifest"
+        if bad := bad_entry(manifest):
+            return False, bad
         if int(manifest["step"]) != cand.step:
             return False, f"manifest says step {manifest['step']}"
         for rel, want in sorted(manifest["files"].items()):

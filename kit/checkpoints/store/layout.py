@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.errors import StoreError, UsageError
-from kit.checkpoints.manifest import MANIFEST_NAME, read_manifest
+from kit.checkpoints.manifest import MANIFEST_NAME, bad_entry, read_manifest
 
 CKPT_DIR = "checkpoints"
 VANILLA_DIR = "last-checkpoint"
@@ -89,6 +89,8 @@ def local_files(local_ckpt_dir: Path, step: int) -> tuple[dict, list[str]]:
                          "before publishing")
     if int(manifest["step"]) != step:
         raise StoreError(f"{local_ckpt_dir}/{MANIFEST_NAME} says step {manifest['step']}, not {step}")
+    if bad := bad_entry(manifest):  # a file outside the checkpoint would be sent to the store
+        raise StoreError(f"{local_ckpt_dir}: {bad}")
     for rel, want in manifest["files"].items():
         path = local_ckpt_dir / rel
         if not path.is_file() or path.stat().st_size != want["size"]:
