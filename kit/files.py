@@ -170,6 +170,38 @@ def check_output(path, flag: str, example: str) -> Path:
     return path
 
 
+def shared_folder(path) -> str | None:
+    """What `path` is, in a few words, when it is a folder that kit must not fill with its outputs
+    (checkpoint-N/, final/, kit_*.json): the filesystem's root, the home folder or one above it, the root
+    of a git work tree or of the kit checkout, also when reached through a symlink; None for any other
+    (a subfolder of those is fine). A relative path is taken from the current folder, as a writer would.
+    """
+    real = Path(os.path.realpath(path))
+    if real == Path(real.anchor):
+        return "the filesystem's root"
+    home = Path(os.path.realpath(Path.home()))
+    if real == home:
+        return "the home folder"
+    if real in home.parents:
+        return "a folder above the home folder"
+    if real == Path(__file__).resolve().parent.parent and (real / "kit" / "__init__.py").is_file():
+        return "the kit checkout"
+    if (real / ".git").exists():
+        return "the root of a git work tree"
+    return None
+
+
+def refuse_shared_folder(path, key: str = "output_dir") -> None:
+    """UsageError (exit 2) when `path` is a `shared_folder`: one line naming it, where it leads and what to use."""
+    what = shared_folder(path)
+    if what is None:
+        return
+    real = os.path.realpath(path)
+    via = f" (it leads to {real})" if os.path.normpath(os.path.abspath(path)) != real else ""
+    raise UsageError(f"{key}={str(path)!r} is {what}{via}: kit would write checkpoint-N/, final/ and kit_*.json "
+                     f"into it; choose a folder of its own, such as outputs/default")
+
+
 MAX_SECONDS = 7 * 24 * 3600.0  # a week: past it a timer or socket timeout overflows (1e300 did), and nobody waits that long
 
 
