@@ -707,3 +707,23 @@ def test_a_final_folder_kit_did_not_write_is_refused(sandbox, capfd):
     o, err = capfd.readouterr()
     check_contract(sandbox, before, got, o, err, 2, "holds a final/ folder that kit did not write",
                    one_line_stderr=False)
+
+
+def test_a_20_mb_row_is_one_line_and_no_cache_copy(sandbox, capfd, monkeypatch):
+    """A 150 MB JSONL of one row: no message, 23.7 GB of memory, the OOM killer after 218 s and a 157 MB
+    cache copy. Now (20 MB here, the box has 23 GB): one line naming the file, the line and the limit."""
+    import time
+
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(sandbox / "cache"))
+    row = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "lorem ipsum " * ((20 << 20) // 12)}]}
+    write(sandbox, "big.jsonl", jsonl(GOOD_ROWS[:2] + [row]))
+    before = snapshot(sandbox)
+    started = time.monotonic()
+    got = run_script_in_process(sandbox, ["output_dir=outputs/bad", "data.path=big.jsonl", "seq_len=64"])
+    o, err = capfd.readouterr()
+    check_contract(sandbox, before, got, o, err, 2, r"data file big.jsonl line 3: the row is over the 1.0 MiB a row may hold "
+                   r"\(the limit for seq_len=64", one_line_stderr=False)
+    assert time.monotonic() - started < 60
+    assert not list((sandbox / "cache").rglob("*.arrow")), "datasets kept a cache copy"
