@@ -399,7 +399,7 @@ def test_a_directory_store_takes_final_whole(tmp_path):
     (src / "eval_results.json").write_text(json.dumps({"step": 7}))
     store = DirStore(tmp_path / "store")
     assert store.final_step() is None
-    assert store.publish_final(src) == str(tmp_path / "store" / "final")
+    assert store.publish_final(src) == (str(tmp_path / "store" / "final"), None)
     assert store.final_step() == 7 and not list((tmp_path / "store").glob(".tmp-final-*"))
 
 
