@@ -9,6 +9,7 @@ target's folder (a rename across filesystems is a copy) and is removed when the 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import stat
@@ -55,6 +56,45 @@ def write_atomic(path, data: str | bytes, *, fsync: bool = False, mode: int | No
                 f.flush()
                 os.fsync(f.fileno())
     return path
+
+
+def size_words(n: int) -> str:
+    """1536 → "1.5 KiB"; 150_000_000 → "143.1 MiB"."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def free_bytes(path) -> int:
+    """Free bytes on the filesystem that will hold `path` (its nearest existing parent)."""
+    import shutil
+
+    p = Path(path).resolve()
+    while not p.exists():
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+def is_disk_full(e: BaseException, folder=None) -> bool:
+    """Whether `e`, or an error it wraps, is a disk running full: OSError ENOSPC or EDQUOT, a message saying so
+    (safetensors' SafetensorError "No space left on device (os error 28)"), or torch's zip writer failing
+    ("file write failed") where `folder`'s disk has under a MiB left."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        text = str(e)
+        if "No space left on device" in text or "os error 28" in text or "Disk quota exceeded" in text:
+            return True
+        if folder is not None and "file write failed" in text:
+            try:
+                return free_bytes(folder) < (1 << 20)
+            except OSError:
+                return False
+        e = e.__cause__ or e.__context__
+    return False
 
 
 MAX_INPUT_BYTES = 64 * 2**20  # a config, a facts file, a notebook, a record: far below this

@@ -15,6 +15,8 @@ import shutil
 from pathlib import Path
 
 from kit.auth import redact
+from kit.errors import StoreError
+from kit.files import free_bytes, is_disk_full, size_words
 from kit.checkpoints.store.layout import final_step_of, kept_final_name
 from kit.planning import config
 from kit.deliver import card
@@ -39,8 +41,8 @@ def write_final(cfg, model, tokenizer, results: dict, run: dict, facts: dict,
     out = Path(cfg.output_dir) / FINAL_DIR
     tmp = out.with_name(f".{FINAL_DIR}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     try:
+        tmp.mkdir(parents=True)
         if adapter_from is not None:
             for name in ("adapter_model.safetensors", "adapter_config.json"):
                 shutil.copy2(Path(adapter_from) / name, tmp / name)
@@ -62,6 +64,13 @@ def write_final(cfg, model, tokenizer, results: dict, run: dict, facts: dict,
             os.rename(out, old)
         os.rename(tmp, out)
         shutil.rmtree(old, ignore_errors=True)
+    except Exception as e:  # safetensors' and torch's errors wrap the OSError of a full disk
+        if not is_disk_full(e, out.parent):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise StoreError(f"the disk of {out.parent} is full ({size_words(free_bytes(out.parent))} free) while writing "
+                         f"{FINAL_DIR}/: none of it was kept, the checkpoints are: free some space and run the same "
+                         f"command (it writes {FINAL_DIR}/ without training again)") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out, kept

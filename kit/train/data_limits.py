@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 
 from kit.errors import UsageError
+from kit.files import size_words
 
 BYTES_PER_TOKEN = 64  # ~4 bytes of UTF-8 per token, ×16: escapes (\u00e9 is 6 bytes), long tokens, markup
 ROW_FLOOR = 1 << 20  # 1 MiB: no row of a fine-tuning set is refused at a small seq_len for being a few pages
@@ -31,14 +32,6 @@ def row_limit(seq_len: int | None) -> int:
     if not seq_len:
         return ROW_CAP
     return min(ROW_CAP, max(ROW_FLOOR, int(seq_len) * BYTES_PER_TOKEN))
-
-
-def size_words(n: int) -> str:
-    """1536 → "1.5 KiB"; 150_000_000 → "143.1 MiB"."""
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} bytes"
 
 
 def row_too_long(where: str, size: int | None, limit: int, seq_len: int | None) -> UsageError:
