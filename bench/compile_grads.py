@@ -5,7 +5,7 @@
 
 On the H200 the loss with torch.compile of the decoder layers sits below the eager one from the
 second step on (0.78 % on average with Liger, 3.95 % at most alone; bench/results/
-speed_h200_session9_summary.json) while the first step's loss is the same, so the first update
+speed_h200_cold_caches_summary.json) while the first step's loss is the same, so the first update
 differs. On the CPU, with and without a 4-bit base, the two agree to 1e-5 (tests/test_modeling.py).
 
 This runs kit's own script (bench/speed.py's fill rows and shape) for --steps steps: `compile=off`
@@ -19,11 +19,11 @@ learning rate in its gradient's sign). Also per step: the tensors whose gradient
 and the all-zero tensors in each run (all zero in one run only would be a path cut). On the CPU the
 planner runs compile=on eagerly, so a dry run checks the plumbing only.
 
-Result (bench/results/compile_grads_h200.json, session 10): checkpointing on or off changes nothing;
+Result (bench/results/compile_grads_h200.json): checkpointing on or off changes nothing;
 the first step's LoRA B gradients agree (cosine ≥ 0.9996, signs 98.5-99.8 %), yet the second loss
 is 12.02 against 12.48, so the compiled forward differed once the adapters were non-zero: inductor
 kept fused intermediates (the LoRA sums) in fp32 where eager rounds to bf16. Rounding as eager does
-(kit.train.modeling.compile_layers) brings the curves within 0.04 % (speed_h200_session10_fill_casts.json).
+(kit.train.modeling.compile_layers) brings the curves within 0.04 % (speed_h200_fill_compile_eager_rounding.json).
 """
 
 from __future__ import annotations

@@ -94,7 +94,8 @@ def cold_caches() -> dict:
     TorchInductor, Triton and Unsloth keep compiled kernels on disk (/tmp/torchinductor_$USER,
     ~/.triton, ./unsloth_compiled_cache) and a later process reuses them. Shared, the second of
     two Unsloth runs skipped the first's compilation: Unsloth direct measured 0.70x kit's
-    whole-epoch time running after it (session 7) and 1.20x running before it (session 8).
+    whole-epoch time running after it (speed_h200_chat_batching_unsloth.json) and 1.20x running before it
+    (speed_h200_chat_unsloth_probe_unmatched_batches.json).
     """
     root = Path(tempfile.mkdtemp(prefix="kit-bench-cache-"))
     return {"TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"), "TRITON_CACHE_DIR": str(root / "triton"),

@@ -11,7 +11,7 @@ only where the benchmark shows it pays"), so no product code is written for a sp
 - compile: after `SFTTrainer` is built, `module.compile()` on every `*DecoderLayer` (the unit that
   repeats; the 4-bit matmuls are bitsandbytes' registered custom ops). The session record's step
   time is the median of the steps after the first two, so compilation is outside it.
-  (Session 9's `compile_nonorm`, the same with Liger's RMSNorm left to inductor, is now kit's own
+  (The earlier `compile_nonorm` row, the same with Liger's RMSNorm left to inductor, is now kit's own
   `compile=on`: bench/speed.py's `liger_offload_compile_on` row runs it through the script.)
 """
 
@@ -24,7 +24,7 @@ PATCHES = ("compile", "probe", "grads")
 
 
 def _compile(script: str) -> None:
-    """Compiled layers without kit's eager rounding: how sessions 6 and 9 measured compile."""
+    """Compiled layers without kit's eager rounding: how the cold-cache runs measured compile."""
     import trl
 
     from kit.train import modeling

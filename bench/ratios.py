@@ -1,8 +1,8 @@
 """The ratios a bench/speed.py results file holds: each row's speed and memory against one row, its
 loss curve against another, step by step (rows of one file trained on the same batches).
 
-    python bench/ratios.py bench/results/speed_h200_session10_fill_casts.json --to unsloth_direct --loss-vs plain
-    python bench/ratios.py bench/results/speed_h200_session10_chat_compile.json --to padding_free_liger --from-step 3
+    python bench/ratios.py bench/results/speed_h200_fill_compile_eager_rounding.json --to unsloth_direct --loss-vs plain
+    python bench/ratios.py bench/results/speed_h200_chat_compile.json --to padding_free_liger --from-step 3
 
 Speed: tokens/s (fill rows: the median step) or trained tokens/s (chat rows: the whole epoch); with
 --from-step N, also the sum of the probe's step times from step N on (bench/trainer_probe.py), which

@@ -21,7 +21,7 @@ gradient checkpointing, one GPU, each configuration a fresh process, alone on th
 `liger_offload` is Liger with `activation_offloading=on` (TRL's activation offloading, which kit's
 "auto" now picks where measured); `liger_offload_compile_on` adds kit's `compile=on` (torch.compile
 of each decoder layer, Liger's RMSNorm left to inductor); `plain_compile_on` is compile alone.
-(Session 10's `_casts` rows, in speed_h200_session10_fill_casts.json, were these two under
+(The `_casts` rows, in speed_h200_fill_compile_eager_rounding.json, were these two under
 TORCHINDUCTOR_EMULATE_PRECISION_CASTS=1, before kit's `compile` rounded as eager does itself.) A
 candidate kit does not choose runs through bench/patched_run.py (fill: `liger_compile` and
 `liger_offload_compile`, torch.compile of each decoder layer with Liger's RMSNorm kept).

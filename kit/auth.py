@@ -6,22 +6,23 @@ secret named ``HF_TOKEN`` (only on Kaggle; huggingface_hub does not know Kaggle'
 then Colab's ``userdata`` again (huggingface_hub skips it on Colab Enterprise and when
 ``google.colab.errors`` is missing). The token is never printed, logged
 or put in an exception; :func:`redact` scrubs it from any text that might carry it.
+:func:`find_secret` looks up other keys (an experiment tracker's) the same way, by their own name.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 import sys
+from pathlib import Path
+
+from kit.errors import UsageError
+from kit.files import write_atomic
+from kit.redaction import ENV_VARS, holds_token, redact
 
 log = logging.getLogger(__name__)
 
 SECRET_NAME = "HF_TOKEN"
-ENV_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
-# The shape of a Hugging Face user access token ("hf_" and 34 letters/digits); 20+ so that shorter
-# test tokens and future lengths are caught too, while names like `hf_home` are not.
-TOKEN_RE = re.compile(r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{20,}")
 
 
 def on_kaggle() -> bool:
@@ -32,7 +33,7 @@ def on_colab() -> bool:
     return "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ
 
 
-def _kaggle_secret() -> str | None:
+def _kaggle_secret(name: str = SECRET_NAME) -> str | None:
     try:
         from kaggle_secrets import UserSecretsClient
     except ImportError:
@@ -46,13 +47,13 @@ def _kaggle_secret() -> str | None:
     except ImportError:
         pass
     try:
-        return UserSecretsClient().get_secret(SECRET_NAME) or None
+        return UserSecretsClient().get_secret(name) or None
     except errors as err:
-        log.info("no Kaggle secret %s attached to this notebook (%s)", SECRET_NAME, type(err).__name__)
+        log.info("no Kaggle secret %s attached to this notebook (%s)", name, type(err).__name__)
         return None
 
 
-def _colab_secret() -> str | None:
+def _colab_secret(name: str = SECRET_NAME) -> str | None:
     try:
         from google.colab import userdata
     except ImportError:
@@ -63,10 +64,34 @@ def _colab_secret() -> str | None:
         if isinstance(e, type)
     )
     try:
-        return userdata.get(SECRET_NAME) or None
+        return userdata.get(name) or None
     except errors as err:
-        log.info("no usable Colab secret %s (%s)", SECRET_NAME, type(err).__name__)
+        log.info("no usable Colab secret %s (%s)", name, type(err).__name__)
         return None
+
+
+def find_secret(name: str) -> tuple[str | None, str | None]:
+    """(value, where it came from) of the secret `name` (e.g. ``WANDB_API_KEY``), or (None, None).
+
+    The environment variable of that name first, then a Kaggle secret of that name (on Kaggle),
+    then a Colab secret of that name (on Colab). The Hugging Face token has its own order
+    (:func:`find_token`); this is for the other keys a run may need, such as a tracker's.
+
+    Example:
+        >>> key, source = find_secret("WANDB_API_KEY")   # never print `key`; `source` is safe to show
+    """
+    value = os.environ.get(name, "").strip()
+    if value:
+        return value, f"{name} env"
+    if on_kaggle():
+        value = (_kaggle_secret(name) or "").strip()
+        if value:
+            return value, "Kaggle secret"
+    if on_colab():
+        value = (_colab_secret(name) or "").strip()
+        if value:
+            return value, "Colab secret"
+    return None, None
 
 
 def _hub_token() -> str | None:
@@ -114,25 +139,6 @@ def token_source() -> str | None:
     return None
 
 
-def _env_tokens(token: str | None = None) -> set[str]:
-    """The token values this process knows without asking a secret store (env, or given)."""
-    return {v for v in {token, *(os.environ.get(v, "").strip() for v in ENV_VARS)} if v and len(v) >= 4}
-
-
-def holds_token(text: str) -> bool:
-    """Whether `text` holds a token: one shaped like a Hugging Face token, or this environment's."""
-    text = str(text)
-    return bool(TOKEN_RE.search(text)) or any(len(v) >= 8 and v in text for v in _env_tokens())
-
-
-def redact(text: str, token: str | None = None) -> str:
-    """Replace the token (given, or found in the environment) and anything token-shaped with ``***``."""
-    text = str(text)
-    for value in sorted(_env_tokens(token), key=len, reverse=True):
-        text = text.replace(value, "***")
-    return TOKEN_RE.sub("***", text)
-
-
 def refuse_token(value, what: str, exit_code: int = 2) -> None:
     """Raise a KitError (never echoing the value) when `value` holds a token.
 
@@ -140,51 +146,15 @@ def refuse_token(value, what: str, exit_code: int = 2) -> None:
     train_ddp.py, checkpoints and the store), a generated file.
     """
     if holds_token(value):
-        from kit.errors import UsageError
-
-        raise UsageError(f"{what} holds what looks like a Hugging Face token; kit never writes a token into a "
-                       "setting or a file: keep it in HF_TOKEN (or a Kaggle/Colab secret named HF_TOKEN)",
-                       exit_code)
-
-
-class _Redacting:
-    """A text stream that scrubs tokens from what is written, delegating everything else."""
-
-    def __init__(self, stream):
-        self._stream = stream
-
-    def write(self, text):
-        return self._stream.write(redact(text))
-
-    def __getattr__(self, name):
-        return getattr(self._stream, name)
-
-
-class redacted_output:
-    """`with redacted_output():` — stdout and stderr scrub tokens for the block's duration.
-
-    The CLI's last line of defence: a message that echoes a value kit did not think to check
-    (a facts file's platform, a server's reply) still never shows a token.
-    """
-
-    def __enter__(self):
-        self._saved = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = _Redacting(sys.stdout), _Redacting(sys.stderr)
-        return self
-
-    def __exit__(self, *exc):
-        sys.stdout, sys.stderr = self._saved
-        return False
+        raise UsageError(f"{what} holds what looks like a Hugging Face token or a tracker's key; kit never writes a "
+                         "token or key into a setting or a file: keep it in HF_TOKEN (or WANDB_API_KEY, "
+                         "TRACKIO_WRITE_TOKEN), or a Kaggle/Colab secret of that name", exit_code)
 
 
 def scrub_file(path) -> bool:
     """Show the token as ``***`` in a text file kit keeps but did not write itself (an executed
     notebook, a downloaded Kaggle log). Returns whether anything was replaced; bytes that are not
     UTF-8 stay as they are."""
-    from pathlib import Path
-
-    from kit.files import write_atomic
-
     path = Path(path)
     if not path.is_file():
         return False
@@ -193,26 +163,3 @@ def scrub_file(path) -> bool:
     if clean != text:
         write_atomic(path, clean.encode("utf-8", errors="surrogateescape"))
     return clean != text
-
-
-def redact_tracebacks() -> None:
-    """Make the tracebacks of uncaught exceptions (main thread and threads) show a token as ``***``.
-
-    For the generated script: a crash still prints its whole traceback, for debugging, but a value in
-    it (an environment variable, a path, a server's reply) never shows the token.
-    """
-    import threading
-    import traceback
-
-    def report(exc_type, exc, tb):
-        sys.stderr.write(redact("".join(traceback.format_exception(exc_type, exc, tb))))
-
-    def report_thread(args):
-        if args.exc_type is SystemExit:
-            return
-        name = getattr(args.thread, "name", "?")
-        sys.stderr.write(f"Exception in thread {name}:\n")
-        report(args.exc_type, args.exc_value, args.exc_traceback)
-
-    sys.excepthook = report
-    threading.excepthook = report_thread

@@ -10,11 +10,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import re
 import sys
 from dataclasses import dataclass
 
 from kit.errors import EXIT_USAGE, KitError
+from kit.parser import Parser
 
 COMMANDS = {
     "probe": ("kit.commands.probe", "facts about this machine: GPUs, torch build, packages"),
@@ -28,53 +28,9 @@ COMMANDS = {
 }
 
 
-class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line and exit 2, like every other kit error.
-
-    `key=value` overrides may sit anywhere among the flags (`train_ddp.py lora.r=8 --force
-    output_dir=X`): plain argparse stops filling a `nargs="*"` positional at the first flag and
-    calls the rest "unrecognized arguments", so a parser without subcommands parses intermixed.
-    """
-
-    _intermixed = False  # set while parse_known_intermixed_args calls back into parse_known_args
-
-    def parse_known_args(self, args=None, namespace=None):
-        if self._intermixed:  # the inner passes: argv stays the whole command line, for error()
-            return super().parse_known_args(args, namespace)
-        self._argv = list(sys.argv[1:] if args is None else args)  # for error(): the value it refused
-        if any(a.nargs in (argparse.PARSER, argparse.REMAINDER) for a in self._get_positional_actions()):
-            return self._no_empty(super().parse_known_args(args, namespace))
-        self._intermixed = True
-        try:
-            return self._no_empty(self.parse_known_intermixed_args(args, namespace))
-        finally:
-            self._intermixed = False
-
-    def _no_empty(self, parsed):
-        """An option given an empty value (`-o ""`, `--plot ""`) was taken as not given: refuse it."""
-        for action in self._actions:
-            given = [o for o in action.option_strings if o in self._argv or f"{o}=" in self._argv]
-            if given and getattr(parsed[0], action.dest, None) == "":
-                self.error(f"argument {given[0]}: an empty value: give one, or leave {given[0]} out")
-        return parsed
-
-    def error(self, message):
-        # argparse takes a value that starts with "-" (`--gpus -1xT4`) for an option and says only
-        # "expected one argument": name the value, and how to pass it.
-        missing = re.fullmatch(r"argument (\S+): expected one argument", message)
-        argv = getattr(self, "_argv", [])
-        for opt in (missing.group(1).split("/") if missing else ()):
-            if opt in argv and argv.index(opt) + 1 < len(argv):
-                value = argv[argv.index(opt) + 1]
-                message = (f"argument {opt}: expected a value, got {value!r}, which reads as an option "
-                           f"(to pass a value that starts with '-', write {opt}={value})")
-                break
-        raise KitError(f"{self.prog}: {message} (see `{self.prog} --help`)", EXIT_USAGE)
-
-
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    parser = _Parser(prog="kit", description="Fine-tune LLMs on notebook GPUs and survive the cutoff.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    parser = Parser(prog="kit", description="Fine-tune LLMs on notebook GPUs and survive the cutoff.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for name, (module_name, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == command:  # only the command being run is imported
@@ -98,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(argv: list[str] | None = None) -> Outcome:
-    from kit.auth import redacted_output
+    from kit.redaction import redacted_output
 
     with redacted_output():  # whatever a command prints, a token in it is shown as ***
         return _main(argv)

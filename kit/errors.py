@@ -5,6 +5,8 @@ train this job, 4 the checkpoint store failed. A `KitError` is printed as one li
 traceback, and never carries a token (its message is redacted when it is made).
 """
 
+from kit.redaction import redact
+
 EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_CANNOT_TRAIN = 3
@@ -17,8 +19,6 @@ class KitError(Exception):
     exit_code = 1
 
     def __init__(self, message: str, exit_code: int | None = None):
-        from kit.auth import redact
-
         # Messages echo values (a config value, a path, a server's reply): a token among them is
         # scrubbed here, once, so no message can carry one to a terminal, a log or another rank.
         super().__init__(redact(message))

@@ -1,9 +1,9 @@
 """Shared test setup: the `gpu` marker that skips without a CUDA GPU, and cleanup of any process
 group a test left behind (a leaked group makes the next test's init fail or hang).
 
-Every test runs by default (`python -m pytest -q` is the full suite). `slow` marks the end-to-end
-tests (real torchrun, papermill, Jupyter kernels, kill -9, multi-second training subprocesses);
-`python -m pytest -q -m "not slow"` is the fast development tier."""
+Plain `python -m pytest` is the fast tier (setup.cfg's addopts: `-m "not slow"`); README's test
+command adds `-m "slow or not slow"` and runs every test. `slow` marks the end-to-end tests (real
+torchrun, papermill, Jupyter kernels, kill -9, multi-second training subprocesses)."""
 
 import os
 import sys

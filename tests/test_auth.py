@@ -10,6 +10,7 @@ import pytest
 from huggingface_hub import constants as hf_constants
 
 from kit import auth
+from kit.redaction import redact
 from kit.errors import StoreError
 from kit.checkpoints.store.hub import HubStore
 from tests.hubserver import WRITE_TOKEN, hub  # noqa: F401  (fixture)
@@ -137,10 +138,10 @@ def test_env_beats_secrets(monkeypatch):
 
 
 def test_redact(monkeypatch):
-    assert auth.redact(f"url?t={FAKE} and {FAKE}", FAKE) == "url?t=*** and ***"
+    assert redact(f"url?t={FAKE} and {FAKE}", FAKE) == "url?t=*** and ***"
     monkeypatch.setenv("HF_TOKEN", FAKE)
-    assert auth.redact(f"Bearer {FAKE}") == "Bearer ***"
-    assert auth.redact("nothing here") == "nothing here"
+    assert redact(f"Bearer {FAKE}") == "Bearer ***"
+    assert redact("nothing here") == "nothing here"
 
 
 def test_token_never_appears_in_logs_or_errors(hub, monkeypatch, tmp_path, caplog):

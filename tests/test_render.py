@@ -152,7 +152,7 @@ def test_paths_and_values_with_quotes_backslashes_and_spaces_still_give_a_script
 def test_the_script_redacts_the_token_from_a_crash_traceback(tmp_path):
     """A crash still shows its traceback, in the main thread and in a thread, never the token."""
     token = "hf_" + "crashTRACEBACKtoken" + "0123456789ab"
-    code = ("import os, threading\nfrom kit.auth import redact_tracebacks\nredact_tracebacks()\n"
+    code = ("import os, threading\nfrom kit.redaction import redact_tracebacks\nredact_tracebacks()\n"
             "t = threading.Thread(target=lambda: 1 / int(os.environ['HF_TOKEN'][:0] or 'x' + os.environ['HF_TOKEN']))\n"
             "t.start(); t.join()\nraise RuntimeError('bad ' + os.environ['HF_TOKEN'])\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,

@@ -325,7 +325,7 @@ def test_compile_auto_is_on_where_measured_with_the_numbers_and_how_to_turn_it_o
 
 def test_auto_on_the_h200_is_the_stack_measured_at_0_89_of_unsloth_direct():
     """Issue #17's plain-backend row: Liger, activation offloading and compiled layers, all from "auto"
-    (bench/results/speed_h200_session10_fill_casts.json, liger_offload_compile_on_casts)."""
+    (bench/results/speed_h200_fill_compile_eager_rounding.json, liger_offload_compile_on_casts)."""
     with_liger = {**H200, "packages": {**H200["packages"], "liger_kernel": "0.8.5"}}
     plan = make_plan(with_liger, cfg(*QWEN8_QLORA, *CHAT))
     assert plan.backend == "transformers" and plan.gradient_checkpointing

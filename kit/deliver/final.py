@@ -14,7 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
-from kit.auth import redact
+from kit.redaction import redact
 from kit.errors import StoreError
 from kit.files import free_bytes, is_disk_full, size_words
 from kit.checkpoints.store.layout import final_step_of, kept_final_name

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from kit import files
-from kit.auth import redact
+from kit.redaction import redact
 from kit.errors import KitError
 
 BASELINE_STORE = "baseline.json"

@@ -10,7 +10,7 @@ MEASURED = {
     # Trained tokens/s on chat rows with LMSYS-Chat-1M's lengths, against padded batches (1,263/s,
     # half the tokens computed were pad): padding-free 1,447/s and 8.3 GiB against 10.3 GiB.
     "padding_free_vs_padded": 1.146,
-    # Packed sequences as rows (kit.train.collate), one run (bench/results/speed_h200_session7_chat.json):
+    # Packed sequences as rows (kit.train.collate), one run (bench/results/speed_h200_chat_batching.json):
     # 4,061 trained tokens/s against padded 1,402, 10.25 GiB both; with Liger 3,842 (median step 1.00 s,
     # 1.69 s when the same batches were one flattened sequence).
     "packed_vs_padded": 2.896,
@@ -25,15 +25,15 @@ MEASURED = {
     # memory (bench/results/speed_fused_adamw_h200.json): below FUSED_ADAMW_PAYS.
     "fused_adamw_vs_adamw": 1.017,
     "fp16_vs_bf16": 0.968,            # fp16 with loss scaling and fp32 adapters, same model and batch
-    # backend unsloth on the chat rows, one run (bench/results/speed_h200_session5.json): padding-free
+    # backend unsloth on the chat rows, one run (bench/results/speed_h200_fill_chat_compile_trial.json): padding-free
     # 1,867 trained tokens/s and 7.31 GiB against padded 1,434 and 8.32 GiB; per-step losses within 0.098 %.
     "unsloth_padding_free_vs_padded": 1.302,
     # backend unsloth padding-free against Unsloth driven directly, the same 80 batches of LMSYS-length
-    # rows, one H100, 4 pairs in A-B-B-A / B-A-A-B order (bench/results/speed_h100_session16_chat_pairs_*.json):
+    # rows, one H100, 4 pairs in A-B-B-A / B-A-A-B order (bench/results/speed_h100_chat_unsloth_pairs_*.json):
     # steps 2-80 summed 159.03 s against 158.61 s (pairs 0.974, 1.036, 1.005, 0.972); 7.31 GiB both.
     "unsloth_backend_vs_direct": 0.997,
     # TRL's activation_offloading on top of Liger, fill rows, three runs on three machines
-    # (bench/results/speed_h200_session6.json, speed_h200_session7_fill.json, speed_h200_session9_fill_offload.json):
+    # (bench/results/speed_h200_fill_chat_offloading_trial.json, speed_h200_fill_liger_offload_unsloth.json, speed_h200_fill_offload_cold.json):
     # 9,030 against 8,670, 8,763 against 9,120 and (30 steps) 8,584 against 9,022 tokens/s; 7.61 against
     # 9.65 GiB every time; the losses the same to 4 digits.
     "offload_vs_liger": 0.985,  # the three runs' mean (1.042, 0.961, 0.951)
@@ -43,13 +43,13 @@ MEASURED = {
     "compile_vs_liger": 1.065,
     # Liger (its RMSNorm left to inductor) + activation offloading + torch.compile of each decoder layer
     # (`compile=on`), against Unsloth direct in the same run, three runs: 9,159 against 10,349 and 9,492
-    # against 10,514 tokens/s, 30 steps (bench/results/speed_h200_session9_fill_compile_patched.json
+    # against 10,514 tokens/s, 30 steps (bench/results/speed_h200_fill_compile_patched_cold.json
     # through bench/patched_run.py, _fill_compile.json through kit's script), and 9,155 against 10,236,
-    # 20 steps, with inductor rounding as eager does (speed_h200_session10_fill_casts.json); 7.56 against
+    # 20 steps, with inductor rounding as eager does (speed_h200_fill_compile_eager_rounding.json); 7.56 against
     # 7.95 GiB every time; Liger alone 0.875× and 0.888× at 9.65 GiB, + offloading 0.82×.
     "compile_offload_vs_unsloth": 0.894,  # the three runs' mean (0.885, 0.903, 0.894)
     "compile_offload_memory_vs_unsloth": 0.951,
-    # The loss curves, session 10, same call: before, compiled layers sat below eager's from the
+    # The loss curves, same call: before, compiled layers sat below eager's from the
     # first update on (1.27 % on average, 3.95 % at most, alone; 0.77 % and 1.85 % with Liger), as
     # inductor kept fused intermediates in fp32 that eager rounds to bf16. Rounding as eager does
     # (kit.train.modeling.compile_layers), 20 steps: compile alone within 0.04 % of plain at most,
@@ -57,11 +57,11 @@ MEASURED = {
     # rows (below) 0.09 %, where Liger against plain was 0.105 % and one run twice 0.055 %.
     "compile_loss_max_rel_diff": 0.0009,
     # Chat-length rows, padding-free with Liger, same 40 batches (160 rows,
-    # speed_h200_session10_chat_compile.json): compiled 43.3 s against eager 50.4 s from the third step
+    # speed_h200_chat_compile.json): compiled 43.3 s against eager 50.4 s from the third step
     # on, but the first two steps 44.6 s against 18.1 s (compiled once per shape, then once with the
     # length dynamic): 0.78× over that 40-step epoch. Losses within 0.09 % of eager's at every step.
     "compile_chat_vs_eager": 1.165,
-    # torch.compile alone on the plain stack, session 9: 10,163 tokens/s (0.967× Unsloth direct, 1.41×
-    # plain) at 10.22 GiB (1.29×); session 10 with eager rounding: 9,880, 0.965×.
+    # torch.compile alone on the plain stack, cold caches: 10,163 tokens/s (0.967× Unsloth direct, 1.41×
+    # plain) at 10.22 GiB (1.29×); with eager rounding: 9,880, 0.965×.
     "compile_alone_vs_unsloth": 0.967,
 }

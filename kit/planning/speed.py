@@ -10,7 +10,7 @@ would be worth a choice, so it is not chosen; TRL's activation offloading (2 GiB
 checkpointing within the speed spread of three runs, `activation_offloading`); torch.compile of the decoder
 layers (`compile`) 1.41× over the plain stack, with Liger and offloading 0.89× Unsloth direct at 0.95× its memory, the
 loss curve within 0.04 % of eager's, on bf16-native NVIDIA GPUs for jobs long enough to repay compiling;
-padding-free batches under Unsloth's trainer too (1.30× padded, bench/results/speed_h200_session5.json).
+padding-free batches under Unsloth's trainer too (1.30× padded, bench/results/speed_h200_fill_chat_compile_trial.json).
 Where nothing was measured (ROCm, the CPU) the choice is TRL's default and the reason says so.
 
 Batching, for data whose rows are of unequal length (chat, instructions):

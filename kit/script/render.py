@@ -41,6 +41,9 @@ def _strategy_words(plan: dict) -> str:
         return f"FSDP over {n} {where}, {plan.get('precision')}"
     if plan.get("strategy") == "model_parallel":
         return f"model parallel over the {where} of one process, {plan.get('precision')}"
+    if plan.get("strategy") == "single":
+        one = "process on the CPU" if device == "cpu" else f"GPU ({plan.get('gpu_name', 'GPU')})"
+        return f"single {one}, {plan.get('precision')}"
     return f"{plan.get('strategy')} on {n} {where}, {plan.get('precision')}"
 
 
@@ -83,6 +86,7 @@ def render(cfg: config.RunConfig, plan: dict, config_path: str, machine: str, re
         launch=f"{_launch_line(kept):<52} ",
         launch_bare=_launch_line(kept),
         unsloth_import=unsloth_import,
+        report_to=cfg.report_to,
         kit_version=__version__,
         settings=_literal(config.to_dict(cfg)),
         plan=_literal(kept),

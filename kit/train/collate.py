@@ -6,7 +6,7 @@ block-diagonal mask over the whole micro-batch: 4 sequences of 2,048 tokens are 
 16 times one sequence's, and a packed step took 1.92 s where 4 rows that fill seq_len took 1.15 s
 (bench/results/speed_h200.json). As rows, a packed step with Liger took 1.00 s (median), 1.69 s
 flattened, and packed batches trained 2.90× the tokens/s of padded ones
-(bench/results/speed_h200_session7_chat.json). Kept as rows, each sequence is its own 2,048² problem: `PackedRows`
+(bench/results/speed_h200_chat_batching.json). Kept as rows, each sequence is its own 2,048² problem: `PackedRows`
 pads them to the longest, gives each its examples' restarting position_ids and no attention_mask,
 and transformers builds a block-diagonal mask per row from the position_ids (masking_utils'
 find_packed_sequence_indices), so examples never attend to each other.

@@ -71,7 +71,7 @@ def finish(job, trainer) -> int:
                     f"run the same command to continue")
             job.log(said + after)
             if signalled:  # torchrun's traceback comes after the ranks end: say the outcome again, last
-                from kit.auth import redact
+                from kit.redaction import redact
                 from kit.train.last_word import repeat_after_torchrun
 
                 repeat_after_torchrun(f"[kit] {redact(said)} [kit exit 0; the SignalException traceback and "
@@ -82,7 +82,7 @@ def finish(job, trainer) -> int:
             for line in closing:
                 job.log(line)
         if behind:  # the next session, on a fresh machine, would resume from the store's older step
-            from kit.auth import redact
+            from kit.redaction import redact
 
             print(f"error: {redact(behind)}", file=sys.stderr, flush=True)
             code = EXIT_STORE

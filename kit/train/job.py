@@ -44,7 +44,7 @@ class Job:
     # -- words ------------------------------------------------------------------------------
     def log(self, message: str) -> None:
         if self.ctx.is_main:
-            from kit.auth import redact
+            from kit.redaction import redact
 
             print(f"[kit] {redact(message)}", flush=True)
 

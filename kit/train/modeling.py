@@ -147,7 +147,7 @@ def compile_layers(model) -> int:
     (`emulate_precision_casts`). Without that it keeps them in fp32 inside a fused kernel, and on the
     H200 the QLoRA loss curve of Qwen3-8B fell up to 3.95 % below eager's from the first update on
     (the LoRA sums that bf16 rounds away in eager survived); with it the curves agree to 0.04 % at the
-    same speed (bench/results/speed_h200_session10_fill_casts.json). A torch whose inductor cannot
+    same speed (bench/results/speed_h200_fill_compile_eager_rounding.json). A torch whose inductor cannot
     round so compiles nothing: 0."""
     if not _inductor_rounds_as_eager():
         return 0

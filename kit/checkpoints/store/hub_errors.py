@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
-from kit.auth import redact
+from kit.redaction import redact
 from kit.errors import StoreError
 from kit.checkpoints.store.base import StaleHead, TransientStoreError
 from kit.checkpoints.store.hub_http import _httpx, first_line

@@ -24,10 +24,11 @@ from pathlib import Path
 
 import libcst as cst
 
-from kit.notebooks.convert.magics import PYTHON_ARG_MAGICS, PYTHON_BODY_MAGICS, captured, python_for
+from kit.notebooks.convert.magics import (PYTHON_ARG_MAGICS, PYTHON_BODY_MAGICS, captured, python_for,
+                                         shell_line_python)
 from kit.notebooks.convert.syntax import Change, clip
 from kit.errors import UsageError
-from kit.auth import redact
+from kit.redaction import redact
 from kit.files import json_problem, parse_json, read_text, regular_file
 
 # IPython's `lhs = !cmd` / `lhs = %magic args` (its assign_from_system/assign_from_magic transforms).
@@ -165,9 +166,7 @@ def strip_magics(source: str, cell: int, changes: list[Change], cells: Cells | N
                                                      else ""), review=shell))
             continue
         if number in port:
-            from kit.notebooks.convert.shell_after import python_for as shell_python
-
-            kept.append(indent + shell_python(stripped))
+            kept.append(indent + shell_line_python(stripped))
             continue
         if continued or stripped.startswith(("!", "%")):
             python = None if continued else python_for(stripped)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import re
 
-from kit.auth import TOKEN_RE
+from kit.redaction import TOKEN_RE
 from kit.errors import UsageError
 
 SHAPES = [(TOKEN_RE, "a Hugging Face token"),

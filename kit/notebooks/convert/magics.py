@@ -16,6 +16,11 @@ PYTHON_ARG_MAGICS = {"%" + m for m in PYTHON_BODY_MAGICS - {"capture"}}
 VALUE_OPTIONS = {"-n", "-r", "-s", "-l", "-T", "-D", "-p", "-b"}  # options of those magics that take a value
 
 
+def shell_line_python(text: str) -> str:
+    """A one-line `!cmd` as the Python that runs it as IPython did: through the shell, not stopping on failure."""
+    return f"import subprocess; subprocess.run({text[1:].strip()!r}, shell=True)  # kit: was `{clip(text, 60)}`"
+
+
 def python_for(line: str) -> str | None:
     """`%env K=V` / `%set_env K V` / `%cd DIR` as Python, so the code below sees the same state."""
     word, _, rest = line.partition(" ")

@@ -8,7 +8,7 @@ import warnings
 
 import libcst as cst
 
-from kit.auth import redact
+from kit.redaction import redact
 from kit.notebooks.convert.cells import is_install
 from kit.notebooks.convert.syntax import Change
 

@@ -12,7 +12,7 @@ installs, `%` magics, lines continued with `\\`, lines inside a block (already a
 
 from __future__ import annotations
 
-from kit.auth import redact
+from kit.redaction import redact
 from kit.notebooks.convert.cells import is_install, parse_cell, read_code_cells, strip_magics
 from kit.notebooks.convert.syntax import Change, clip
 
@@ -20,10 +20,6 @@ from kit.notebooks.convert.syntax import Change, clip
 def portable(text: str) -> bool:
     return (text.startswith("!") and not is_install(text) and not text.endswith("\\")
             and not any(c in text for c in "{}$") and redact(text) == text and bool(text[1:].strip()))
-
-
-def python_for(text: str) -> str:
-    return f"import subprocess; subprocess.run({text[1:].strip()!r}, shell=True)  # kit: was `{clip(text, 60)}`"
 
 
 def port_after(path, parsed: list, dropped: list, end: tuple[int, int] | None, changes: list[Change]):

@@ -83,7 +83,8 @@ def execute(plan: Plan, n: int, verbose: bool = False) -> tuple[str, Path]:
     import papermill
     from papermill.exceptions import PapermillException
 
-    from kit.auth import redact, scrub_file
+    from kit.auth import scrub_file
+    from kit.redaction import redact
 
     plan.runs_dir.mkdir(parents=True, exist_ok=True)
     out = run_path(plan.runs_dir, n)
