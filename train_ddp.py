@@ -26,7 +26,7 @@ try:  # the mechanics (store sync, resume, lease, deadline, smoke checks) are ki
     from kit.errors import KitError
     from kit.planning import adapt
     from kit.script import arguments
-    from kit.train import callbacks, collate, data, dist, last_word, modeling, output_dir, sharding, tracking
+    from kit.train import callbacks, collate, data, disk, dist, last_word, modeling, output_dir, sharding, tracking
     from kit.train.job import Job
 except ModuleNotFoundError as e:
     missing = (e.name or "?").split(".")[0]
@@ -241,7 +241,9 @@ def main(argv: list[str]) -> int:
                     "compile off: this torch's inductor cannot round as eager does (emulate_precision_casts)")
         collate.settle(trainer, plan)  # packed sequences as rows, each under its own block-diagonal mask
         # A checkpoint the other strategy wrote resumes through a converted copy (same numbers).
-        with callbacks.at_target_only_wrap_up():  # resumed at max_steps (cut in its wrap-up): no step more
+        # Resumed at max_steps (cut in its wrap-up): no step more. A disk that fills up during a save: one
+        # line and exit 4, the partial checkpoint removed, the ones before it kept (kit.train.disk).
+        with callbacks.at_target_only_wrap_up(), disk.full_disk_stops(cfg.output_dir):
             trainer.train(resume_from_checkpoint=sharding.resumable(trainer, job.resume_from, plan, ctx))
         modeling.eager_layers(trainer.model)  # the final evaluation generates: eager, no compiling per length
         code = job.finish(trainer)  # rank 0: last upload, final evaluation, final/ and its push, closing lines

@@ -67,12 +67,14 @@ def deliver(job, trainer, step: int) -> tuple[int, list[str], dict]:
                           job.plan.per_device_batch, step)
     sharded = getattr(job.plan, "strategy", "ddp") == "fsdp" and job.ctx.world_size > 1
     adapter_from = Path(job.cfg.output_dir) / f"checkpoint-{step}" if sharded else None
-    final = write_final(job.cfg, trainer.model, tokenizer, results, job.run, _facts(job, _sessions(job)),
-                        adapter_from=adapter_from)
+    final, kept = write_final(job.cfg, trainer.model, tokenizer, results, job.run, _facts(job, _sessions(job)),
+                              adapter_from=adapter_from)
     full = job.cfg.method == "full"
     lines = [change_line(results),
              f"final: {final} ({'model weights' if full else 'adapter'}, tokenizer, config, eval results, samples, "
              "model card)"]
+    if kept is not None:
+        lines.append(kept_words(final, kept, step))
     code, record = push(job, final, lines)
     if full:  # nothing to merge: `kit export` takes adapters
         lines.append(f"use: AutoModelForCausalLM.from_pretrained({str(final)!r}) loads it as it is; GGUF: llama.cpp's "
@@ -87,13 +89,21 @@ def push(job, final: Path, lines: list[str]) -> tuple[int, dict]:
     if job.store is None:
         return 0, {"final": str(final)}
     try:
-        where = job.store.publish_final(final)
+        where, kept = job.store.publish_final(final)
     except StoreError as e:
         lines.append(f"error: final/ was not pushed to {job.store.describe()}: {e}; it is complete in {final} — "
                      "fix that and run the same command again to push it")
         return EXIT_STORE, {"final": str(final), "final_push": f"failed: {e}"}
     lines.append(f"pushed: {where}")
+    if kept is not None:
+        lines.append(f"the store's earlier final/ was of another step: it is kept there as {kept}/")
     return 0, {"final": str(final), "final_push": where}
+
+
+def kept_words(final: Path, kept: Path, step: int) -> str:
+    """The line for a final/ of an earlier target kept aside (kit.deliver.final.write_final)."""
+    return (f"the earlier {final.name}/ was of another step than this job's {step}: it is kept as {kept} "
+            "(delete it when you no longer need it)")
 
 
 def push_if_missing(job, step: int) -> tuple[int, list[str]]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kit.errors import UsageError, shown
-from kit.files import read_text
+from kit.files import read_text, refuse_shared_folder
 from kit.planning.config_values import check_value, unknown_key
 
 
@@ -265,6 +265,7 @@ def load(path: str | None = None, overrides=()) -> RunConfig:
     cfg = from_dict(data, source=path or "")
     for key, value in parse_overrides(overrides):
         set_value(cfg, key, value, source="command line")
+    refuse_shared_folder(cfg.output_dir)  # output_dir=/ filled the root with checkpoints (the script checks again)
     return cfg
 
 

@@ -19,6 +19,7 @@ from transformers import TrainerCallback
 from kit.train import dist, divergence
 from kit.checkpoints import manifest, rotation
 from kit.planning import save_cadence
+from kit.errors import StoreError
 from kit.files import GIB
 
 
@@ -66,8 +67,9 @@ class Control(TrainerCallback):
     """Save by wall time, always save the last step, and stop before the deadline or on a signal."""
 
     def __init__(self, ctx, deadline, save_every_minutes: float | str, signals: StopSignals, save_cost_s,
-                 say=None, halt=None):
+                 say=None, halt=None, room=None):
         self.ctx, self.deadline, self.signals = ctx, deadline, signals
+        self.room = room  # kit.train.disk.Room: what the next checkpoint needs on this rank's disk
         self.auto = save_every_minutes == "auto"  # from the measured save cost (kit.planning.save_cadence)
         self.save_every_s = save_cadence.CEILING_S if self.auto else save_every_minutes * 60
         self.say = say
@@ -122,6 +124,11 @@ class Control(TrainerCallback):
             control.should_training_stop = True
             self.stop_reason = (f"signal {self.signals.received}" if self.signals.received
                                 else f"deadline ({self.deadline.source})")
+        if control.should_save and self.room is not None:  # every rank knows should_save alike: one more reduce
+            short = self.room.short(args.output_dir)
+            if dist.any_true([short is not None], self.ctx.device)[0]:  # before a byte of it is written
+                raise StoreError(short or "another process's disk has no room for the next checkpoint (its line "
+                                 "says where): the checkpoints saved so far are kept")
         return control
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
@@ -183,8 +190,9 @@ class ResumedBatch(TrainerCallback):
 class Checkpoints(TrainerCallback):
     """Seal each checkpoint with a manifest, then hand it to the background uploader (rank 0)."""
 
-    def __init__(self, ctx, fingerprint: dict, sync=None, extra: dict | None = None, keep: int = 0):
+    def __init__(self, ctx, fingerprint: dict, sync=None, extra: dict | None = None, keep: int = 0, room=None):
         self.ctx, self.fingerprint, self.sync = ctx, fingerprint, sync
+        self.room = room  # told each checkpoint's size on this rank's disk (kit.train.disk.Room)
         self.keep = keep  # local checkpoint-<step> folders kept (kit.checkpoints.rotation); 0: all
         self.extra = extra  # run id and base revision, kept in each manifest
         self.last_seal_s = 0.0
@@ -192,10 +200,12 @@ class Checkpoints(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         # Every rank has written its rng_state_{rank}.pth once all are here; one barrier per save.
         dist.barrier()
+        path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if self.room is not None:
+            self.room.saved(path)
         if not self.ctx.is_main:
             return
         started = time.monotonic()
-        path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         manifest.write_manifest(path, state.global_step, self.ctx.world_size, self.fingerprint, self.extra)
         self.last_seal_s = time.monotonic() - started
         if self.sync is not None:

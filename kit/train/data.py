@@ -162,7 +162,7 @@ def prepare(cfg, tokenizer, pack: bool = False) -> Prepared:
     collator restarts position_ids at every row, so rows stay apart in attention. Eval rows are not
     packed: eval loss stays per row, comparable with an unpacked run.
     """
-    ds, locate = load_located(cfg.data)
+    ds, locate = load_located(cfg.data, cfg.seq_len)
     fmt, names = detect_format(ds.column_names, cfg.data)
     if fmt == "messages" and not tokenizer.chat_template:
         raise UsageError(f"{cfg.data.path} is chat data but the tokenizer of {cfg.model} has no chat template; "

@@ -18,6 +18,7 @@ from kit.checkpoints import fingerprint, resume
 from kit.train.output_dir import check_output_dir, lock as lock_output_dir
 from kit.train.callbacks import Checkpoints, Control, Meter, ResumedBatch, StopSignals
 from kit.train.deadline import session_deadline
+from kit.train.disk import Room
 from kit.errors import KitError
 from kit.evaluation import stage
 
@@ -214,11 +215,12 @@ class Job:
         return upload + seal
 
     def callbacks(self, model, dataset) -> list:
+        room = Room(model)  # the next checkpoint's size, checked against the disk before each save
         self._control = Control(self.ctx, self.deadline, self.cfg.save_every_minutes, self.signals,
-                                self._save_cost_s, say=self.log, halt=self._lease_lost)
+                                self._save_cost_s, say=self.log, halt=self._lease_lost, room=room)
         self._checkpoints = Checkpoints(self.ctx, fingerprint.of_job(self.cfg), self.sync,
                                         extra={k: self.run.get(k) for k in ("run_id", "base_revision")},
-                                        keep=self.cfg.keep_checkpoints)
+                                        keep=self.cfg.keep_checkpoints, room=room)
         self._meter = Meter(self.ctx.device, self.plan.global_batch * dataset.mean_tokens, self._on_step)
         if self.ctx.is_main and not self.smoke:
             # A session that dies once training began (an exception, not kill -9) is recorded too.
