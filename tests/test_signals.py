@@ -67,7 +67,7 @@ def test_ranks_whose_torchrun_is_killed_pause_push_and_exit_and_the_rerun_resume
         kill_job(agent, str(out))
     text = log.read_text()
     assert not left, f"ranks {sorted(left)} still running {GONE_WITHIN_S:.0f} s after torchrun was killed"
-    assert f"(torchrun's agent (pid {agent.pid}) is gone) — run the same command to continue" in text, text[-3000:]
+    assert f"(torchrun's agent, pid {agent.pid}, is gone) — run the same command to continue" in text, text[-3000:]
     step = int(text.split("[kit] paused at step ")[1].split()[0])
     assert 0 < step < 2000 and took < GONE_WITHIN_S
     assert (out / f"checkpoint-{step}" / "kit_manifest.json").is_file()
@@ -75,6 +75,86 @@ def test_ranks_whose_torchrun_is_killed_pause_push_and_exit_and_the_rerun_resume
     again = train([*args, f"max_steps={step + 3}"])
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"resuming from step {step}" in again.stdout and f"complete: step {step + 3} of {step + 3}" in again.stdout
+
+
+@pytest.mark.slow
+def test_sighup_that_torchrun_forwards_pauses_the_ranks(tmp_path):
+    """A closed terminal or a notebook's pty going away: torchrun's agent forwards SIGHUP to the ranks
+    as it does SIGTERM. They died at once, without a checkpoint; now they pause like on SIGTERM."""
+    out = tmp_path / "run"
+    agent = subprocess.Popen(torchrun_cmd() + [f"output_dir={out}", "max_steps=2000", "save_steps=5", *FAST],
+                             cwd=ROOT, env=cpu_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+    try:
+        wait_for_checkpoint(agent, out)
+        os.kill(agent.pid, signal.SIGHUP)
+        log, _ = agent.communicate(timeout=150)
+    finally:
+        kill_job(agent, str(out))
+    assert "(signal SIGHUP) — run the same command to continue" in log, log[-3000:]
+    step = int(log.split("[kit] paused at step ")[1].split()[0])
+    assert (out / f"checkpoint-{step}" / "kit_manifest.json").is_file()
+
+
+# A parent that starts `python train_ddp.py` (as is, or through `nohup`) and waits: a notebook kernel.
+PARENT = """
+import subprocess, sys, time
+subprocess.Popen(sys.argv[1:])
+time.sleep(3600)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["as is", "nohup"])
+def test_a_single_process_pauses_when_its_parent_dies_unless_started_with_nohup(tmp_path, how):
+    out, log = tmp_path / "run", tmp_path / "log.txt"
+    cmd = ([] if how == "as is" else ["nohup"]) + [sys.executable, str(SCRIPT), f"output_dir={out}",
+                                                    "max_steps=2000", "save_steps=5", *FAST]
+    with open(log, "w") as sink:
+        parent = subprocess.Popen([sys.executable, "-c", PARENT, *cmd], cwd=ROOT, env=cpu_env(), stdout=sink,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for_checkpoint(parent, out)
+        child = [p for p in pids_with(str(out)) if p != parent.pid]
+        assert len(child) == 1, child
+        parent.kill()  # the parent alone, as a kernel dies
+        parent.wait()
+        killed = time.monotonic()
+        if how == "nohup":  # it trains on: ten more steps saved, still running
+            first = max(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*"))
+            while not (out / f"checkpoint-{first + 10}").is_dir() and time.monotonic() - killed < 120:
+                time.sleep(0.2)
+            assert (out / f"checkpoint-{first + 10}").is_dir() and child[0] in pids_with(str(out))
+            assert "paused" not in log.read_text()
+            return
+        while child[0] in pids_with(str(out)) and time.monotonic() - killed < GONE_WITHIN_S:
+            time.sleep(0.2)
+        assert child[0] not in pids_with(str(out)), f"still running {GONE_WITHIN_S:.0f} s after its parent died"
+    finally:
+        kill_job(parent, str(out))
+    text = log.read_text()
+    assert f"(the parent process, pid {parent.pid}, is gone) — run the same command to continue" in text, text[-3000:]
+    step = int(text.split("[kit] paused at step ")[1].split()[0])
+    assert (out / f"checkpoint-{step}" / "kit_manifest.json").is_file()
+
+
+def test_output_without_a_reader_goes_to_devnull_instead_of_failing(tmp_path):
+    """A killed kernel takes the reader of a rank's pipe along: prints raised BrokenPipeError and ended
+    the pause before its push. A real pipe whose read end is closed."""
+    code = ("import sys; from kit.train import signals; moved = signals.keep_output_writable(); "
+            "open(sys.argv[1], 'w').write(repr(moved)); print('x' * 200000, flush=True); "
+            "print('y' * 200000, file=sys.stderr, flush=True)")
+    read, write = os.pipe()
+    os.close(read)  # nobody reads it any more
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "moved")], cwd=ROOT, env=cpu_env(),
+                          stdout=write, stderr=write, timeout=60)
+    os.close(write)
+    assert done.returncode == 0
+    assert (tmp_path / "moved").read_text() == "[1, 2]"
+    # With a reader, nothing moves.
+    kept = subprocess.run([sys.executable, "-c", code, str(tmp_path / "kept")], cwd=ROOT, env=cpu_env(),
+                          capture_output=True, timeout=60)
+    assert kept.returncode == 0 and (tmp_path / "kept").read_text() == "[]" and len(kept.stdout) > 200000
 
 
 @pytest.mark.slow

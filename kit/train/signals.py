@@ -1,15 +1,21 @@
 """What a stop signal does at each stage of a training process, and a gone launcher as one.
 
-    stage                       SIGTERM (and SIGINT)
+    stage                       SIGTERM, SIGHUP (and SIGINT, Ctrl-C)
     loading, setup, wrap-up     raises `Interrupted` (Ctrl-C: KeyboardInterrupt): one line, exit 128 + N
     training (`StopSignals`)    the first asks for a clean pause (save, push, exit 0); a second acts at once
     finished (`finished`)       the outcome line is out: recorded, the job's exit code kept
 
-A process whose launcher is gone gets SIGTERM, so it takes the same path. torchrun starts each
+A signal the process was started ignoring keeps being ignored (`nohup` ignores SIGHUP). torchrun's
+agent forwards SIGHUP (a closed terminal, a notebook's pty going away) to the ranks as it does
+SIGTERM: it used to end them at once, without a checkpoint.
+
+A process whose launcher is gone gets one SIGTERM, so it takes the same path. torchrun starts each
 rank in a session of its own: a kill -9 of the agent's process group (a killed notebook kernel,
 `timeout -s KILL`, a scheduler) left the ranks training, unseen, for the rest of the job. On Linux
-the kernel sends the signal (`prctl(PR_SET_PDEATHSIG)`) the moment the parent exits; elsewhere a
-thread polls the parent's pid. A rank is always watched: torchrun's agent supervises it. A single
+the kernel signals the moment the parent exits (`prctl(PR_SET_PDEATHSIG)`); elsewhere a thread
+polls the parent's pid. The kernel's signal is SIGUSR2, not SIGTERM: it comes each time a thread of
+the parent ends (the agent has several, and a child passes from one to the next as they die), and
+a second SIGTERM would end the pause at once; each one only makes this process check its parent. A rank is always watched: torchrun's agent supervises it. A single
 process (`python train_ddp.py`) is watched unless it was started to outlive its parent: under
 `nohup` (SIGHUP ignored) or as the leader of a session of its own (`setsid`, a daemon).
 
@@ -29,12 +35,15 @@ import sys
 import threading
 
 POLL_S = 1.0  # where the kernel cannot signal a parent's death: how often the parent's pid is read
+OUTPUT_POLL_S = 0.05  # with the launcher gone: how often stdout/stderr are checked for a reader
+# The signals that stop the process cleanly; SIGHUP does not exist on Windows.
+STOPS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, name))
 
 _watched: dict = {}  # "parent": the launcher's pid, "how": "prctl" or "poll"; empty when not watched
 
 
 class Interrupted(KeyboardInterrupt):
-    """SIGTERM outside training: unwinds like Ctrl-C, so `finally` blocks tear down, then exit 128 + N."""
+    """SIGTERM or SIGHUP outside training: unwinds like Ctrl-C (`finally` blocks tear down), exit 128 + N."""
 
     def __init__(self, signum: int):
         self.name = signal.Signals(signum).name
@@ -45,17 +54,29 @@ class Interrupted(KeyboardInterrupt):
 
 
 def _raise_interrupted(signum, frame):
+    if launcher_gone_words():
+        keep_output_writable()  # the one line this prints must not fail for want of a reader
     raise Interrupted(signum)
 
 
+def _not_ignored() -> list[int]:
+    return [sig for sig in STOPS if signal.getsignal(sig) is not signal.SIG_IGN]
+
+
 def while_loading() -> None:
-    """SIGTERM raises `Interrupted` from now on, as Ctrl-C raises KeyboardInterrupt; watch the launcher.
+    """SIGTERM and SIGHUP raise `Interrupted` from now on, as Ctrl-C raises KeyboardInterrupt; watch
+    the launcher.
 
     Call it first in the script, before the libraries load. A no-op outside the main thread (a
-    notebook's worker thread cannot set handlers), where SIGTERM keeps its default.
+    notebook's worker thread cannot set handlers), where the signals keep their defaults, and in a
+    notebook kernel's own process (`%run train_ddp.py`): its signals and its parent are the kernel's.
     """
+    if "ipykernel" in sys.modules:
+        return
     try:
-        signal.signal(signal.SIGTERM, _raise_interrupted)
+        for sig in _not_ignored():
+            if sig != signal.SIGINT:  # Ctrl-C raises KeyboardInterrupt already
+                signal.signal(sig, _raise_interrupted)
     except ValueError:  # not the main thread
         return
     watch_launcher()
@@ -78,77 +99,122 @@ def watch_launcher() -> str | None:
     that ran a single process) exits. Returns how ("prctl", "poll"), or None when not watched."""
     from kit.errors import under_torchrun
 
-    if _watched:
+    if "how" in _watched:
         return _watched["how"]
     parent = os.getppid()
-    if parent <= 1 or (not under_torchrun() and _started_to_outlive_parent()):
-        return None  # no parent to lose (pid 1 adopted it, or it is a container's first process)
-    how = "prctl" if _set_pdeathsig(signal.SIGTERM) else "poll"
-    _watched.update(parent=parent, how=how)
-    if how == "poll":
-        threading.Thread(target=_poll_parent, args=(parent,), name="kit-launcher-watch", daemon=True).start()
-    elif os.getppid() != parent:  # it exited between getppid() and prctl(): no signal will come
-        signal.raise_signal(signal.SIGTERM)
-    return how
+    if parent <= 1:  # no parent to lose: init adopted it already, or it is a container's first process
+        return None
+    if not under_torchrun() and _started_to_outlive_parent():
+        return None
+    _watched["parent"] = parent
+    _watched["how"] = "prctl" if _set_pdeathsig() else "poll"
+    if _watched["how"] == "poll":
+        threading.Thread(target=_poll_parent, name="kit-launcher-watch", daemon=True).start()
+    else:
+        _check_parent()  # it may have exited between getppid() and prctl(): then no signal comes
+    return _watched["how"]
 
 
-def _set_pdeathsig(signum: int) -> bool:
-    """Linux: the kernel sends `signum` to this process when its parent exits. False elsewhere."""
+def _set_pdeathsig() -> bool:
+    """Linux: the kernel sends SIGUSR2 to this process as its parent's threads end. False elsewhere."""
     if not sys.platform.startswith("linux"):
         return False
     import ctypes
 
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(1, signum, 0, 0, 0) == 0  # 1: PR_SET_PDEATHSIG
+        prctl = libc.prctl
     except (OSError, AttributeError):  # no prctl in this libc: the polling thread instead
         return False
+    previous = signal.signal(signal.SIGUSR2, _on_parent_thread_exit)
+    if prctl(1, int(signal.SIGUSR2), 0, 0, 0) != 0:  # 1: PR_SET_PDEATHSIG
+        signal.signal(signal.SIGUSR2, previous)
+        return False
+    return True
 
 
-def _poll_parent(parent: int) -> None:
+def _on_parent_thread_exit(signum, frame):
+    _check_parent()  # a thread of the parent ended; the parent itself may live on
+
+
+def _check_parent() -> bool:
+    """Whether the watched parent is gone; the first time it is, one SIGTERM to this process."""
+    if os.getppid() == _watched["parent"]:
+        return False
+    if not _watched.get("told"):
+        _watched["told"] = True
+        signal.raise_signal(signal.SIGTERM)  # handled in the main thread, by this stage's handler
+    return True
+
+
+def _poll_parent() -> None:
     import time
 
-    while os.getppid() == parent:
+    while not _check_parent():
         time.sleep(POLL_S)
-    signal.raise_signal(signal.SIGTERM)  # handled in the main thread, as the kernel's would be
 
 
 def launcher_gone_words() -> str:
-    """"torchrun's agent (pid N) is gone" once the watched parent has exited, else ""."""
+    """"torchrun's agent, pid N, is gone" once the watched parent has exited, else ""."""
     parent = _watched.get("parent")
     if parent is None or os.getppid() == parent:
         return ""
     from kit.errors import under_torchrun
 
     who = "torchrun's agent" if under_torchrun() else "the parent process"
-    return f"{who} (pid {parent}) is gone"
+    return f"{who}, pid {parent}, is gone"
 
 
-def _keep_output_writable() -> None:
-    """With the launcher gone, the reader of stdout/stderr may be gone too (a killed kernel's pipe or
-    pty): a write would then raise and end the pause before its push. Such a stream goes to devnull."""
+def keep_output_writable() -> list[int]:
+    """Point stdout or stderr at devnull when nobody reads it any more; returns the fds moved.
+
+    With the launcher gone, the reader of a rank's output may be gone too (a killed kernel's pipe
+    or pty): a print would raise and end the pause before its checkpoint is pushed. The words have
+    nowhere to go; the session record says how the session ended.
+    """
     import select
 
-    if not hasattr(select, "poll"):
-        return
-    for stream in (sys.stdout, sys.stderr):
+    if not hasattr(select, "poll"):  # Windows: no poll on pipes
+        return []
+    moved = []
+    for stream in (sys.__stdout__, sys.__stderr__):
         try:
             fd = stream.fileno()
-        except (AttributeError, OSError, ValueError):  # replaced by a non-file (a notebook, a test)
+        except (AttributeError, OSError, ValueError):  # no such stream (pythonw), or closed
             continue
         poller = select.poll()
         poller.register(fd, select.POLLOUT)
-        if any(ev & (select.POLLERR | select.POLLHUP | select.POLLNVAL) for _, ev in poller.poll(0)):
+        # POLLERR: a pipe without a reader; POLLHUP: a terminal or pty hung up.
+        if any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0)):
             null = os.open(os.devnull, os.O_WRONLY)
             os.dup2(null, fd)
             os.close(null)
+            moved.append(fd)
+    return moved
+
+
+def _watch_output() -> None:
+    """From the launcher's death on, for the rest of the process: `keep_output_writable` every 50 ms
+    (the reader may go a moment after the launcher)."""
+    import time
+
+    if _watched.get("output"):
+        return
+    _watched["output"] = True
+
+    def loop():
+        while len(keep_output_writable()) < 2:
+            time.sleep(OUTPUT_POLL_S)
+
+    keep_output_writable()
+    threading.Thread(target=loop, name="kit-output-watch", daemon=True).start()
 
 
 # -- training and after ------------------------------------------------------------------------------
 class StopSignals:
-    """The first SIGTERM/SIGINT asks for a clean stop (save, push, exit 0); a second one acts at once.
+    """The first SIGTERM/SIGINT/SIGHUP asks for a clean stop (save, push, exit 0); a second one acts at once.
 
-    `reason` says why ("signal SIGTERM", or "torchrun's agent (pid N) is gone" when the launcher's
+    `reason` says why ("signal SIGTERM", or "torchrun's agent, pid N, is gone" when the launcher's
     death sent it). After `finished(code)`, a signal is only recorded (`late`): the outcome is said,
     and the exit code stays the job's; a second late one ends the process at once with that code.
     """
@@ -161,7 +227,7 @@ class StopSignals:
         self._code = 0
 
     def install(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in _not_ignored():
             try:
                 self._previous[sig] = signal.signal(sig, self._handle)
             except ValueError:  # not the main thread (a notebook's worker): keep the defaults
@@ -171,7 +237,7 @@ class StopSignals:
         self.received = signal.Signals(signum).name
         gone = launcher_gone_words()
         if gone:
-            _keep_output_writable()
+            _watch_output()
         self.reason = gone or f"signal {self.received}"
         for sig, prev in self._previous.items():  # the next one acts at once
             signal.signal(sig, signal.SIG_DFL if prev is _raise_interrupted else prev)
@@ -185,7 +251,7 @@ class StopSignals:
         """The job's outcome is decided (and said next): from now on a signal cannot change `code`."""
         self._code = code
         try:
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in _not_ignored():
                 signal.signal(sig, self._late)
         except ValueError:  # not the main thread
             return
@@ -195,7 +261,7 @@ class StopSignals:
     def _late(self, signum, frame):
         self.late.append(signal.Signals(signum).name)
         if launcher_gone_words():
-            _keep_output_writable()
+            _watch_output()
         if len(self.late) > 1:  # asked twice: end now, with the job's own exit code
             for stream in (sys.stdout, sys.stderr):
                 try:
@@ -206,5 +272,5 @@ class StopSignals:
 
     @staticmethod
     def _ignore_from_here() -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOPS + ((signal.SIGUSR2,) if _watched.get("how") == "prctl" else ()):
             signal.signal(sig, signal.SIG_IGN)
