@@ -15,9 +15,11 @@ rank in a session of its own: a kill -9 of the agent's process group (a killed n
 the kernel signals the moment the parent exits (`prctl(PR_SET_PDEATHSIG)`); elsewhere a thread
 polls the parent's pid. The kernel's signal is SIGUSR2, not SIGTERM: it comes each time a thread of
 the parent ends (the agent has several, and a child passes from one to the next as they die), and
-a second SIGTERM would end the pause at once; each one only makes this process check its parent. A rank is always watched: torchrun's agent supervises it. A single
-process (`python train_ddp.py`) is watched unless it was started to outlive its parent: under
-`nohup` (SIGHUP ignored) or as the leader of a session of its own (`setsid`, a daemon).
+a second SIGTERM would end the pause at once; each one only makes this process check its parent.
+A rank is always watched: torchrun's agent supervises it. A single process (`python train_ddp.py`)
+is watched unless it was started to outlive its parent: under `nohup` (SIGHUP ignored) or as the
+leader of a session of its own (`setsid`, a daemon). A `nohup`-less `cmd &` that its shell leaves
+behind pauses: its parent, the shell, is gone.
 
 This module imports only the standard library: the script installs it before the heavy imports.
 
@@ -54,8 +56,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 def _raise_interrupted(signum, frame):
-    if launcher_gone_words():
-        keep_output_writable()  # the one line this prints must not fail for want of a reader
+    keep_output_writable()  # the one line this prints must not fail for want of a reader (a hung-up pty)
     raise Interrupted(signum)
 
 
@@ -194,8 +195,8 @@ def keep_output_writable() -> list[int]:
 
 
 def _watch_output() -> None:
-    """From the launcher's death on, for the rest of the process: `keep_output_writable` every 50 ms
-    (the reader may go a moment after the launcher)."""
+    """From the launcher's death (or a hangup) on, for the rest of the process: `keep_output_writable`
+    now and every 50 ms (the reader may go a moment after the launcher)."""
     import time
 
     if _watched.get("output"):
@@ -203,8 +204,9 @@ def _watch_output() -> None:
     _watched["output"] = True
 
     def loop():
-        while len(keep_output_writable()) < 2:
+        while True:
             time.sleep(OUTPUT_POLL_S)
+            keep_output_writable()
 
     keep_output_writable()
     threading.Thread(target=loop, name="kit-output-watch", daemon=True).start()
@@ -236,7 +238,7 @@ class StopSignals:
     def _handle(self, signum, frame):
         self.received = signal.Signals(signum).name
         gone = launcher_gone_words()
-        if gone:
+        if gone or self.received == "SIGHUP":  # the reader of this output may be gone too
             _watch_output()
         self.reason = gone or f"signal {self.received}"
         for sig, prev in self._previous.items():  # the next one acts at once
@@ -260,7 +262,7 @@ class StopSignals:
 
     def _late(self, signum, frame):
         self.late.append(signal.Signals(signum).name)
-        if launcher_gone_words():
+        if launcher_gone_words() or self.late[-1] == "SIGHUP":
             _watch_output()
         if len(self.late) > 1:  # asked twice: end now, with the job's own exit code
             for stream in (sys.stdout, sys.stderr):
