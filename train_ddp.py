@@ -18,6 +18,10 @@ Re-render after editing the config (the command that wrote this file):
 import sys
 
 try:  # the mechanics (store sync, resume, lease, deadline, smoke checks) are kit's tested modules
+    from kit.train import signals
+
+    # First: SIGTERM now stops like Ctrl-C, and a rank whose torchrun is gone gets one (it pauses).
+    signals.while_loading()
     from peft import LoraConfig
     from transformers import BitsAndBytesConfig, set_seed
     from trl import SFTConfig, SFTTrainer
@@ -40,9 +44,9 @@ except ModuleNotFoundError as e:
         print(f"error: the Python package {missing!r} is not installed, and training needs it: run "
               "`pip install -e \".[train]\"` in the kit checkout (add qlora for bitsandbytes on a GPU)", file=sys.stderr)
     sys.exit(2)
-except KeyboardInterrupt:  # Ctrl-C while the libraries load: nothing started yet
-    print("interrupted while loading the libraries: nothing was started", file=sys.stderr)
-    sys.exit(130)
+except KeyboardInterrupt as e:  # Ctrl-C (exit 130) or SIGTERM (143) while the libraries load: nothing started yet
+    print(f"interrupted{getattr(e, 'by', '')} while loading the libraries: nothing was started", file=sys.stderr)
+    sys.exit(getattr(e, "exit_code", 130))
 
 CONFIG_PATH = 'configs/default.yaml'
 
@@ -262,7 +266,7 @@ if __name__ == "__main__":
     except KitError as e:  # bad config, data, store or hardware: one line and its exit code
         last_word.say_error(e)  # rank 0; under torchrun said again after torchrun's own report
         sys.exit(e.exit_code)
-    except KeyboardInterrupt:  # Ctrl-C outside training (model load, evaluation); in training it pauses cleanly
-        print("interrupted: stopped; every checkpoint already saved is kept, and the same command resumes",
-              file=sys.stderr)
-        sys.exit(130)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM outside training (evaluation, wrap-up); in training it pauses
+        print(f"interrupted{getattr(e, 'by', '')}: stopped; every checkpoint already saved is kept, and the same "
+              "command resumes", file=sys.stderr)
+        sys.exit(getattr(e, "exit_code", 130))

@@ -8,7 +8,6 @@ next gradient all-reduce forever.
 from __future__ import annotations
 
 import contextlib
-import signal
 import statistics
 import sys
 import time
@@ -17,35 +16,11 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from kit.train import dist, divergence
+from kit.train.signals import StopSignals
 from kit.checkpoints import manifest, rotation
 from kit.planning import save_cadence
 from kit.errors import StoreError
 from kit.files import GIB
-
-
-class StopSignals:
-    """The first SIGTERM/SIGINT asks for a clean stop (save, push, exit 0); a second one kills."""
-
-    def __init__(self):
-        self.received: str | None = None
-        self._previous = {}
-
-    def install(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                self._previous[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread (a notebook's worker): keep the defaults
-                return
-
-    def _handle(self, signum, frame):
-        self.received = signal.Signals(signum).name
-        for sig, prev in self._previous.items():  # the next one acts at once
-            signal.signal(sig, prev)
-
-    def uninstall(self) -> None:
-        for sig, prev in self._previous.items():
-            signal.signal(sig, prev)
-        self._previous.clear()
 
 
 class AtTarget(Exception):
@@ -104,7 +79,7 @@ class Control(TrainerCallback):
         halt = self.halt() if self.halt else None
         diverged = self.watch.reason(kwargs["model"], state.global_step, fp16=bool(args.fp16))
         stop, save, halted, any_diverged = dist.any_true(
-            [near or self.signals.received is not None, now - self.last_save >= self._every_s(), halt is not None,
+            [near or self.signals.reason is not None, now - self.last_save >= self._every_s(), halt is not None,
              diverged is not None],
             self.ctx.device)
         if any_diverged:  # before this step's save: no checkpoint holds NaN weights
@@ -122,8 +97,7 @@ class Control(TrainerCallback):
         if stop and state.global_step < state.max_steps:
             control.should_save = True
             control.should_training_stop = True
-            self.stop_reason = (f"signal {self.signals.received}" if self.signals.received
-                                else f"deadline ({self.deadline.source})")
+            self.stop_reason = self.signals.reason or f"deadline ({self.deadline.source})"
         if control.should_save and self.room is not None:  # every rank knows should_save alike: one more reduce
             short = self.room.short(args.output_dir)
             if dist.any_true([short is not None], self.ctx.device)[0]:  # before a byte of it is written

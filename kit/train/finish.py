@@ -33,9 +33,11 @@ def finish(job, trainer) -> int:
                 job.sync.drop_pending()
                 job.sync.close(timeout=FINAL_UPLOAD_TIMEOUT_S)
             job.lease = None  # not ours: nothing to release
+        job.signals.finished(EXIT_STORE)
+        if job.ctx.is_main:
             print(f"error: stopped at step {step}: {shown(job._control.stop_reason, limit=None)}; this session writes "
                   "nothing more to the store", file=sys.stderr, flush=True)
-        return 4
+        return EXIT_STORE
     if job._control.diverged:  # NaN/inf: nothing to deliver; the checkpoints before it stay
         if job.ctx.is_main:
             if job.sync is not None:
@@ -61,6 +63,10 @@ def finish(job, trainer) -> int:
             measured = {**measured, **delivered}
         job._record(step, outcome, measured)
         job._release()
+        if behind:
+            code = EXIT_STORE
+    job.signals.finished(code)  # every rank: the outcome is decided, and said next; a late signal keeps the code
+    if job.ctx.is_main:
         if paused:
             after = ""
             signalled = job._control.stop_reason.startswith("signal") and under_torchrun()
@@ -85,7 +91,6 @@ def finish(job, trainer) -> int:
             from kit.redaction import redact
 
             print(f"error: {shown(redact(behind), limit=None)}", file=sys.stderr, flush=True)
-            code = EXIT_STORE
     return code
 
 

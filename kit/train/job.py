@@ -16,9 +16,10 @@ import os
 from kit.train import dist, sessions
 from kit.checkpoints import fingerprint, resume
 from kit.train.output_dir import check_output_dir, lock as lock_output_dir
-from kit.train.callbacks import Checkpoints, Control, Meter, ResumedBatch, StopSignals
+from kit.train.callbacks import Checkpoints, Control, Meter, ResumedBatch
 from kit.train.deadline import session_deadline
 from kit.train.disk import Room
+from kit.train.signals import StopSignals
 from kit.errors import KitError
 from kit.evaluation import stage
 
@@ -99,7 +100,9 @@ class Job:
                 self._push_final_if_missing()
                 self._record(self.decision.step, "already complete")
             self._release()
-        elif self.decision.resume_from:
+            self.signals.finished(self.exit_code)  # the outcome is said: a late signal keeps its exit code
+            return
+        if self.decision.resume_from:
             self.log(f"resuming from step {self.decision.step} ({self.decision.source}: {self.decision.resume_from})")
         self.signals.install()
 
