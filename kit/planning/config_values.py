@@ -14,7 +14,7 @@ from kit.planning import names
 
 METHODS = ("lora", "qlora", "full")
 BACKENDS = ("auto", "transformers", "unsloth")
-FORMATS = ("auto", "messages", "alpaca", "prompt_completion", "text")
+FORMATS = ("auto", "messages", "alpaca", "prompt_completion", "text", "preference", "unpaired_preference")
 OPTIMIZERS = ("auto", "adamw_torch", "adamw_torch_fused", "adamw_8bit", "paged_adamw_8bit")
 BATCHINGS = ("auto", "padded", "grouped", "padding_free", "packed")
 KERNELS = ("auto", "liger", "none")
@@ -23,6 +23,8 @@ SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
 CHECKPOINTING = ("auto", "on", "off")
 STRATEGIES = ("auto", "ddp", "fsdp", "model_parallel")
 EVAL_METRICS = ("auto", "exact_match", "none")
+TRAINERS = ("sft", "dpo", "kto")
+DPO_LOSSES = ("sigmoid", "hinge", "ipo", "robust", "sigmoid_norm")
 
 INT_MAX = 2**31 - 1  # a C int: what torch, tokenizers and the Trainer's step counters hold
 MAX_EPOCHS = 10**6
@@ -33,13 +35,16 @@ MAX_EPOCHS = 10**6
 _POSITIVE = {"seq_len", "per_device_batch", "global_batch", "epochs", "max_steps",
              "save_steps", "save_every_minutes", "keep_checkpoints", "lease_heartbeat_seconds", "time_budget_minutes",
              "logging_steps", "eval_steps", "lora.r", "lora.alpha", "eval.subset", "eval.min_rows",
-             "eval.max_new_tokens"}
+             "eval.max_new_tokens", "dpo.beta", "kto.beta"}
 _NON_EMPTY = {"model", "output_dir", "data.path", "data.split", "store", "revision", "resume"}
-_NON_NEGATIVE = {"warmup_steps", "weight_decay", "max_grad_norm", "learning_rate", "eval.samples", "squash_history_every"}
+_NON_NEGATIVE = {"warmup_steps", "weight_decay", "max_grad_norm", "learning_rate", "eval.samples", "squash_history_every",
+                 "kto.desirable_weight", "kto.undesirable_weight"}
 _CHOICES = {"method": METHODS, "backend": BACKENDS, "data.format": FORMATS, "optimizer": OPTIMIZERS,
             "precision": PRECISIONS, "lr_scheduler": SCHEDULERS, "gradient_checkpointing": CHECKPOINTING,
             "batching": BATCHINGS, "kernels": KERNELS, "strategy": STRATEGIES, "eval.metric": EVAL_METRICS,
-            "activation_offloading": CHECKPOINTING, "compile": CHECKPOINTING}
+            "activation_offloading": CHECKPOINTING, "compile": CHECKPOINTING, "trainer": TRAINERS,
+            "dpo.loss_type": DPO_LOSSES, "dpo.precompute_ref_log_probs": CHECKPOINTING,
+            "kto.precompute_ref_log_probs": CHECKPOINTING}
 # Names people bring from other tools (HF TrainingArguments, TRL, axolotl).
 _ALIASES = {"lr": "learning_rate", "batch_size": "per_device_batch", "max_seq_length": "seq_len",
             "max_length": "seq_len", "model_name": "model", "num_train_epochs": "epochs",
@@ -95,7 +100,8 @@ def check_value(key: str, f: dataclasses.Field, value, source: str):
         if optional:
             return None
         raise UsageError(f"config key {key!r}{where} must not be null")
-    if key in ("gradient_checkpointing", "activation_offloading", "compile"):
+    if key in ("gradient_checkpointing", "activation_offloading", "compile", "dpo.precompute_ref_log_probs",
+               "kto.precompute_ref_log_probs"):
         # PyYAML reads on/off/yes/no/true/false as booleans: accept them all.
         if isinstance(value, bool):
             return "on" if value else "off"

@@ -1,0 +1,114 @@
+"""What each trainer asks of a plan: sequences per example, the reference model, the batching it allows.
+
+    reference(cfg)        # ("adapter_disabled" | "precomputed" | "model_copy", why)
+    sequences(cfg)        # sequences one example puts through the policy with gradients: sft 1, dpo 2, kto 1
+
+The one place these are decided: the planner (memory, reasons) and the generated script
+(`precompute_ref_log_probs`) both ask here. Adding a trainer is a row in TRAINERS.
+
+The reference of DPO and KTO is the starting model. With LoRA it is the base itself with the
+adapter disabled: TRL runs the reference forward under `use_adapter(model, None)`, so no second
+model is loaded and nothing is precomputed (kit drops the copy of its fresh adapter that TRL adds
+for a given PeftModel: a fresh adapter is the identity, so the base is the same reference). With
+full fine-tuning the weights themselves move, so the reference is either a second model copy on
+every GPU or its log-probabilities computed once before training (`precompute_ref_log_probs`):
+"auto" precomputes, which costs one forward pass over the data and no memory during training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Trainer:
+    name: str
+    sequences: int            # sequences per example through the policy with gradients (DPO: chosen + rejected)
+    no_grad_sequences: int    # sequences per example through a forward without gradients (KTO's KL pairs)
+    reference: bool           # a reference model (the starting one) scores every example
+    min_batch: int            # smallest micro-batch the trainer works with
+    batchings: tuple          # batchings its TRL trainer supports
+
+
+TRAINERS = {
+    "sft": Trainer("sft", 1, 0, False, 1, ("padded", "grouped", "padding_free", "packed")),
+    # TRL 1.x's DPOTrainer concatenates chosen and rejected into one batch of 2 × micro-batch rows;
+    # its padding_free falls back to padding, so batches are padded.
+    "dpo": Trainer("dpo", 2, 0, True, 1, ("padded",)),
+    # KTOTrainer also scores each completion against another row's prompt (the KL term) without
+    # gradients, which needs a micro-batch of 2 or more and sequential sampling.
+    "kto": Trainer("kto", 1, 1, True, 2, ("padded",)),
+}
+
+
+def of(cfg) -> Trainer:
+    return TRAINERS[getattr(cfg, "trainer", "sft")]
+
+
+def settings(cfg):
+    """The trainer's own settings section of the config (cfg.dpo, cfg.kto), None for sft."""
+    return getattr(cfg, of(cfg).name, None) if of(cfg).reference else None
+
+
+def reference(cfg) -> tuple[str | None, str]:
+    """How the reference model is had: (kind, why). kind None for a trainer without one."""
+    t = of(cfg)
+    if not t.reference:
+        return None, ""
+    asked = settings(cfg).precompute_ref_log_probs
+    if cfg.method != "full":
+        if asked == "on":
+            return "precomputed", (f"reference: its log-probabilities computed once before training "
+                                   f"({t.name}.precompute_ref_log_probs=on)")
+        return "adapter_disabled", ("reference: the base with the LoRA adapter disabled, in the same model (no "
+                                    "second copy, nothing precomputed: one extra forward without gradients per step)")
+    if asked == "off":
+        return "model_copy", (f"reference: a second copy of the model on every GPU "
+                              f"({t.name}.precompute_ref_log_probs=off; full fine-tuning moves the weights)")
+    return "precomputed", ("reference: full fine-tuning moves the weights, so the starting model's "
+                           "log-probabilities are computed once before training instead of keeping a second copy")
+
+
+def check(cfg) -> None:
+    """Settings the trainer's TRL trainer cannot run, refused (UsageError, exit 2) before anything loads."""
+    from kit.errors import UsageError
+
+    t = of(cfg)
+    if t.name == "sft":
+        return
+    if cfg.batching not in ("auto", *t.batchings):
+        raise UsageError(f"batching={cfg.batching} is for trainer sft: TRL's {t.name.upper()}Trainer pads its "
+                         f"{'pairs' if t.sequences == 2 else 'rows'}; use batching=auto or padded")
+    if cfg.compile == "on":
+        raise UsageError(f"compile=on is for trainer sft: TRL's {t.name.upper()}Trainer patches the model's forward "
+                         "with its fused log-probability head, which kit has not measured compiled; use compile=auto")
+    if cfg.per_device_batch is not None and cfg.per_device_batch < t.min_batch:
+        raise UsageError(f"trainer={t.name} needs per_device_batch of at least {t.min_batch} (its KL term pairs each "
+                         f"row with another of the same micro-batch), got {cfg.per_device_batch}")
+
+
+def backend(cfg, chosen: str, reasons: list) -> str:
+    """The backend for this trainer: kit runs DPO and KTO on the plain stack only (kit has not wired and
+    measured Unsloth's preference patches), said in the reasons."""
+    if chosen != "unsloth" or of(cfg).name == "sft":
+        return chosen
+    reasons.append(f"backend transformers for trainer {of(cfg).name}: kit runs Unsloth for sft only (its DPO/KTO "
+                   "patches are not wired into kit's script yet).")
+    return "transformers"
+
+
+def plan_rules(cfg, plan, reasons: list) -> None:
+    """The planner's choices a trainer overrides, each with its reason: padded batches, no compiled layers."""
+    t = of(cfg)
+    if t.name == "sft":
+        return
+    if plan.batching not in t.batchings:
+        reasons.append(f"batching padded for trainer {t.name}: TRL's {t.name.upper()}Trainer pads its batches "
+                       "(its padding_free falls back to padding).")
+        plan.batching = "padded"
+    if plan.compile_layers:
+        reasons.append(f"compile off for trainer {t.name}: its fused log-probability head patches the forward; "
+                       "compiled layers were measured for sft only.")
+        plan.compile_layers = False
+    kind, why = reference(cfg)
+    reasons.append(why + ".")
