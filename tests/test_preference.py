@@ -91,16 +91,27 @@ def test_a_pair_costs_two_sequences_and_the_refusal_names_the_cheapest_change():
     assert e.value.plan.strategy == "none"
 
 
-def test_the_reference_is_the_disabled_adapter_for_lora_and_precomputed_or_a_copy_for_full():
+def test_the_reference_is_the_disabled_adapter_for_lora_and_a_copy_or_precomputed_for_full():
     model = shapes.model_facts("Qwen/Qwen3-0.6B", None)
     lora = memory.estimate(model, cfg("trainer=dpo", "model=Qwen/Qwen3-0.6B"), "bf16", 2, True, False)
     full = memory.estimate(model, cfg("trainer=dpo", "model=Qwen/Qwen3-0.6B", "method=full"), "bf16", 2, True, False)
-    copy_ = memory.estimate(model, cfg("trainer=dpo", "model=Qwen/Qwen3-0.6B", "method=full",
-                                       "dpo.precompute_ref_log_probs=off"), "bf16", 2, True, False)
-    assert "reference_model" not in lora.terms and "reference_model" not in full.terms
-    assert copy_.terms["reference_model"] == model.params * 2  # a 16-bit second copy
-    assert any("computed once before training" in n for n in full.notes)
+    pre = memory.estimate(model, cfg("trainer=dpo", "model=Qwen/Qwen3-0.6B", "method=full",
+                                     "dpo.precompute_ref_log_probs=on"), "bf16", 2, True, False)
+    assert "reference_model" not in lora.terms and "reference_model" not in pre.terms
+    assert full.terms["reference_model"] == model.params * 2  # a 16-bit second copy
     assert any("adapter disabled" in n for n in lora.notes)
+    assert any("computed once before training" in n for n in pre.notes)
+
+
+def test_precomputed_reference_is_refused_on_several_processes():
+    from kit.planning import adapt
+
+    c = cfg("trainer=dpo", "dpo.precompute_ref_log_probs=on")
+    planned = make_plan(CPU_ONLY, c).to_dict()
+    rank = adapt.RankFacts(device="cpu", world_size=2, under_torchrun=True)
+    with pytest.raises(UsageError, match="one process only"):
+        adapt.adapt(planned, c, rank)
+    assert adapt.adapt(planned, c, adapt.RankFacts(device="cpu")).reference == "precomputed"
 
 
 def test_unsloth_is_not_used_for_preference_training_and_says_why():

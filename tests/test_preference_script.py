@@ -110,3 +110,20 @@ def test_a_wrong_data_shape_is_one_line_exit_2_before_the_model_loads(scripts, t
     assert "[kit exit 2" in errors[0] and r.stderr.strip().splitlines()[-1] == errors[1]
     assert "UsageError" not in r.stderr  # no traceback of kit's: torchrun's report is about the exit code
     assert "Loading weights" not in r.stdout + r.stderr and "trainable parameters" not in r.stdout
+
+
+@pytest.mark.slow
+def test_full_fine_tuning_scores_against_a_frozen_copy_of_the_start(scripts, tmp_path):
+    out = tmp_path / "run"
+    r = run(scripts["dpo"], [f"output_dir={out}", "method=full", "learning_rate=0.0002", *STEPS], env())
+    log = r.stdout + r.stderr
+    assert r.returncode == 0, log[-3000:]
+    results = json.loads((out / "final" / "eval_results.json").read_text())
+    before, after = results["baseline"]["result"], results["final"]["result"]
+    assert before["reward_margin"] == 0 and after["reward_margin"] > 0, after  # against the baseline's log-probs
+    assert (out / "final" / "model.safetensors").is_file()
+    # Several processes with precompute_ref_log_probs=on: one line, exit 2 (TRL's cache file is per process).
+    r = run(scripts["dpo"], [f"output_dir={tmp_path / 'pre'}", "method=full", "dpo.precompute_ref_log_probs=on",
+                             *STEPS], env(), timeout=200)
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
+    assert r.returncode == 1 and errors and "one process only" in errors[-1], r.stderr[-2000:]

@@ -29,9 +29,11 @@ def beta(cfg) -> float:
     return cfg.dpo.beta if cfg.trainer == "dpo" else cfg.kto.beta
 
 
-def measure(model, tokenizer, rows: dict, cfg, batch_size: int, reference: dict | None) -> dict:
-    """The result record on `rows` (columns of preference rows). `reference`: the baseline's result,
-    whose log-probabilities are the reference where the model has no adapter to disable."""
+def measure(model, tokenizer, rows: dict, cfg, batch_size: int, reference: dict | None,
+            starting: bool = False) -> dict:
+    """The result record on `rows` (columns of preference rows). `reference`: the baseline's record,
+    whose log-probabilities are the reference where the model has no adapter to disable; `starting`:
+    the model has not trained yet (the baseline), so it is its own reference."""
     import torch
 
     started = time.monotonic()
@@ -44,7 +46,7 @@ def measure(model, tokenizer, rows: dict, cfg, batch_size: int, reference: dict 
     try:
         with torch.no_grad():
             policy = {key: _logps(model, s, batch_size, tokenizer) for key, s in seqs.items()}
-            ref = _reference(model, seqs, batch_size, tokenizer, reference)
+            ref = policy if starting else _reference(model, seqs, batch_size, tokenizer, reference)
             prompts = [p for p, _ in seqs[TEXTS[fmt][0]][: cfg.eval.samples]]
             answers = _generate(model, tokenizer, prompts, cfg.eval.max_new_tokens, batch_size) if prompts else []
     finally:

@@ -77,7 +77,8 @@ def measure(cfg, model, tokenizer, dataset, batch_size: int, which: str, referen
     record["rows"] = idx
     try:
         if preferences:
-            record["result"] = preference.measure(model, tokenizer, rows, cfg, batch_size, reference)
+            record["result"] = preference.measure(model, tokenizer, rows, cfg, batch_size, reference,
+                                                  starting=which == "baseline")
         else:
             record["result"] = heldout.measure(model, tokenizer, rows, metric=metric, skip_reason=why,
                                                eval_cfg=cfg.eval, batch_size=batch_size)

@@ -154,6 +154,7 @@ def adapt(planned: dict, cfg, rank: RankFacts) -> LaunchPlan:
     per_device, accum, global_batch = batch_for_world(
         wanted, cfg.per_device_batch or planned["per_device_batch"], rank.world_size)
     trainers.check(cfg)  # an override the trainer cannot run (batching=packed for dpo…): one line, exit 2
+    trainers.one_process_precompute(cfg, rank.world_size)
     backend = planned.get("backend", "transformers") if cfg.backend == "auto" else cfg.backend
     backend = trainers.backend(cfg, backend, notes)  # dpo/kto: the plain stack
     if backend == "unsloth" and (not cuda or "unsloth" not in rank.installed):

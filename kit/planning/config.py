@@ -72,10 +72,10 @@ class DpoConfig:
                      "the implicit reward of an answer is beta x (log p_policy - log p_reference)")
     loss_type: str = _f("sigmoid", "sigmoid (DPO) | hinge (SLiC) | ipo | robust | sigmoid_norm: TRL's DPO loss; "
                         "prompt + answer are cut to seq_len tokens each, chosen and rejected alike")
-    precompute_ref_log_probs: str = _f("auto", "auto|on|off: compute the reference's log-probabilities once "
-                                       "before training instead of at every step; auto = on for method=full "
-                                       "(no second model copy on the GPU), off with LoRA (the reference is the "
-                                       "base with the adapter disabled: no copy to save)")
+    precompute_ref_log_probs: str = _f("auto", "auto|on|off: on = the reference's log-probabilities computed "
+                                       "once before training (one process only); auto/off = scored at every "
+                                       "step: the base with the adapter disabled (LoRA, no copy) or a second "
+                                       "frozen model copy (method=full)")
 
 
 @dataclass

@@ -10,9 +10,11 @@ The reference of DPO and KTO is the starting model. With LoRA it is the base its
 adapter disabled: TRL runs the reference forward under `use_adapter(model, None)`, so no second
 model is loaded and nothing is precomputed (kit drops the copy of its fresh adapter that TRL adds
 for a given PeftModel: a fresh adapter is the identity, so the base is the same reference). With
-full fine-tuning the weights themselves move, so the reference is either a second model copy on
-every GPU or its log-probabilities computed once before training (`precompute_ref_log_probs`):
-"auto" precomputes, which costs one forward pass over the data and no memory during training.
+full fine-tuning the weights themselves move, so the reference is a second, frozen model copy on
+every GPU ("auto"), or its log-probabilities computed once before training
+(`precompute_ref_log_probs=on`). TRL hands the precomputed values from rank 0 to the others
+through a datasets cache file, which kit's in-memory data keeps in a per-process temporary folder:
+on several processes rank 1 finds no file, so "on" is refused there (`one_process_precompute`).
 """
 
 from __future__ import annotations
@@ -56,17 +58,15 @@ def reference(cfg) -> tuple[str | None, str]:
     if not t.reference:
         return None, ""
     asked = settings(cfg).precompute_ref_log_probs
+    if asked == "on":
+        return "precomputed", (f"reference: its log-probabilities computed once before training "
+                               f"({t.name}.precompute_ref_log_probs=on; one process only)")
     if cfg.method != "full":
-        if asked == "on":
-            return "precomputed", (f"reference: its log-probabilities computed once before training "
-                                   f"({t.name}.precompute_ref_log_probs=on)")
         return "adapter_disabled", ("reference: the base with the LoRA adapter disabled, in the same model (no "
                                     "second copy, nothing precomputed: one extra forward without gradients per step)")
-    if asked == "off":
-        return "model_copy", (f"reference: a second copy of the model on every GPU "
-                              f"({t.name}.precompute_ref_log_probs=off; full fine-tuning moves the weights)")
-    return "precomputed", ("reference: full fine-tuning moves the weights, so the starting model's "
-                           "log-probabilities are computed once before training instead of keeping a second copy")
+    return "model_copy", ("reference: full fine-tuning moves the weights, so a second, frozen copy of the starting "
+                          "model scores the answers (precompute_ref_log_probs=on saves its memory, one process only)")
+
 
 
 def check(cfg) -> None:
@@ -112,3 +112,13 @@ def plan_rules(cfg, plan, reasons: list) -> None:
         plan.compile_layers = False
     kind, why = reference(cfg)
     reasons.append(why + ".")
+
+
+def one_process_precompute(cfg, world_size: int) -> None:
+    """Refuse precomputed reference log-probabilities on several processes (see the module docstring)."""
+    from kit.errors import UsageError
+
+    if world_size > 1 and reference(cfg)[0] == "precomputed":
+        raise UsageError(f"{cfg.trainer}.precompute_ref_log_probs=on runs in one process only: TRL shares the "
+                         f"values through a dataset cache file the other {world_size - 1} process(es) cannot read; "
+                         f"set {cfg.trainer}.precompute_ref_log_probs=auto, or start one process")
