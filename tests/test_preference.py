@@ -64,6 +64,8 @@ def test_every_trainer_plans_on_the_gpus_users_bring(trainer, facts, precision):
     assert plan.batching == "padded" and not plan.compile_layers
     assert plan.per_device_batch >= (2 if trainer == "kto" else 1)
     assert any("reference: the base with the LoRA adapter disabled" in r for r in plan.reasons)
+    assert any(r.startswith(f"batching padded for trainer {trainer}") for r in plan.reasons)
+    assert not any(r.startswith("batching padding_free") for r in plan.reasons)  # not said, then taken back
     assert any(n.startswith(f"{trainer}: ") for n in plan.memory["notes"])
     assert plan.memory["per_gpu_bytes"] <= plan.memory["budget_bytes"]
 

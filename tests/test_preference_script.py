@@ -75,13 +75,14 @@ def test_two_ranks_train_deliver_and_push_once(scripts, server, tmp_path, traine
 
 
 @pytest.mark.slow
-def test_kill_9_then_rerun_ends_with_the_uninterrupted_adapter(scripts, server, tmp_path):
-    script = scripts["dpo"]
+@pytest.mark.parametrize("trainer", ["dpo", "kto"])
+def test_kill_9_then_rerun_ends_with_the_uninterrupted_adapter(scripts, server, tmp_path, trainer):
+    script = scripts[trainer]
     reference = tmp_path / "reference"
     r = run(script, [f"output_dir={reference}", *STEPS], env())
     assert r.returncode == 0, r.stderr[-3000:]
     out = tmp_path / "run"
-    args = [f"output_dir={out}", "store=hf://me/dpo-cut", *STEPS]
+    args = [f"output_dir={out}", f"store=hf://me/{trainer}-cut", *STEPS]
     log = tmp_path / "first.log"
     with open(log, "w") as f:
         proc = subprocess.Popen(torchrun_cmd(script, 2) + args, cwd=ROOT, env=hub_env(server), stdout=f,

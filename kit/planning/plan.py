@@ -118,7 +118,8 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
             plan.reasons.append("bitsandbytes is not installed there: `pip install bitsandbytes` before training.")
     plan.optimizer = _optimizer(cfg, facts, gpu)
     budget = rank_budget(usable, plan.reasons)
-    plan.batching = speed.batching(cfg, gpu, plan.reasons)
+    # A preference trainer pads its batches: the SFT batching reasons would only be taken back.
+    plan.batching = speed.batching(cfg, gpu, plan.reasons if cfg.trainer == "sft" else [])
     trainers.plan_rules(cfg, plan, plan.reasons)
     loop = {**training_loop(facts), "batching": plan.batching}
     ram, why = hostram.budget(facts.ram_bytes), []
@@ -223,7 +224,7 @@ def _cpu_plan(facts, cfg, model, plan: Plan, nproc) -> Plan:
                       "the script, over gloo): use --nproc 2 or more, or strategy=auto")
     plan.optimizer = "adamw_torch" if cfg.optimizer in ("auto", "adamw_8bit", "paged_adamw_8bit") else cfg.optimizer
     ram = facts.ram_bytes or 8 * GIB  # ranks on a CPU share the machine's memory
-    plan.batching = speed.batching(cfg, None, plan.reasons)
+    plan.batching = speed.batching(cfg, None, plan.reasons if cfg.trainer == "sft" else [])
     trainers.plan_rules(cfg, plan, plan.reasons)
     speed.activation_offloading(cfg, None, "transformers", "single", False, plan.reasons)  # its reason; off here
     speed.compile_layers(cfg, None, "transformers", "single", plan.reasons)  # its reason when configured; off here
