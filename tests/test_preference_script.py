@@ -4,6 +4,7 @@ model), the test Hub (tests/hubserver.py) as the store, kill -9 and resume, a wr
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -128,3 +129,21 @@ def test_full_fine_tuning_scores_against_a_frozen_copy_of_the_start(scripts, tmp
                              *STEPS], env(), timeout=200)
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
     assert r.returncode == 1 and errors and "one process only" in errors[-1], r.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_time_budget_pauses_a_dpo_job_and_a_fresh_machine_finishes_it(scripts, server, tmp_path):
+    out = tmp_path / "run"
+    args = [f"output_dir={out}", "store=hf://me/dpo-budget", "max_steps=120", "save_steps=10", "keep_checkpoints=2",
+            *FAST]
+    first = run(scripts["dpo"], [*args, "time_budget_minutes=0.07"], hub_env(server))
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "paused at step" in first.stdout and "run the same command to continue" in first.stdout
+    paused = int(first.stdout.split("paused at step ")[1].split()[0])
+    assert 0 < paused < 120
+    shutil.rmtree(out)  # a new session elsewhere: the checkpoint and the baseline come from the store
+    second = run(scripts["dpo"], args, hub_env(server))
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"resuming from step {paused} (store" in second.stdout and "baseline: kept from" in second.stdout
+    assert "complete: step 120 of 120" in second.stdout
+    assert [s for s, _ in losses(out / "checkpoint-120")] == list(range(1, 121))
