@@ -26,7 +26,7 @@ try:  # the mechanics (store sync, resume, lease, deadline, smoke checks) are ki
     from kit.errors import KitError
     from kit.planning import adapt
     from kit.script import arguments
-    from kit.train import callbacks, collate, data, dist, last_word, modeling, output_dir, sharding
+    from kit.train import callbacks, collate, data, dist, last_word, modeling, output_dir, sharding, tracking
     from kit.train.job import Job
 except ModuleNotFoundError as e:
     missing = (e.name or "?").split(".")[0]
@@ -101,6 +101,7 @@ SETTINGS = {
     'time_budget_minutes': None,
     'seed': 42,
     'logging_steps': 5,
+    'report_to': 'none',
     'eval_steps': 30,
     'resume': 'auto',
 }
@@ -217,7 +218,10 @@ def main(argv: list[str]) -> int:
             eval_steps=cfg.eval_steps,
             seed=cfg.seed + ctx.rank,  # each rank its own dropout masks
             data_seed=cfg.seed,  # one shuffle for all ranks, so their shards don't overlap
-            report_to="none",
+            # Experiment tracking (report_to: none in the settings): rank 0 alone logs, the other ranks
+            # "none"; the tracked run is kit's run id, so a resumed job continues it. See kit/train/tracking.py.
+            report_to=tracking.report_to(cfg, ctx, job.run.get("run_id")),  # None: a smoke run, untracked
+            run_name=job.run.get("run_id"),
             disable_tqdm=not ctx.is_main,
             use_cpu=ctx.device.type == "cpu",
             **strategy,

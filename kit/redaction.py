@@ -1,4 +1,4 @@
-"""Keep the Hugging Face token out of every text kit shows or writes.
+"""Keep the Hugging Face token, and the experiment trackers' keys, out of every text kit shows or writes.
 
 The token's shape, the values this environment holds, and the scrubbing of text, of stdout/stderr
 and of tracebacks. It imports nothing of kit's, so errors, files and every stage can use it.
@@ -11,14 +11,18 @@ import re
 import sys
 
 ENV_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+# The experiment trackers' keys (kit.planning.tracking), read from the environment or a Kaggle/Colab secret
+# of the same name (kit.auth.find_secret): scrubbed like the Hugging Face token, never written anywhere.
+TRACKER_KEY_VARS = ("WANDB_API_KEY", "TRACKIO_WRITE_TOKEN")
 # The shape of a Hugging Face user access token ("hf_" and 34 letters/digits); 20+ so that shorter
 # test tokens and future lengths are caught too, while names like `hf_home` are not.
 TOKEN_RE = re.compile(r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{20,}")
 
 
 def _env_tokens(token: str | None = None) -> set[str]:
-    """The token values this process knows without asking a secret store (env, or given)."""
-    return {v for v in {token, *(os.environ.get(v, "").strip() for v in ENV_VARS)} if v and len(v) >= 4}
+    """The token and key values this process knows without asking a secret store (env, or given)."""
+    values = {token, *(os.environ.get(v, "").strip() for v in ENV_VARS + TRACKER_KEY_VARS)}
+    return {v for v in values if v and len(v) >= 4}
 
 
 def holds_token(text: str) -> bool:

@@ -51,6 +51,16 @@ def test_hours_left_and_sessions_needed_at_the_latest_speed():
     assert words.startswith("99.7 % goodput: 2.00 of 2.01 GPU h") and "(3 more sessions of 12 h)" in words
 
 
+def test_a_cpu_run_counts_process_hours_and_one_process_is_singular():
+    cpu = {**rec(0, 3600, 0, 100, world=1), "gpu_count": 0, "gpu_name": "cpu"}
+    words = goodput.words(goodput.ledger([cpu], max_steps=100, latest_step=100))
+    assert "of 1.00 process h" in words and "GPU h" not in words and "0 steps recomputed" in words
+    assert "GPU h" in goodput.words(goodput.ledger([rec(0, 3600, 0, 100)], max_steps=100, latest_step=100))
+    line = status.session_line(1, cpu)
+    assert "1 process," in line and "1 processes" not in line
+    assert "2 processes" in status.session_line(1, rec(0, 60, 0, 10))
+
+
 def test_already_complete_runs_and_missing_facts_do_not_count_or_crash():
     sessions = [rec(0, 100, 0, 90, setup=None), {"outcome": "already complete", "started": T0 + 500,
                                                   "ended": T0 + 501, "start_step": 90, "end_step": 90},

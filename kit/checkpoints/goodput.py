@@ -45,9 +45,11 @@ def session_ledger(rec: dict, next_rec: dict | None) -> dict:
     step_s = train / done if train is not None and done else _num(rec.get("step_s"))
     time_lost = lost * step_s if step_s else 0.0
     weight = int(_num(rec.get("gpu_count")) or _num(rec.get("world_size")) or 1)
+    on_cpu = _num(rec.get("gpu_count")) == 0 or rec.get("gpu_name") == "cpu"  # its processes' time, not GPUs'
     return {"span_s": span, "setup_s": setup, "train_s": train, "start_step": int(start_step),
             "end_step": int(end_step) if end_step is not None else None, "steps_done": done, "steps_lost": lost,
-            "time_lost_s": time_lost, "step_s": step_s, "weight": weight, "outcome": rec.get("outcome"),
+            "time_lost_s": time_lost, "step_s": step_s, "weight": weight, "on_cpu": on_cpu,
+            "outcome": rec.get("outcome"),
             "goodput": (max(0.0, train - time_lost) / span) if span and train is not None else None}
 
 
@@ -74,16 +76,19 @@ def ledger(sessions: list[dict], *, max_steps: int | None, latest_step: int | No
             "useful_gpu_hours": useful / 3600, "gpu_hours": used / 3600,
             "steps_recomputed": sum(r["steps_lost"] for r in rows),
             "setup_s": sum(setup), "hours_left": hours_left, "sessions_needed": needed,
-            "session_hours": session_hours}
+            "session_hours": session_hours, "on_cpu": bool(rows) and all(r["on_cpu"] for r in rows)}
 
 
 def words(led: dict) -> str | None:
     """One line, e.g. `91.2 % goodput: 1.31 of 1.44 GPU h trained steps that stayed; 14 steps recomputed;
-    42 s of setup; ~2.10 h left at the latest speed (1 more session of 12 h)`."""
+    42 s of setup; ~2.10 h left at the latest speed (1 more session of 12 h)` ("process h" on a CPU)."""
     if led.get("goodput") is None:
         return None
-    out = (f"{100 * led['goodput']:.1f} % goodput: {led['useful_gpu_hours']:.2f} of {led['gpu_hours']:.2f} GPU h "
-           f"trained steps that stayed; {led['steps_recomputed']} steps recomputed; {led['setup_s']:.0f} s of setup")
+    unit = "process h" if led.get("on_cpu") else "GPU h"  # a CPU run's hours are its processes'
+    redone = led["steps_recomputed"]
+    out = (f"{100 * led['goodput']:.1f} % goodput: {led['useful_gpu_hours']:.2f} of {led['gpu_hours']:.2f} {unit} "
+           f"trained steps that stayed; {redone} step{'s' if redone != 1 else ''} recomputed; "
+           f"{led['setup_s']:.0f} s of setup")
     if led.get("hours_left") is not None:
         more = led["sessions_needed"]
         out += (f"; ~{led['hours_left']:.2f} h left at the latest speed"

@@ -215,7 +215,8 @@ def _duration(seconds) -> str:
 def session_line(i: int, rec: dict, ledger_row: dict | None = None) -> str:
     """`#2  2026-12-02 13:20Z  host  40 → 200 of 200  complete  (12 s, 2 processes, ~7,080 tokens/s, peak 10.1 GiB)`."""
     span = (rec.get("ended") or 0) - (rec.get("started") or 0) if rec.get("ended") else None
-    extra = [_duration(span), f"{rec.get('world_size', '?')} processes"]
+    world = rec.get("world_size", "?")
+    extra = [_duration(span), f"{world} process" if world == 1 else f"{world} processes"]
     if isinstance(rec.get("tokens_per_s"), (int, float)):
         extra.append(f"~{rec['tokens_per_s']:,.0f} tokens/s")
     if isinstance(rec.get("peak_allocated_bytes"), (int, float)):

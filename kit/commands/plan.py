@@ -11,6 +11,7 @@ with strategy "none" and the reasons, is still printed), 2 for a bad config or f
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from kit.planning import config
 from kit.errors import CannotTrain
@@ -55,7 +56,9 @@ def run(args) -> int:
         return 0
     print(_render(plan, args.json))
     if not args.json and plan.launch:
-        print(f"next: {_next(args, cfg, facts, plan)}")
+        # Several nodes: each starts its own command (listed above), not node 0's.
+        shown = replace(plan, launch="each node's command above, on that node") if plan.node_launch else plan
+        print(f"next: {_next(args, cfg, facts, shown)}")
     return 0
 
 
@@ -92,7 +95,5 @@ def _render(plan, as_json: bool, refusal: str | None = None) -> str:
     if as_json:
         return json.dumps(plan.to_dict(), indent=2)
     if refusal is not None:
-        from dataclasses import replace
-
         plan = replace(plan, reasons=[r for r in plan.reasons if r.rstrip(".") != refusal.rstrip(".")])
     return plan_to_text(plan, launch=False)

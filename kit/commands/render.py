@@ -85,8 +85,9 @@ def run(args) -> int:
         sys.stdout.write(text)
         return 0
     render.write(text, out, args.force)
-    devices = plan.gpus if plan.strategy == "model_parallel" else plan.nproc  # one process drives every GPU
-    print(f"wrote {out}: {plan.strategy} over {devices} × {plan.device}, {plan.precision}")
+    from kit.report.text import plan_summary
+
+    print(f"wrote {out}: {plan_summary(plan)}")
     print(f"next: {launch_for(plan, out)}")
     return 0
 

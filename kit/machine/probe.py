@@ -22,7 +22,7 @@ from kit.machine.gpus import is_capability, query_gpus
 
 SCHEMA = 1
 PACKAGES = ("transformers", "trl", "peft", "bitsandbytes", "unsloth", "accelerate", "datasets", "huggingface_hub",
-            "liger_kernel")
+            "liger_kernel", "trackio", "wandb", "tensorboard")  # the last three: report_to (kit.planning.tracking)
 
 
 @dataclass

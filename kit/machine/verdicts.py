@@ -129,8 +129,12 @@ def judge(facts) -> Verdicts:
     """
     torch = facts.torch
     hint = platforms.defaults(facts.platform).accelerator_hint
+    synthesized = str(facts.platform_detected_by or "").startswith("synthesized")
+    if hint and synthesized:
+        # `--gpus 1xP100` is planned as Kaggle's machine, which the user did not say: name the platform.
+        hint = f"on {facts.platform.capitalize()}, {hint}; elsewhere,"
     gpus = [_judge_gpu(g, torch, hint) for g in facts.gpus]
-    if str(facts.platform_detected_by or "").startswith("synthesized"):
+    if synthesized:
         # `--gpus`: the torch judged is the one assumed for that machine, not the one installed here.
         assumed = f"torch {torch.get('version')} (assumed for --gpus, not the torch installed here)"
         for g in gpus:
@@ -188,7 +192,7 @@ def _judge_gpu(gpu: dict, torch: dict, hint: str | None) -> dict:
         ok, why = arch_supported(cap, torch["arch_list"], vendor)
     build = "a CUDA" if vendor == "nvidia" else "a ROCm"
     fix = f"install a torch built for {arch}" if torch.get("installed") else f"install {build} build of torch"
-    advice = f"{hint} or {fix}" if hint and "T4" not in name else fix
+    advice = f"{hint}{' ' if hint.endswith(',') else ' or '}{fix}" if hint and "T4" not in name else fix
     reason = f"{name} ({arch}) {why}" + (f": {advice}" if ok is False else "")
     return {"index": gpu["index"], "name": name, "arch": arch, "arch_supported": ok,
             "bf16": bool(cap) and bf16_native(vendor, cap), "reason": reason, "advice": advice}

@@ -120,7 +120,8 @@ class RunConfig:
     kernels: str = _f("auto", "auto|liger|none: liger = Liger's Triton kernels (RMSNorm, SwiGLU, RoPE) on the GPU")
     activation_offloading: str = _f("auto", "auto|on|off: the layer inputs gradient checkpointing keeps, moved to "
                                             "pinned CPU memory during the step (TRL's activation_offloading)")
-    compile: str = _f("auto", "auto|on|off: torch.compile each decoder layer (plain backend, GPU); auto = off")
+    compile: str = _f("auto", "auto|on|off: torch.compile each decoder layer (plain backend, GPU); auto = on for "
+                            "bf16 NVIDIA GPUs with one replica per GPU, for jobs of at least 300 micro-batches")
     max_grad_norm: float = _f(1.0, "gradient clipping norm; 0 disables")
     precision: str = _f("auto", "auto|bf16|fp16|fp32; auto = bf16 where native, fp16 on T4/V100, fp32 on CPU")
     gradient_checkpointing: str = _f("auto", "auto|on|off; auto = on when needed to fit or model >= 1B params")
@@ -137,6 +138,9 @@ class RunConfig:
     time_budget_minutes: float | None = _f(None, "stop cleanly before this many minutes; null = platform default")
     seed: int = _f(42, "random seed")
     logging_steps: int = _f(10, "log loss every this many steps")
+    report_to: str = _f("none", "none|auto|trackio|wandb|tensorboard: the experiment tracker, logged from rank 0 and "
+                        "named by kit's run id (a resumed job continues the same tracked run); auto = trackio where "
+                        "installed, else none. Keys come from WANDB_API_KEY (or a Kaggle/Colab secret of that name)")
     eval_steps: int | None = _f(None, "evaluate every this many steps; null = at the end only")
     resume: str = _f("auto", "auto (newest complete checkpoint, silent if none) | never | a checkpoint PATH")
 

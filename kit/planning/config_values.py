@@ -10,7 +10,7 @@ import difflib
 import math
 
 from kit.errors import UsageError
-from kit.planning import names
+from kit.planning import names, tracking
 
 METHODS = ("lora", "qlora", "full")
 BACKENDS = ("auto", "transformers", "unsloth")
@@ -42,15 +42,16 @@ _NON_NEGATIVE = {"warmup_steps", "weight_decay", "max_grad_norm", "learning_rate
 _CHOICES = {"method": METHODS, "backend": BACKENDS, "data.format": FORMATS, "optimizer": OPTIMIZERS,
             "precision": PRECISIONS, "lr_scheduler": SCHEDULERS, "gradient_checkpointing": CHECKPOINTING,
             "batching": BATCHINGS, "kernels": KERNELS, "strategy": STRATEGIES, "eval.metric": EVAL_METRICS,
-            "activation_offloading": CHECKPOINTING, "compile": CHECKPOINTING, "trainer": TRAINERS,
-            "dpo.loss_type": DPO_LOSSES, "dpo.precompute_ref_log_probs": CHECKPOINTING,
+            "activation_offloading": CHECKPOINTING, "compile": CHECKPOINTING, "report_to": tracking.CHOICES,
+            "trainer": TRAINERS, "dpo.loss_type": DPO_LOSSES, "dpo.precompute_ref_log_probs": CHECKPOINTING,
             "kto.precompute_ref_log_probs": CHECKPOINTING}
 # Names people bring from other tools (HF TrainingArguments, TRL, axolotl).
 _ALIASES = {"lr": "learning_rate", "batch_size": "per_device_batch", "max_seq_length": "seq_len",
             "max_length": "seq_len", "model_name": "model", "num_train_epochs": "epochs",
             "gradient_accumulation_steps": "global_batch", "bf16": "precision", "fp16": "precision",
             "rank": "r", "lora_r": "r", "lora_alpha": "alpha", "lora_dropout": "dropout", "targets": "target_modules",
-            "dataset": "path", "data_path": "path", "torch_compile": "compile"}
+            "dataset": "path", "data_path": "path", "torch_compile": "compile", "tracker": "report_to",
+            "logger": "report_to"}
 
 
 # Keys that name something kit decides itself, with where that decision is made.

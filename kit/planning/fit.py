@@ -33,14 +33,14 @@ def batch_for_world(cfg, per_device_batch: int, world_size: int) -> tuple[int, i
         return per_device_batch, 1, per_device_batch * world_size
     g = cfg.global_batch
     if g % world_size:
-        raise UsageError(f"global_batch {g} is not a multiple of the {world_size} GPU(s)/processes: pick a "
+        raise UsageError(f"global_batch {g} is not a multiple of the {world_size} processes: pick a "
                          f"multiple of {world_size}")
     if cfg.per_device_batch is None:
         per_device_batch = max(b for b in range(1, per_device_batch + 1) if (g // world_size) % b == 0)
     if g % (per_device_batch * world_size):
-        raise UsageError(f"global_batch {g} is not a multiple of per_device_batch {per_device_batch} × "
-                         f"{world_size} GPU(s) = {per_device_batch * world_size}: pick a global_batch that is, "
-                         "or leave per_device_batch null")
+        ranks = f"{world_size} process" + ("es" if world_size != 1 else "")
+        raise UsageError(f"global_batch {g} is not a multiple of per_device_batch {per_device_batch} × {ranks} = "
+                         f"{per_device_batch * world_size}: pick a global_batch that is, or leave per_device_batch null")
     return per_device_batch, g // (per_device_batch * world_size), g
 
 
@@ -158,6 +158,10 @@ def cheaper_change(model, cfg, precision, optimizer, n, budget, gpu_name, loop=N
                 f"micro-batch {found[2]}: estimated {found[4].total_bytes / GIB:.1f} GiB per GPU of "
                 f"{budget / GIB:.1f} GiB)")
 
+    if ram is not None:
+        ram_only = _host_ram_change(model, cfg, precision, optimizer, n, budget, loop, nodes, ram)
+        if ram_only:
+            return ram_only
     candidates = [[option] for option in options] + [options[:k] for k in range(2, len(options) + 1)]
     seq = cfg.seq_len // 2
     while seq >= 128:
@@ -173,6 +177,24 @@ def cheaper_change(model, cfg, precision, optimizer, n, budget, gpu_name, loop=N
     where = f"{nodes} nodes of {n}× {gpu_name}" if nodes > 1 else f"{n}× {gpu_name}"
     return (f"nothing kit can change fits {where} ({budget / GIB:.1f} GiB each): pick a GPU with more "
             "memory, more GPUs or nodes, or a smaller model")
+
+
+def _host_ram_change(model, cfg, precision, optimizer, n, budget, loop, nodes, ram) -> str | None:
+    """When the GPUs hold the job and only loading outgrows host RAM: fewer processes per node, as a sentence."""
+    quantized = cfg.method == "qlora" or bool(model.prequantized)
+    try:
+        if fit(model, cfg, precision, quantized, optimizer, n, budget, loop=loop, nodes=nodes) is None:
+            return None  # GPU memory is (also) what does not fit
+        for fewer in range(n - 1, 0, -1):
+            found = fit(model, cfg, precision, quantized, optimizer, fewer, budget, loop=loop, nodes=nodes, ram=ram)
+            if found:
+                return (f"the GPUs hold it, the host RAM while loading does not; cheapest change that fits: --nproc "
+                        f"{fewer} (fewer processes load at once; strategy {found[0]}, micro-batch {found[2]}: "
+                        f"estimated {found[4].total_bytes / GIB:.1f} GiB per GPU of {budget / GIB:.1f} GiB)")
+    except UsageError:
+        return None
+    return (f"the GPUs hold it, the host RAM while loading does not ({ram / GIB:.1f} GiB usable): use a machine "
+            "with more RAM")
 
 
 def _bigger_gpu(model, cfg, precision, optimizer, n, budget, loop, nodes, ram) -> str | None:

@@ -3,9 +3,10 @@
     need = node_load_bytes(model_facts("Qwen/Qwen3-14B"), "fsdp", quantized=False, ranks=2)
     need.total_bytes, need.words   # ~32.5 GiB, "its first rank reads the 27.5 GiB of 16-bit weights ..."
 
-Kaggle gives ~29 GiB of RAM to both T4 ranks together: a plan whose load does not fit there is
+Kaggle gives ~31 GiB of RAM to both T4 ranks together: a plan whose load does not fit there is
 killed by the kernel's OOM killer before the first step, so the planner counts it. Loading is
-the peak: training itself keeps the weights on the GPUs.
+the peak: training itself keeps the weights on the GPUs. A machine whose RAM is not known (a
+`--gpus` machine other than Kaggle's and Colab's, facts without ram_bytes) is not checked.
 
 What each rank holds (numbers are kit's assumptions, not measurements):
 - every rank: the Python process with torch, CUDA, transformers and TRL imported (PROCESS_BYTES);
@@ -43,8 +44,9 @@ def node_load_bytes(model, strategy: str, quantized: bool, ranks: int, full_meth
     else:
         per_rank = PROCESS_BYTES + min(weights16, IN_FLIGHT_BYTES)
         total = ranks * per_rank
-        words = (f"{ranks} process(es) of ~{per_rank / GIB:.1f} GiB each: torch and CUDA, plus the weights "
-                 f"on their way to the GPU")
+        each = f"{ranks} processes of ~{per_rank / GIB:.1f} GiB each" if ranks > 1 else \
+            f"1 process of ~{per_rank / GIB:.1f} GiB"
+        words = f"{each}: torch and CUDA, plus the weights on their way to the GPU"
     return HostLoad(int(total), words)
 
 

@@ -71,12 +71,19 @@ def slurm(nodes: int, nproc: int, run_id: str, port: int = DEFAULT_PORT, script:
     ])
 
 
-def skypilot(nodes: int, nproc: int, accelerator: str, port: int = DEFAULT_PORT, script: str = "train_ddp.py") -> str:
-    """A SkyPilot task: SkyPilot sets the node rank and the head node's address on every node."""
+def skypilot(nodes: int, nproc: int, accelerator: str | None, port: int = DEFAULT_PORT,
+             script: str = "train_ddp.py") -> str:
+    """A SkyPilot task: SkyPilot sets the node rank and the head node's address on every node.
+
+    `accelerator`: SkyPilot's name of the GPU (kit.machine.gpu_table.skypilot_name), or None when
+    kit does not know it: the task then says so where the name goes.
+    """
+    wanted = (f"{accelerator}:{nproc}" if accelerator else
+              f"GPU:{nproc}  # replace GPU with SkyPilot's name of this GPU (`sky show-gpus`); kit's table lacks it")
     return "\n".join([
         f"num_nodes: {nodes}",
         "resources:",
-        f"  accelerators: {accelerator}:{nproc}",
+        f"  accelerators: {wanted}",
         "run: |",
         "  head=$(echo \"$SKYPILOT_NODE_IPS\" | head -n 1)",
         f"  torchrun --nnodes={nodes} --nproc_per_node={nproc} --node_rank=\"$SKYPILOT_NODE_RANK\" "

@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from kit.errors import CannotTrain, UsageError
-from kit.machine import verdicts
+from kit.machine import gpu_table, verdicts
 from kit.machine.command import launch_command
-from kit.planning import hostram, memory, plan_words, precision, shapes, speed, trainers
+from kit.planning import hostram, memory, plan_words, precision, shapes, speed, tracking, trainers
 from kit.planning.measured import MEASURED
 from kit.planning.names import check_data
 from kit.planning import nodes as nodes_mod
@@ -24,6 +24,7 @@ from kit.planning.fit import batch_for_world, cheaper_change, fit, rank_budget, 
 from kit.files import GIB
 
 CPU_MAX_PARAMS = 1e9
+CPU_ASSUMED_RAM = 8 * GIB  # a CPU plan's budget where the machine's RAM is unknown (it refuses nothing then)
 
 __all__ = ["Plan", "batch_for_world", "make_plan"]
 
@@ -83,6 +84,10 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
     plan = Plan(model=cfg.model)
     plan.reasons.append(f"{cfg.model}: {plan_words.count(model.params)} parameters, {model.layers} layers, vocab "
                         f"{model.vocab} (from {model.source}).")
+    # A tracker the machine's facts show missing: refused here, as the script refuses it at launch.
+    _, tracked = tracking.choose(cfg.report_to, tracking.installed_in(facts.packages), "on the machine planned for")
+    if tracked:
+        plan.reasons.append(tracked)
     quantized = cfg.method == "qlora" or model.prequantized is not None
     if model.prequantized and cfg.method == "full":
         raise UsageError(f"{cfg.model} is a 4-bit checkpoint and cannot be fully fine-tuned: use method=lora, "
@@ -92,6 +97,7 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
             raise UsageError(f"--nodes {nodes} on CPU-only machines: multi-node training is for GPU machines")
         return _cpu_plan(facts, cfg, model, plan, nproc)
 
+    plan.gpu, plan.gpus = _machine_gpus(facts.gpus), len(facts.gpus)  # what a refusal below was planned for
     v = verdicts.judge(facts)
     if not v.ok:
         _refuse(plan, v.summary if v.action in v.summary else f"{v.summary} {v.action}".strip())
@@ -102,7 +108,7 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
         _refuse(plan, f"mixed GPU models ({names}): every rank would run at the pace and memory of the "
                       "smallest; make only one model visible with CUDA_VISIBLE_DEVICES")
     if nproc is not None and not 1 <= nproc <= len(usable):
-        raise UsageError(f"nproc {nproc}: this machine has {len(usable)} usable GPU(s)")
+        raise UsageError(f"nproc {nproc}: this machine has {plan_words.things(len(usable), 'usable GPU')}")
     usable = usable[: nproc or len(usable)]
     gpu, n = usable[0], len(usable)
     plan.gpu, plan.gpus = gpu["name"], n  # the GPUs it was planned for, also when it is refused
@@ -147,8 +153,9 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
     plan.nproc = world // nodes if strategy in ("ddp", "fsdp") else world  # per node
     plan.gpus = len(usable) if strategy == "model_parallel" else plan.nproc
     plan.reasons += [f"passed over {w}." for w in why]  # cheaper strategies that fit the GPUs but not the load
-    plan.reasons += plan_words.strategy_reasons(strategy, n if strategy == "model_parallel" else world, gpu["name"], est, budget, model, cfg, gc, quantized, plan)
-    plan.reasons.append(plan_words.host_words(model, strategy, quantized, plan.nproc, cfg, ram))
+    plan.reasons += plan_words.strategy_reasons(strategy, n if strategy == "model_parallel" else world, gpu["name"],
+                                                est, budget, model, cfg, gc, quantized, plan, why)
+    plan.reasons.append(plan_words.host_words(model, strategy, quantized, plan.nproc, cfg, ram, nodes))
     plan.backend = trainers.backend(cfg, _backend(cfg, facts, gpu, strategy, plan.reasons), plan.reasons)
     if plan.backend == "unsloth" and (speed.unsloth_batching(cfg, plan.batching, plan.reasons) != plan.batching
                                       or plan.batching == "packed"):
@@ -175,12 +182,21 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
         plan.node_launch = nodes_mod.commands(nodes, plan.nproc, endpoint, run_id)
         plan.launch = plan.node_launch[0]
         plan.snippets = {"slurm": nodes_mod.slurm(nodes, plan.nproc, run_id),
-                         "skypilot": nodes_mod.skypilot(nodes, plan.nproc, gpu["name"].split()[-1])}
-        plan.reasons.append(f"{nodes} nodes × {plan.nproc} GPU(s) = {world} ranks, started by torchrun's c10d "
+                         "skypilot": nodes_mod.skypilot(nodes, plan.nproc, gpu_table.skypilot_name(
+                             gpu["name"], gpu.get("memory_total_bytes")))}
+        plan.reasons.append(f"{nodes} nodes × {plan_words.things(plan.nproc, 'GPU')} = {world} ranks, started by "
+                            "torchrun's c10d "
                             f"rendezvous at {endpoint}; only global rank 0 talks to the store, each node downloads the "
                             "model and data once and keeps its own output_dir; a node that dies ends the job (non-zero "
                             "exit), and the same commands resume it.")
     return plan
+
+
+def _machine_gpus(gpus: list[dict]) -> str:
+    """The GPU name of a machine, or its mix: "Tesla T4", "1× Tesla T4 + 1× NVIDIA L4"."""
+    names = [g["name"] for g in gpus]
+    kinds = list(dict.fromkeys(names))
+    return kinds[0] if len(kinds) == 1 else " + ".join(f"{names.count(k)}× {k}" for k in kinds)
 
 
 def _as_facts(facts):
@@ -223,22 +239,29 @@ def _cpu_plan(facts, cfg, model, plan: Plan, nproc) -> Plan:
         _refuse(plan, "strategy fsdp on one CPU process has nothing to shard over (FSDP on the CPU is for checking "
                       "the script, over gloo): use --nproc 2 or more, or strategy=auto")
     plan.optimizer = "adamw_torch" if cfg.optimizer in ("auto", "adamw_8bit", "paged_adamw_8bit") else cfg.optimizer
-    ram = facts.ram_bytes or 8 * GIB  # ranks on a CPU share the machine's memory
+    ram = facts.ram_bytes or CPU_ASSUMED_RAM  # ranks on a CPU share the machine's memory
     plan.batching = speed.batching(cfg, None, plan.reasons if cfg.trainer == "sft" else [])
     trainers.plan_rules(cfg, plan, plan.reasons)
     speed.activation_offloading(cfg, None, "transformers", "single", False, plan.reasons)  # its reason; off here
     speed.compile_layers(cfg, None, "transformers", "single", plan.reasons)  # its reason when configured; off here
     if cfg.optimizer == "adamw_torch_fused":
         plan.optimizer = "adamw_torch"  # the fused kernel is CUDA's
+    loop = {**training_loop(facts), "batching": plan.batching}
     found = fit(model, cfg, plan.precision, False, plan.optimizer, plan.nproc, ram // plan.nproc, device="cpu",
-                loop={**training_loop(facts), "batching": plan.batching})
+                loop=loop)
+    while found is None and not facts.ram_bytes and ram < CPU_ASSUMED_RAM * 2**10:
+        ram *= 2  # unknown RAM refuses nothing: the smallest budget that fits, said to be unchecked
+        found = fit(model, cfg, plan.precision, False, plan.optimizer, plan.nproc, ram // plan.nproc, device="cpu",
+                    loop=loop)
     if found is None:
         _refuse(plan, f"{cfg.model} at seq_len {cfg.seq_len} needs more than the {ram / GIB:.1f} GiB of RAM here "
-                      f"for {plan.nproc} process(es): use a GPU machine, fewer processes or shorter sequences")
+                      f"for {plan_words.things(plan.nproc, 'process', 'processes')}: use a GPU machine, fewer "
+                      "processes or shorter sequences")
     plan.strategy, _, b, plan.gradient_checkpointing, est = found
     plan.per_device_batch, plan.grad_accum, plan.global_batch = batch_for_world(cfg, b, plan.nproc)
+    unknown = [] if facts.ram_bytes else [f"the machine's RAM is not known: {ram / GIB:.0f} GiB assumed, not checked"]
     plan.memory.update(per_gpu_bytes=est.total_bytes, allocated_bytes=est.allocated_bytes,
-                       budget_bytes=ram // plan.nproc, terms=est.terms, notes=est.notes)
+                       budget_bytes=ram // plan.nproc, terms=est.terms, notes=unknown + est.notes)
     plan.reasons.append(f"precision {plan.precision} on the CPU; " +
                         (f"{plan.nproc} processes over gloo" if plan.nproc > 1 else "one process") +
                         (", FSDP-sharded (checks the script's FSDP path; no memory saved: the ranks share one RAM)."

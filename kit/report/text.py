@@ -162,22 +162,28 @@ def _gib(n: int | None) -> str:
 
 
 def plan_to_text(plan, launch: bool = True) -> str:
-    """The plan as aligned text: what, where, memory term by term, reasons, and (`launch`) the next command."""
-    where = f"{plan.gpus or plan.nproc}× {plan.gpu}" if plan.device == "cuda" and plan.gpu else plan.gpu or plan.device
-    if getattr(plan, "nodes", 1) > 1:
-        where = f"{plan.nodes} nodes × {where}"
-    rows = [("strategy", plan.strategy)]
+    """The plan as aligned text: what, where, memory term by term, reasons, each node's command (several
+    nodes), and (`launch`) the next command."""
+    from kit.planning.plan_words import things
+
+    nodes = getattr(plan, "nodes", 1) or 1
+    cpu = plan.device == "cpu"
+    where = plan_where(plan)
+    world = plan.nproc * nodes
+    rows = [("strategy", f"{plan.strategy} ({_strategy_words(plan, world)})")]
     if plan.strategy != "none":
+        per = "process" if cpu else "step" if plan.strategy == "model_parallel" else "GPU"
+        ranks = things(world, "process", "processes") + (f" ({nodes} nodes × {plan.nproc})" if nodes > 1 else "")
         rows += [("device", where), ("precision", plan.precision), ("quantization", plan.quantization or "-"),
                  ("backend", plan.backend), ("optimizer", plan.optimizer),
                  ("gradient checkpointing", "on" if plan.gradient_checkpointing else "off"),
-                 ("batch", f"{plan.per_device_batch} per device × {plan.grad_accum} accumulation × "
-                           f"{plan.nproc} process(es) = {plan.global_batch}")]
+                 ("batch", f"{plan.per_device_batch} per {per} × {things(plan.grad_accum, 'accumulation step')} × "
+                           f"{ranks} = {plan.global_batch}")]
     lines = [f"plan for {plan.model} on {where}"]
     lines += [f"  {k:<24}{v}" for k, v in rows]
     terms = plan.memory.get("terms") or {}
     if terms:
-        unit = "GPU" if plan.device == "cuda" else "process"
+        unit = "process" if cpu else "GPU"
         lines.append(f"{'memory per ' + unit + ' (estimate)':<38}{'GiB':>10}")
         lines += [f"  {name:<36}{b / GIB:>10.2f}" for name, b in terms.items()]
         lines.append(f"  {'total':<36}{plan.memory['per_gpu_bytes'] / GIB:>10.2f}"
@@ -185,12 +191,47 @@ def plan_to_text(plan, launch: bool = True) -> str:
         lines += [f"  ({note})" for note in plan.memory.get("notes", [])]
     lines.append("reasons")
     lines += [f"  - {r}" for r in plan.reasons]
-    if getattr(plan, "node_launch", None) and launch:
-        lines.append("next, on each node (node 0 hosts the rendezvous):")
+    if getattr(plan, "node_launch", None):
+        # Each node's own command is part of the plan: without them a job over several nodes cannot start.
+        lines.append(("next, on" if launch else "on") + " each node (node 0 hosts the rendezvous; "
+                     "`kit plan … --node-rank R` prints node R's alone):")
         lines += [f"  node {i}: {c}" for i, c in enumerate(plan.node_launch)]
         for name, text in plan.snippets.items():
-            lines.append(f"or as a {name} {'batch script' if name == 'slurm' else 'task'}:")
+            lines.append(f"or as a {'SLURM batch script' if name == 'slurm' else 'SkyPilot task'}:")
             lines += [f"  {line}" for line in text.splitlines()]
     elif plan.launch and launch:
         lines.append(f"next: {plan.launch}")
     return "\n".join(lines)
+
+
+def plan_where(plan) -> str:
+    """What a plan runs on: "2× Tesla T4", "2 nodes × 8× NVIDIA H100 80GB HBM3", "the CPU"."""
+    if plan.device == "cpu":
+        where = "the CPU"
+    elif " + " in (plan.gpu or ""):  # a machine of mixed GPUs, refused: its mix
+        where = plan.gpu
+    elif plan.gpu:
+        where = f"{plan.gpus or plan.nproc}× {plan.gpu}"
+    else:
+        where = "this machine"
+    nodes = getattr(plan, "nodes", 1) or 1
+    return f"{nodes} nodes × {where}" if nodes > 1 else where
+
+
+def plan_summary(plan) -> str:
+    """One line: "ddp over 2× Tesla T4 (a replica on each of 2 GPUs, one process each), fp16"."""
+    world = plan.nproc * (getattr(plan, "nodes", 1) or 1)
+    on = "on" if plan.device == "cpu" else "over"
+    return f"{plan.strategy} {on} {plan_where(plan)} ({_strategy_words(plan, world)}), {plan.precision}"
+
+
+def _strategy_words(plan, world: int) -> str:
+    if plan.strategy == "none":
+        return "no plan: the error line says why"
+    if plan.device == "cpu":
+        return ("one process" if world == 1 else
+                f"{world} processes over gloo" + (", FSDP-sharded" if plan.strategy == "fsdp" else ""))
+    return {"single": "one GPU, one process",
+            "ddp": f"a replica on each of {world} GPUs, one process each",
+            "fsdp": f"the model sharded over {world} GPUs, one process each",
+            "model_parallel": f"the layers split over {plan.gpus} GPUs, one process"}.get(plan.strategy, "")

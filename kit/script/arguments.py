@@ -28,16 +28,30 @@ def parse(argv: list[str], config_path: str) -> argparse.Namespace:
 
 
 def settings(embedded: dict, embedded_plan: dict, args: argparse.Namespace) -> tuple[config.RunConfig, dict]:
-    """(config, plan): the embedded ones with overrides, or `--config FILE` planned for this machine."""
+    """(config, plan): the embedded ones with overrides, or `--config FILE` planned for this machine.
+
+    Checked here, before any model loads: the settings' values, and the tracker report_to names
+    (installed here; rank 0: its key, kit.train.tracking).
+    """
     if not args.config:
         cfg = config.from_dict(embedded, source="train_ddp.py SETTINGS")
         for key, value in config.parse_overrides(args.overrides or ()):
             config.set_value(cfg, key, value, source="command line")
         same_trainer(cfg, embedded)
-        return cfg, embedded_plan
-    cfg = config.load(args.config, args.overrides or ())
-    same_trainer(cfg, embedded)
-    return cfg, replan(cfg, args.config)
+        planned = embedded_plan
+    else:
+        cfg = config.load(args.config, args.overrides or ())
+        same_trainer(cfg, embedded)
+        planned = replan(cfg, args.config)
+    _settle_tracker(cfg)
+    return cfg, planned
+
+
+def _settle_tracker(cfg: config.RunConfig) -> None:
+    from kit.train import tracking
+    from kit.train.dist import env_int
+
+    tracking.settle(cfg, env_int("RANK", 0))
 
 
 def same_trainer(cfg: config.RunConfig, embedded: dict) -> None:
@@ -67,11 +81,18 @@ def replan(cfg: config.RunConfig, source: str) -> dict:
     from kit.train.dist import env_int
 
     world = env_int("WORLD_SIZE", 1)
+    local = env_int("LOCAL_WORLD_SIZE", world)  # this node's processes; the world spans every node
     facts = probe.gather()
     # Under torchrun the plan is for the processes started; one process may plan every GPU (model parallel).
-    plan = make_plan(facts, cfg, nproc=world if world > 1 else None)
+    # CPU ranks plan as one world: the CPU planner has no nodes.
+    gpus = facts["gpus"] if isinstance(facts, dict) else facts.gpus  # a Facts, or its dict
+    nodes = world // local if gpus and 0 < local < world and world % local == 0 else 1
+    per_node = world // nodes
+    plan = make_plan(facts, cfg, nproc=per_node if world > 1 else None, nodes=nodes)
     where = f"{plan.nproc}× {plan.gpu}" if plan.device == "cuda" else "the CPU"
-    note = (f"--config {source}: planned for this machine ({where}): {plan.strategy}, {plan.precision}, micro-batch "
+    where = f"{nodes} nodes × {where}" if nodes > 1 else where
+    machines = "these machines" if nodes > 1 else "this machine"
+    note = (f"--config {source}: planned for {machines} ({where}): {plan.strategy}, {plan.precision}, micro-batch "
             f"{plan.per_device_batch} × {plan.grad_accum} accumulation, gradient checkpointing "
             f"{'on' if plan.gradient_checkpointing else 'off'}")
     return {**plan.to_dict(), "replanned": note}

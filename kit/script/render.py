@@ -51,6 +51,9 @@ def _strategy_words(plan: dict) -> str:
         return f"FSDP over {n} {where}, {plan.get('precision')}"
     if plan.get("strategy") == "model_parallel":
         return f"model parallel over the {where} of one process, {plan.get('precision')}"
+    if plan.get("strategy") == "single":
+        one = "process on the CPU" if device == "cpu" else f"GPU ({plan.get('gpu_name', 'GPU')})"
+        return f"single {one}, {plan.get('precision')}"
     return f"{plan.get('strategy')} on {n} {where}, {plan.get('precision')}"
 
 
@@ -96,6 +99,7 @@ def render(cfg: config.RunConfig, plan: dict, config_path: str, machine: str, re
         unsloth_import=unsloth_import,
         config_class=config_class, trainer_class=trainer_class, trainer_after=after,
         trainer_args=(TEMPLATE.parent / "trainer_args" / f"{cfg.trainer}.py.tmpl").read_text(),
+        report_to=cfg.report_to,
         kit_version=__version__,
         settings=_literal(_settings(cfg)),
         plan=_literal(kept),

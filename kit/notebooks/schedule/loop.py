@@ -23,26 +23,28 @@ from pathlib import Path
 from kit import auth
 from kit.errors import UsageError
 from kit.files import json_problem, parse_json, read_text, regular_file
-from kit.redaction import redact
+from kit.redaction import holds_token, redact
 from kit.notebooks.schedule.papermill_run import Plan, execute, is_done, is_failure
 from kit.notebooks.schedule.runs_lock import RunsLock
 
 PARAMETERS = ("config", "time_budget_minutes", "store", "nproc", "overrides")
 _TOKEN_VALUE_RE = re.compile(r"\bhf_[A-Za-z0-9]{20,}\b")
+_SECRET_KEY_RE = re.compile(r"(?i)token|key|secret|passw")  # the name of a parameter that holds one
 
 
 # -- checks before anything runs --------------------------------------------------------------
 def refuse_tokens(values: list[str]) -> None:
-    """Raise UsageError when any parameter looks like, names or contains a token (never echoing it)."""
+    """Raise UsageError when any parameter looks like, names or contains a token or a tracker's key
+    (WANDB_API_KEY's value in the environment, a `wandb_api_key=` override), never echoing it."""
     known = auth.find_token()
     for value in values:
         key = value.split("=", 1)[0] if "=" in value else ""
-        if ("token" in key.lower() or _TOKEN_VALUE_RE.search(value)
+        if (_SECRET_KEY_RE.search(key) or _TOKEN_VALUE_RE.search(value) or holds_token(value)
                 or (known and len(known) >= 8 and known in value)):
             shown = f"{key}=…" if key else "a parameter"
             raise UsageError(f"refusing to pass a token as a parameter ({shown}): papermill writes every "
-                             "parameter into the run notebook; set HF_TOKEN in the environment or a "
-                             "Kaggle/Colab secret named HF_TOKEN instead")
+                             "parameter into the run notebook; set HF_TOKEN (or a tracker's key, WANDB_API_KEY) in "
+                             "the environment or a Kaggle/Colab secret of that name instead")
 
 
 def check_notebook(path: Path) -> Path:
