@@ -1,7 +1,7 @@
 """What each trainer asks of a plan: sequences per example, the reference model, the batching it allows.
 
+    of(cfg).sequences     # sequences one example puts through the policy with gradients: sft 1, dpo 2, kto 1
     reference(cfg)        # ("adapter_disabled" | "precomputed" | "model_copy", why)
-    sequences(cfg)        # sequences one example puts through the policy with gradients: sft 1, dpo 2, kto 1
 
 The one place these are decided: the planner (memory, reasons) and the generated script
 (`precompute_ref_log_probs`) both ask here. Adding a trainer is a row in TRAINERS.
@@ -15,6 +15,11 @@ every GPU ("auto"), or its log-probabilities computed once before training
 (`precompute_ref_log_probs=on`). TRL hands the precomputed values from rank 0 to the others
 through a datasets cache file, which kit's in-memory data keeps in a per-process temporary folder:
 on several processes rank 1 finds no file, so "on" is refused there (`one_process_precompute`).
+
+ORPO is not a trainer here: TRL 1.x keeps ORPOTrainer under `trl.experimental` (no stability
+promise between releases, and the GPU machines' TRL is older than this one's), and kit's script
+must run on both. It needs no reference (a row with sequences=2, reference=False) once TRL
+promotes it, as it promoted KTO.
 """
 
 from __future__ import annotations
