@@ -56,6 +56,7 @@ SETTINGS = {
     'model': 'models/tiny-qwen3',
     'revision': None,
     'method': 'lora',
+    'trainer': 'sft',
     'backend': 'auto',
     'strategy': 'auto',
     'lora': {'r': 16, 'alpha': 32.0, 'dropout': 0.0, 'target_modules': 'all-linear'},

@@ -40,7 +40,9 @@ class DataConfig:
     """Where the training examples come from and how they are read."""
 
     path: str = _f("data/ha_commands.jsonl", "a local .jsonl/.json/.csv/.parquet file or a Hub dataset id")
-    format: str = _f("auto", "auto|messages|alpaca|prompt_completion|text; auto detects from the columns")
+    format: str = _f("auto", "auto|messages|alpaca|prompt_completion|text (trainer sft) | preference "
+                   "(dpo: prompt, chosen, rejected) | unpaired_preference (kto: prompt, completion, label); auto "
+                   "detects from the columns")
     columns: dict = _f({}, "rename map from your column names to the format's, e.g. {instruction: question}")
     split: str = _f("train", "dataset split to read")
     eval_fraction: float = _f(0.1, "share of examples held out for evaluation, in [0, 1)")
@@ -63,18 +65,46 @@ class EvalConfig:
 
 
 @dataclass
+class DpoConfig:
+    """Settings of trainer=dpo (TRL's DPOTrainer): pairs of a preferred and a dispreferred answer."""
+
+    beta: float = _f(0.1, "how far the policy may move from the reference (the starting model): higher = less; "
+                     "the implicit reward of an answer is beta x (log p_policy - log p_reference)")
+    loss_type: str = _f("sigmoid", "sigmoid (DPO) | hinge (SLiC) | ipo | robust | sigmoid_norm: TRL's DPO loss; "
+                        "prompt + answer are cut to seq_len tokens each, chosen and rejected alike")
+    precompute_ref_log_probs: str = _f("auto", "auto|on|off: on = the reference's log-probabilities computed "
+                                       "once before training (one process only); auto/off = scored at every "
+                                       "step: the base with the adapter disabled (LoRA, no copy) or a second "
+                                       "frozen model copy (method=full)")
+
+
+@dataclass
+class KtoConfig:
+    """Settings of trainer=kto (TRL's KTOTrainer): single answers labelled desirable or not."""
+
+    beta: float = _f(0.1, "how far the policy may move from the reference (the starting model): higher = less")
+    desirable_weight: float = _f(1.0, "weight of the desirable rows' loss; raise it when they are the minority")
+    undesirable_weight: float = _f(1.0, "weight of the undesirable rows' loss; raise it when they are the minority")
+    precompute_ref_log_probs: str = _f("auto", "auto|on|off: as dpo.precompute_ref_log_probs")
+
+
+@dataclass
 class RunConfig:
     """One fine-tuning run: model, method, data, schedule, checkpoints."""
 
     model: str = _f("models/tiny-qwen3", "local model directory or Hub id, e.g. Qwen/Qwen3-8B")
     revision: str | None = _f(None, "Hub revision (branch, tag or commit) of the model; null = main")
     method: str = _f("lora", "lora (16-bit base + adapter) | qlora (4-bit nf4 base + adapter) | full")
+    trainer: str = _f("sft", "sft (supervised: prompts and answers) | dpo (preference pairs: prompt, chosen, "
+                             "rejected) | kto (answers labelled good or bad: prompt, completion, label)")
     backend: str = _f("auto", "auto|transformers|unsloth; auto picks unsloth on one NVIDIA GPU when installed")
     strategy: str = _f("auto", "auto|ddp|fsdp|model_parallel; auto = a replica per GPU (DDP) when one fits, "
                                "else FSDP sharding, else the layers split over the GPUs in one process")
     lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": "LoRA adapter settings"})
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "training data settings"})
     eval: EvalConfig = field(default_factory=EvalConfig, metadata={"help": "baseline and final evaluation"})
+    dpo: DpoConfig = field(default_factory=DpoConfig, metadata={"help": "trainer=dpo settings"})
+    kto: KtoConfig = field(default_factory=KtoConfig, metadata={"help": "trainer=kto settings"})
     seq_len: int = _f(512, "maximum tokens per example; longer examples are truncated")
     per_device_batch: int | None = _f(None, "micro-batch per GPU; null = the planner picks what fits")
     global_batch: int | None = _f(None, "examples per optimizer step over all GPUs; null = per_device x world")
@@ -115,7 +145,7 @@ class RunConfig:
     resume: str = _f("auto", "auto (newest complete checkpoint, silent if none) | never | a checkpoint PATH")
 
 
-_SECTIONS = {"lora": LoraConfig, "data": DataConfig, "eval": EvalConfig}
+_SECTIONS = {"lora": LoraConfig, "data": DataConfig, "eval": EvalConfig, "dpo": DpoConfig, "kto": KtoConfig}
 def _fields(cls) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls)}
 

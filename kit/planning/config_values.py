@@ -15,7 +15,7 @@ from kit.planning import names, tracking
 
 METHODS = ("lora", "qlora", "full")
 BACKENDS = ("auto", "transformers", "unsloth")
-FORMATS = ("auto", "messages", "alpaca", "prompt_completion", "text")
+FORMATS = ("auto", "messages", "alpaca", "prompt_completion", "text", "preference", "unpaired_preference")
 OPTIMIZERS = ("auto", "adamw_torch", "adamw_torch_fused", "adamw_8bit", "paged_adamw_8bit")
 BATCHINGS = ("auto", "padded", "grouped", "padding_free", "packed")
 KERNELS = ("auto", "liger", "none")
@@ -24,6 +24,8 @@ SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
 CHECKPOINTING = ("auto", "on", "off")
 STRATEGIES = ("auto", "ddp", "fsdp", "model_parallel")
 EVAL_METRICS = ("auto", "exact_match", "none")
+TRAINERS = ("sft", "dpo", "kto")
+DPO_LOSSES = ("sigmoid", "hinge", "ipo", "robust", "sigmoid_norm")
 
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 MAX_NAMES = 256  # module names in lora.target_modules, renamed columns in data.columns
@@ -36,13 +38,16 @@ MAX_EPOCHS = 10**6
 _POSITIVE = {"seq_len", "per_device_batch", "global_batch", "epochs", "max_steps",
              "save_steps", "save_every_minutes", "keep_checkpoints", "lease_heartbeat_seconds", "time_budget_minutes",
              "logging_steps", "eval_steps", "lora.r", "lora.alpha", "eval.subset", "eval.min_rows",
-             "eval.max_new_tokens"}
+             "eval.max_new_tokens", "dpo.beta", "kto.beta"}
 _NON_EMPTY = {"model", "output_dir", "data.path", "data.split", "store", "revision", "resume"}
-_NON_NEGATIVE = {"warmup_steps", "weight_decay", "max_grad_norm", "learning_rate", "eval.samples", "squash_history_every"}
+_NON_NEGATIVE = {"warmup_steps", "weight_decay", "max_grad_norm", "learning_rate", "eval.samples", "squash_history_every",
+                 "kto.desirable_weight", "kto.undesirable_weight"}
 _CHOICES = {"method": METHODS, "backend": BACKENDS, "data.format": FORMATS, "optimizer": OPTIMIZERS,
             "precision": PRECISIONS, "lr_scheduler": SCHEDULERS, "gradient_checkpointing": CHECKPOINTING,
             "batching": BATCHINGS, "kernels": KERNELS, "strategy": STRATEGIES, "eval.metric": EVAL_METRICS,
-            "activation_offloading": CHECKPOINTING, "compile": CHECKPOINTING, "report_to": tracking.CHOICES}
+            "activation_offloading": CHECKPOINTING, "compile": CHECKPOINTING, "report_to": tracking.CHOICES,
+            "trainer": TRAINERS, "dpo.loss_type": DPO_LOSSES, "dpo.precompute_ref_log_probs": CHECKPOINTING,
+            "kto.precompute_ref_log_probs": CHECKPOINTING}
 # Names people bring from other tools (HF TrainingArguments, TRL, axolotl).
 _ALIASES = {"lr": "learning_rate", "batch_size": "per_device_batch", "max_seq_length": "seq_len",
             "max_length": "seq_len", "model_name": "model", "num_train_epochs": "epochs",
@@ -115,7 +120,8 @@ def check_value(key: str, f: dataclasses.Field, value, source: str):
     if isinstance(value, (list, dict)) and len(value) > MAX_NAMES:  # each is matched against every module or column
         raise UsageError(f"config key {name}{where} lists {len(value):,} names; a real one has "
                          f"a few (at most {MAX_NAMES:,})")
-    if key in ("gradient_checkpointing", "activation_offloading", "compile"):
+    if key in ("gradient_checkpointing", "activation_offloading", "compile", "dpo.precompute_ref_log_probs",
+               "kto.precompute_ref_log_probs"):
         # PyYAML reads on/off/yes/no/true/false as booleans: accept them all.
         if isinstance(value, bool):
             return "on" if value else "off"

@@ -47,9 +47,11 @@ def settings(embedded: dict, embedded_plan: dict, args: argparse.Namespace) -> t
         cfg = config.from_dict(embedded, source="train_ddp.py SETTINGS")
         for key, value in config.parse_overrides(args.overrides or ()):
             config.set_value(cfg, key, value, source="command line")
+        same_trainer(cfg, embedded)
         planned = embedded_plan
     else:
         cfg = config.load(args.config, args.overrides or ())
+        same_trainer(cfg, embedded)
         planned = replan(cfg, args.config)
     _settle_tracker(cfg)
     return cfg, planned
@@ -60,6 +62,17 @@ def _settle_tracker(cfg: config.RunConfig) -> None:
     from kit.train.dist import env_int
 
     tracking.settle(cfg, env_int("RANK", 0))
+
+
+def same_trainer(cfg: config.RunConfig, embedded: dict) -> None:
+    """The script builds the trainer it was rendered for (SFTTrainer, DPOTrainer…): another one is refused."""
+    from kit.errors import UsageError
+
+    rendered = embedded.get("trainer", "sft")
+    if cfg.trainer != rendered:
+        raise UsageError(f"this script was rendered for trainer={rendered}, and the settings ask for "
+                         f"trainer={cfg.trainer}: render a script for it (python -m kit render --config FILE "
+                         f"trainer={cfg.trainer} -o train_{cfg.trainer}.py)")
 
 
 def steps_given(args: argparse.Namespace) -> bool:

@@ -20,6 +20,16 @@ TEMPLATE = Path(__file__).parent / "templates" / "train_ddp.py.tmpl"
 PLAN_KEYS = ("precision", "strategy", "device", "nproc", "per_device_batch", "grad_accum", "global_batch",
              "gradient_checkpointing", "backend", "optimizer", "batching", "kernels", "activation_offloading",
              "compile_layers")
+# The trainer seam: each trainer is its TRL config and trainer classes, the config's own arguments
+# (templates/trainer_args/<name>.py.tmpl, spliced into the one SFTConfig/DPOConfig/… call of the
+# template) and any line after the trainer is built. A new trainer is one row and one arguments file.
+TRAINERS = {
+    "sft": ("SFTConfig", "SFTTrainer", ""),
+    "dpo": ("DPOConfig", "DPOTrainer", "        modeling.reference_is_base(trainer.model)  # the base, adapter off: no copy of "
+                                       "the fresh adapter\n"),
+    "kto": ("KTOConfig", "KTOTrainer", "        modeling.reference_is_base(trainer.model)  # the base, adapter off: no copy of "
+                                       "the fresh adapter\n"),
+}
 METHOD_WORDS = {"lora": "LoRA", "qlora": "QLoRA (4-bit nf4 base + LoRA)", "full": "full fine-tuning"}
 
 
@@ -80,6 +90,7 @@ def render(cfg: config.RunConfig, plan: dict, config_path: str, machine: str, re
     backend = kept.get("backend")
     unsloth_import = ("    import unsloth  # noqa: F401  (first: Unsloth patches transformers and trl on import)\n\n"
                       if backend == "unsloth" else "")
+    config_class, trainer_class, after = TRAINERS[cfg.trainer]
     words = {  # text from the user (paths, names, overrides) that lands in the docstring and comments
         "model": cfg.model, "method_words": METHOD_WORDS[cfg.method], "config_path": Path(config_path).as_posix(),
         "strategy_words": _strategy_words(plan), "plan_machine": machine,
@@ -95,11 +106,22 @@ def render(cfg: config.RunConfig, plan: dict, config_path: str, machine: str, re
         run_smoke=f"{'python ' + script + ' --smoke':<52} ",
         run_config=f"{'python ' + script + ' --config other.yaml':<52} ",
         unsloth_import=unsloth_import,
+        config_class=config_class, trainer_class=trainer_class, trainer_after=after,
+        trainer_args=(TEMPLATE.parent / "trainer_args" / f"{cfg.trainer}.py.tmpl").read_text(),
         report_to=cfg.report_to,
         kit_version=__version__,
-        settings=_literal(config.to_dict(cfg)),
+        settings=_literal(_settings(cfg)),
         plan=_literal(kept),
     )
+
+
+def _settings(cfg) -> dict:
+    """The config as the script's SETTINGS: the sections of other trainers (their defaults) left out."""
+    out = config.to_dict(cfg)
+    for name in TRAINERS:
+        if name != cfg.trainer:
+            out.pop(name, None)
+    return out
 
 
 def _in_docstring(text: str) -> str:

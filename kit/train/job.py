@@ -72,6 +72,10 @@ class Job:
         if self.ctx.is_main:
             try:
                 check_output_dir(self.cfg.output_dir)  # before any model, data or store is touched
+                if self.cfg.trainer != "sft":  # a wrong shape for the trainer: one line, before any model loads
+                    from kit.train.preference_data import load
+
+                    load(self.cfg)
                 self._dir_lock = lock_output_dir(self.cfg.output_dir)  # held until this process ends
                 self._open_store()
                 decision = resume.choose(self.cfg, self.store, self.ctx.world_size, self.force, self.steps_given)

@@ -39,6 +39,10 @@ PRODUCERS = {"save_pretrained", "save_model", "push_to_hub", "save_pretrained_me
 # Schemas by the column that gives them away, most specific first.
 SCHEMAS = [("conversations", "sharegpt"), ("instruction", "alpaca"), ("question", "qa"), ("chosen", "preference"),
            ("completion", "prompt_completion"), ("messages", "messages"), ("text", "text")]
+# A notebook that trains with one of these reads rows of its kind whatever columns it names (a DPO
+# notebook passes `load_dataset("trl-lib/ultrafeedback_binarized")` straight to the trainer).
+TRAINER_SCHEMAS = {"DPOTrainer": "preference", "ORPOTrainer": "preference", "CPOTrainer": "preference",
+                   "KTOTrainer": "unpaired_preference"}
 
 
 # Calls that write to the Hub: a dry run prints that it skipped them (by the method's name).
@@ -47,7 +51,8 @@ HUB_WRITES = {"push_to_hub", "push_to_hub_merged", "push_to_hub_gguf", "upload_f
               "delete_folder", "move_repo", "update_repo_settings", "add_space_secret"}
 # Names a notebook subscripts that are no extra data column: another schema's columns (TRL would
 # read the rows as that format), tokenizer outputs, chat-turn keys.
-NOT_EXTRA = {c for c, _ in SCHEMAS} | {"input", "output", "answer", "prompt", "rejected", "images", "image", "audio",
+NOT_EXTRA = {c for c, _ in SCHEMAS} | {"input", "output", "answer", "prompt", "rejected", "label", "images", "image",
+                                       "audio",
                                        "input_ids", "attention_mask", "labels", "token_type_ids", "role", "content",
                                        "from", "value", "train", "test", "validation", "completion_mask",
                                        "assistant_masks", "position_ids", "pixel_values"}
@@ -67,7 +72,7 @@ def _hub_id(value: object) -> bool:
 def _plan(trees: list[ast.Module]) -> tuple[set[str], dict[str, str], str, list[str]]:
     """(what the notebook produces, NAME -> literal for top-level string settings, dataset schema, the
     other columns it names: `row["quote"]` in a function given to .map/.filter, `remove_columns([...])`)."""
-    produced, literals, columns, extra, mapped = set(), {}, set(), set(), []
+    produced, literals, columns, extra, mapped, trainers = set(), {}, set(), set(), [], []
     for tree in trees:
         for node in tree.body:
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) \
@@ -82,6 +87,8 @@ def _plan(trees: list[ast.Module]) -> tuple[set[str], dict[str, str], str, list[
         for node in ast.walk(tree):
             if isinstance(node, ast.Call):
                 func = ast.unparse(node.func)
+                if func.rsplit(".", 1)[-1] in TRAINER_SCHEMAS:
+                    trainers.append(TRAINER_SCHEMAS[func.rsplit(".", 1)[-1]])
                 if func.rsplit(".", 1)[-1] in PRODUCERS and node.args:
                     produced.add(normal(ast.unparse(node.args[0])))
                 for k in node.keywords:
@@ -98,7 +105,7 @@ def _plan(trees: list[ast.Module]) -> tuple[set[str], dict[str, str], str, list[
             elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) \
                     and isinstance(node.slice.value, str):
                 columns.add(node.slice.value)
-    schema = next((s for col, s in SCHEMAS if col in columns), "messages")
+    schema = trainers[0] if trainers else next((s for col, s in SCHEMAS if col in columns), "messages")
     functions = {f.name: f for tree in trees for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)}
     for fn in mapped:  # `lambda row: tok(row["quote"])` or `def fmt(example): …example["quote"]…`
         fn = functions.get(fn.id) if isinstance(fn, ast.Name) else fn
@@ -231,8 +238,12 @@ def _shape(schema: str, rows: list[tuple[str, str, str]]) -> dict[str, list]:
         return {"instruction": system, "input": user, "output": assistant}
     if schema == "qa":
         return {"question": user, "answer": assistant}
-    if schema == "preference":
+    if schema == "preference":  # the dispreferred answer: another request's
         return {"prompt": user, "chosen": assistant, "rejected": assistant[1:] + assistant[:1]}
+    if schema == "unpaired_preference":  # every other row another request's answer, labelled undesirable
+        wrong = assistant[1:] + assistant[:1]
+        return {"prompt": user, "completion": [a if i % 2 == 0 else w for i, (a, w) in enumerate(zip(assistant, wrong))],
+                "label": [i % 2 == 0 for i in range(len(rows))]}
     if schema == "prompt_completion":
         return {"prompt": user, "completion": assistant}
     if schema == "text":
