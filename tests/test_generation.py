@@ -18,6 +18,8 @@ PROMPT_TOKENS, COMPLETION_TOKENS = 12, 8
     ({"device_type": "cpu", "use_vllm": False, "continuous_batching": False}, False, "CUDA only"),
     ({"device_type": "cuda", "use_vllm": True, "continuous_batching": False}, False, "vLLM generates"),
     ({"device_type": "cuda", "use_vllm": False, "continuous_batching": True}, False, "continuous batching"),
+    ({"device_type": "cuda", "use_vllm": False, "continuous_batching": False, "quantization_compiles": False},
+     False, "quantization cannot be compiled"),
 ])
 def test_which_generation_passes_are_compiled(kw, fast, words):
     choice = generation.generation_choice(**kw)

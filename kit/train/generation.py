@@ -29,7 +29,8 @@ vLLM (`use_vllm=True`) is out of scope here (it cannot be installed on these mac
 replace this pass with paged attention and continuous batching, in its own memory outside
 PyTorch's allocator, and TRL would sync the adapter into it every step. Kept out where it cannot help
 or cannot run: not on CUDA (nothing to replay), vLLM or transformers' continuous batching (their own
-generation), or a model that transformers would not compile (it then generates eagerly, as TRL does).
+generation), or a quantized model transformers will not compile (bitsandbytes 4-bit, so QLoRA, in
+transformers 5.17: its quantizer says `is_compileable` False), which keeps TRL's eager pass.
 """
 
 from __future__ import annotations
@@ -47,8 +48,12 @@ class GenerationChoice:
     reason: str
 
 
-def generation_choice(*, device_type: str, use_vllm: bool, continuous_batching: bool) -> GenerationChoice:
-    """Whether the compiled static-cache decoding applies to this trainer's generation pass."""
+def generation_choice(*, device_type: str, use_vllm: bool, continuous_batching: bool,
+                      quantization_compiles: bool = True) -> GenerationChoice:
+    """Whether the compiled static-cache decoding applies to this trainer's generation pass.
+
+    `quantization_compiles`: False where the model's quantization (transformers' `hf_quantizer`)
+    says it cannot be compiled; transformers would then decode eagerly on a static cache."""
     if use_vllm:
         return GenerationChoice(False, "generation: vLLM generates (kit's compiled decoding is not used)")
     if continuous_batching:
@@ -57,6 +62,8 @@ def generation_choice(*, device_type: str, use_vllm: bool, continuous_batching: 
     if device_type != "cuda":
         return GenerationChoice(False, f"generation: eager decoding on {device_type} "
                                        "(compiled decoding replays CUDA graphs: CUDA only)")
+    if not quantization_compiles:
+        return GenerationChoice(False, "generation: eager decoding (this model's quantization cannot be compiled)")
     return GenerationChoice(True, "generation: static KV cache and compiled one-token decoding (CUDA graphs); "
                                   "the LoRA adapters stay unmerged")
 
@@ -81,7 +88,8 @@ def speed_up_generation(trainer, *, max_prompt_tokens: int | None = None,
     device_type = torch.device(trainer.accelerator.device).type
     choice = generation_choice(device_type=device_type, use_vllm=bool(getattr(trainer, "use_vllm", False)),
                                continuous_batching=bool(getattr(trainer, "use_transformers_continuous_batching",
-                                                                False)))
+                                                                False)),
+                               quantization_compiles=_quantization_compiles(trainer.model))
     if not choice.fast:
         return choice
     fast_generation_config(trainer.generation_config, max_completion_length=trainer.max_completion_length,
@@ -107,3 +115,10 @@ def fast_generation_config(config, *, max_completion_length: int, max_prompt_tok
     if max_prompt_tokens:
         config.max_cache_len = int(max_prompt_tokens) + int(max_completion_length)
     return config
+
+
+def _quantization_compiles(model) -> bool:
+    """Whether transformers would compile this (possibly PEFT-wrapped) model's quantization; True unquantized."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    quantizer = getattr(base, "hf_quantizer", None)
+    return quantizer is None or bool(getattr(quantizer, "is_compileable", False))
