@@ -288,9 +288,20 @@ def test_training_args_call_without_keywords_is_completed(tmp_path):
     (["x = 1", "x + 1", "y = _ * 2", *TRAIN], "cell 3, line 1: `_` is IPython's interactive state"),
     (["y = Out[2]", *TRAIN], "cell 1, line 1: `Out`"),
     (["ip = get_ipython()", *TRAIN], "cell 1, line 1: `get_ipython`"),
-    (["import torch\nmodel.train()\nfor b in data:\n    loss(b).backward()"], "no training code found"),
-    (["md:# only words"], "no training code found"),
-    (["x = 1"], "no training code found"),
+    (["import torch\nmodel.train()\nfor b in data:\n    loss(b).backward()"],
+     "cell 1, line 4: this notebook trains in its own PyTorch loop (`loss(b).backward()`)"),
+    (["import torch", "for b in data:\n    optimizer.zero_grad()\n    optimizer.step()"],
+     "cell 2, line 3: this notebook trains in its own PyTorch loop (`optimizer.step()`)"),
+    (["md:# only words"], "no cell holds code: no training found"),
+    (["x = 1", "md:# notes", "y = 2"], "cells 1-3: no training found (no Trainer's train() call"),
+    (["import keras", "model.fit(x, y, epochs=3)"], "cell 2, line 1: `model.fit()` trains outside a Hugging Face"),
+    (["from trl import SFTTrainer", "trainer = SFTTrainer(model=m, train_dataset=d)"],
+     "cell 2, line 1: `SFTTrainer(…)` builds a trainer, but no cell calls its train()"),
+    (["!pip install -q axolotl", "!accelerate launch -m axolotl.cli.train config.yaml"],
+     "cell 2: `!accelerate launch -m axolotl.cli.train config.yaml` trains through the module axolotl.cli.train"),
+    (["!axolotl train qwen.yaml"], "cell 1: `!axolotl train qwen.yaml` trains through `axolotl train`"),
+    (["!llamafactory-cli train examples/llama3_lora_sft.yaml"], "trains through `llamafactory-cli train`"),
+    (["!python -m pip install x", "import torch\nw = torch.zeros(1)"], "error: cell 2: no training found"),
     (["!git clone https://github.com/me/recipes", "!ACCELERATE_USE_FSDP=1 torchrun --nproc_per_node=4 ./scripts/run_fsdp_qlora.py "
       "--config llama.yaml"], "no cell trains; cell 2 launches ./scripts/run_fsdp_qlora.py"),
     (["!python scripts/run_sft.py --config qwen.yaml"], "no cell trains; cell 1 launches scripts/run_sft.py (`!python "
@@ -1020,3 +1031,25 @@ def test_a_written_training_script_is_converted_beside_another_launched_script(t
                                                "args=SFTConfig(output_dir='o'))\nt.train()",
                                                "!accelerate launch --multi_gpu train.py"]))
     assert "t.train()" in conv.source and "!python prepare_data.py --out d" in ast.get_docstring(ast.parse(conv.source))
+
+
+# --- what the user runs next, and one REVIEW line per construct ----------------------------------
+
+def test_convert_prints_the_next_commands(tmp_path, capsys):
+    nb = make_nb(tmp_path, TRAIN, name="my nb.ipynb")
+    out = tmp_path / "train_ddp.py"
+    code, stdout, _ = cli([str(nb), "-o", str(out)], capsys)
+    last = stdout.splitlines()[-1]
+    assert code == 0 and last.startswith(f"next: torchrun --standalone --nproc_per_node=2 {out} ")
+    dry = tmp_path / "train_ddp_dry_run.py"
+    assert f"kit convert '{nb}' -o {dry} --dry-run && torchrun --standalone --nproc_per_node=2 {dry}" in last
+    code, stdout, _ = cli([str(nb), "-o", str(dry), "--dry-run"], capsys)
+    assert code == 0 and stdout.splitlines()[-1].startswith(f"next: torchrun --standalone --nproc_per_node=2 {dry}  (the dry run")
+
+
+def test_one_review_line_per_construct_on_a_line(tmp_path):
+    nb = make_nb(tmp_path, ["import torch\nuse_bf16 = torch.cuda.is_bf16_supported() and torch.cuda.is_bf16_supported()",
+                            *TRAIN])
+    conv = convert_notebook(nb)
+    reviews = [c for c in texts(conv) if "is_bf16_supported" in c]
+    assert len(reviews) == 1 and conv.source.count("kit: REVIEW (cell 1): torch.cuda.is_bf16_supported()") == 1

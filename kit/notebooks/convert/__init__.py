@@ -190,6 +190,8 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
         raise KitError(f"kit convert produced invalid Python (line {e.lineno}: {e.msg}); please report it "
                        "with the notebook") from None
     changes.sort(key=lambda c: c.cell)  # stable: keeps each cell's changes in the order they were made
+    seen = set()
+    changes = [c for c in changes if (c.cell, c.text, c.review) not in seen and not seen.add((c.cell, c.text, c.review))]
     return Conversion(source, changes)
 
 
@@ -210,6 +212,7 @@ def _rewrite_cell(cell: int, module: cst.Module, facts: Facts, rewriter: CellRew
             dry.notes = []
             new = new.visit(dry)
             notes += [(False, f"dry run: {n}") for n in dry.notes]
+        notes = list(dict.fromkeys(notes))  # one construct used twice on a line: one note, one REVIEW line
         changes.extend(Change(cell, t, r) for r, t in notes)
         if not isinstance(new, cst.BaseStatement):
             continue  # removed (a platform import, a login, drive.mount)

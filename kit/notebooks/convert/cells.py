@@ -34,6 +34,11 @@ from kit.files import json_problem, parse_json, read_text, regular_file
 # IPython's `lhs = !cmd` / `lhs = %magic args` (its assign_from_system/assign_from_magic transforms).
 ASSIGNED = re.compile(r"(?P<lhs>[A-Za-z_][\w.]*(?:\s*,\s*[A-Za-z_][\w.]*)*)\s*=\s*(?P<rhs>[!%].*)")
 INSTALLERS = {"pip", "pip3", "apt", "apt-get", "conda", "mamba", "micromamba"}
+# Training programs with a CLI of their own: the subcommands that train.
+TRAINING_CLIS = {"axolotl": ("train",), "llamafactory-cli": ("train",), "tune": ("run",), "autotrain": ("llm", "train"),
+                 "trl": ("sft", "dpo", "grpo", "kto", "reward", "ppo", "orpo"), "litgpt": ("finetune", "finetune_lora",
+                                                                                        "pretrain")}
+TRAINING_WORDS = re.compile(r"(?i)train|sft|dpo|orpo|grpo|fine.?tun|run_")
 LAUNCHERS = ("accelerate launch", "torchrun", "python -m torch.distributed.run", "python", "python3",
              "deepspeed")
 
@@ -117,15 +122,22 @@ def is_install(line: str) -> bool:
 
 
 def _launched_script(line: str) -> str | None:
-    """The .py file a shell line launches (`!accelerate launch --multi_gpu train.py`), if any."""
+    """What a shell line launches, if any: the .py file (`!accelerate launch --multi_gpu train.py`), a
+    training module (`-m axolotl.cli.train`, as `-m NAME`) or a training program's CLI (`axolotl train …`)."""
     body = re.sub(r"^(?:[A-Za-z_]\w*=\S*\s+)+", "", line.lstrip("!%").strip())  # `ACCELERATE_USE_FSDP=1 torchrun …`
-    if not any(body.startswith(launcher) for launcher in LAUNCHERS):
-        return None
     try:
         words = shlex.split(body)
     except ValueError:
         return None
-    return next((w for w in words if w.endswith(".py")), None)
+    if len(words) > 1 and TRAINING_CLIS.get(words[0], ()) and words[1] in TRAINING_CLIS[words[0]]:
+        return f"{words[0]} {words[1]}"
+    if not any(body.startswith(launcher) for launcher in LAUNCHERS):
+        return None
+    script = next((w for w in words if w.endswith(".py")), None)
+    module = next((b for a, b in zip(words, words[1:]) if a == "-m"), None)
+    if script is None and module is not None and (not words[0].startswith("python") or TRAINING_WORDS.search(module)):
+        return f"-m {module}"  # `python -m pip` is no launch; `accelerate launch -m …` and `python -m …train` are
+    return script
 
 
 def strip_magics(source: str, cell: int, changes: list[Change], cells: Cells | None = None,
