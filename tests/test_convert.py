@@ -360,7 +360,7 @@ def test_existing_output_needs_force(tmp_path, capsys):
     assert code == 0 and out.read_text().startswith('"""Rank-aware training script')
     lines = stdout.splitlines()
     assert lines[0].startswith("kit convert: tiny_cpu_sft.ipynb -> ") and "changes, 0 to review" in lines[0]
-    assert all(line.startswith("  cell ") for line in lines[1:])
+    assert all(line.startswith("  cell ") for line in lines[1:-1]) and lines[-1].startswith("next: torchrun ")
 
 
 def _raw_nb(tmp_path: Path, edit, name: str = "raw.ipynb") -> Path:
@@ -851,7 +851,7 @@ def test_a_login_with_the_notebooks_own_token_is_kept_as_its_token(tmp_path):
                                               *TRAIN, "model.push_to_hub('me/x')"]))
     assert "set_hub_token(hf_token)" in own.source and "get_token() is None" not in own.source
     assert "if hf_token: set_hub_token(hf_token)" in own.source and " login(token=hf_token)" not in own.source
-    ns = {"os": os}
+    ns = {"_kit_os": os}
     exec(compile(own.source[own.source.index("def set_hub_token"):own.source.index("\n\n", own.source.index(
         "def set_hub_token"))], "s", "exec"), ns)
     saved = os.environ.pop("HF_TOKEN", None)
@@ -1053,3 +1053,40 @@ def test_one_review_line_per_construct_on_a_line(tmp_path):
     conv = convert_notebook(nb)
     reviews = [c for c in texts(conv) if "is_bf16_supported" in c]
     assert len(reviews) == 1 and conv.source.count("kit: REVIEW (cell 1): torch.cuda.is_bf16_supported()") == 1
+
+
+# --- a notebook that rebinds the names kit's own code uses -------------------------------------------
+
+REBINDS = [
+    "import torch as th\nclass SFTConfig(dict):\n    def __init__(self, **kw):\n        super().__init__(kw)",
+    "torch = None  # the notebook's own\ndist = 'normal'\nos = 'linux'\nsys = 0\nlocal_rank = -1\nworld_size = 'all'\n"
+    "device = 'cuda'",
+    # A Trainer stand-in: every rank meets the others in train(), as a real one does.
+    "class Trainer:\n    def __init__(self, args):\n        self.args = args\n    def train(self):\n"
+    "        if th.distributed.is_initialized():\n            th.distributed.barrier()\n"
+    "        print('use_cpu', self.args['use_cpu'], 'fp16', self.args['fp16'])\n"
+    "    def save_model(self, path):\n        open(path, 'w').write('weights')\n"
+    "trainer = Trainer(SFTConfig(output_dir='o', fp16=True))\ntrainer.train()",
+    "trainer.save_model('model.bin')\nprint('after', device)",
+]
+
+
+def test_rebound_torch_and_os_use_kits_own_names(tmp_path):
+    src = convert_notebook(make_nb(tmp_path, REBINDS)).source
+    args = keywords(src, "SFTConfig")
+    assert args["use_cpu"] == "not _kit_torch.cuda.is_available()" and "_kit_torch.cuda" in args["fp16"]
+    assert "device = \"cuda\" if _kit_torch.cuda.is_available() else \"cpu\"" in src
+    plain = convert_notebook(make_nb(tmp_path, TRAIN, "plain.ipynb")).source  # no rebinding: the plain names
+    assert keywords(plain, "SFTConfig")["use_cpu"] == "not torch.cuda.is_available()"
+
+
+@pytest.mark.slow
+def test_rebound_names_run_under_torchrun(tmp_path, capsys):
+    assert main(["convert", str(make_nb(tmp_path, REBINDS)), "-o", str(tmp_path / "train_ddp.py")]) == 0
+    capsys.readouterr()
+    res = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train_ddp.py"],
+               tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.count("use_cpu True fp16 False") == 2 and res.stdout.count("after cpu") == 1
+    assert (tmp_path / "model.bin").read_text() == "weights"
+    assert "destroy_process_group() was not called" not in res.stderr

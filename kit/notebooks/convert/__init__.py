@@ -32,7 +32,7 @@ from kit.notebooks.convert.calls import CellRewriter
 from kit.notebooks.convert.kinds import uses_every_parameter
 from kit.notebooks.convert.cells import is_comment_only, parse_cell, read_cells, read_code_cells, without_launch
 from kit.notebooks.convert.dryrun import DryRun
-from kit.notebooks.convert.facts import Facts, gather
+from kit.notebooks.convert.facts import Facts, gather, rebound_modules
 from kit.notebooks.convert.ranks import (Guard, barrier_statement, rank0_block, shown_result, side_effect,
                                          split_statements, writes_file)
 from kit.notebooks.convert.refusals import check_convertible, check_launched, check_written_script
@@ -124,6 +124,7 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
                or (isinstance(n, ast.Attribute) and n.attr == "get_peft_model") for _, t in trees for n in ast.walk(t))
     called = {ast.unparse(n.func) for _, t in trees for n in ast.walk(t) if isinstance(n, ast.Call)}
     rewriter = CellRewriter(precision, facts.seed, keep_global_batch, peft=peft, secret_names=facts.secret_names,
+                            rebound=rebound_modules(trees),
                             dense=uses_every_parameter(called, peft), true_names=frozenset(
                                 t.id for _, tree in trees for n in ast.walk(tree) if isinstance(n, ast.Assign)
                                 and isinstance(n.value, ast.Constant) and n.value.value is True

@@ -50,8 +50,10 @@ class CellRewriter(cst.CSTTransformer):
 
     def __init__(self, precision: str, seed: int, keep_global_batch: bool = False, peft: bool = True,
                  secret_names: frozenset[str] = frozenset(), dense: bool = True,
-                 true_names: frozenset[str] = frozenset()):
+                 true_names: frozenset[str] = frozenset(), rebound: frozenset[str] = frozenset()):
         super().__init__()
+        # The notebook rebinds `torch` or `os` somewhere: kit's code uses the rank block's own names.
+        self.torch, self.os = ("_kit_torch" if "torch" in rebound else "torch"), ("_kit_os" if "os" in rebound else "os")
         self.precision, self.seed, self.keep_global_batch, self.peft = precision, seed, keep_global_batch, peft
         self.secret_names = secret_names  # names the notebook assigns from a Kaggle/Colab secret
         self.dense = dense
@@ -140,9 +142,9 @@ class CellRewriter(cst.CSTTransformer):
         if isinstance(value, cst.IfExp) and _is_cuda(value.body):
             return updated
         if _is_cuda(value):
-            self.note(f"{code(value)} → \"cuda\" if torch.cuda.is_available() else \"cpu\": \"cuda\" is each "
+            self.note(f"{code(value)} → \"cuda\" if {self.torch}.cuda.is_available() else \"cpu\": \"cuda\" is each "
                       "rank's own GPU (set_device), and a CPU run has none")
-            return updated.with_changes(value=cst.parse_expression('"cuda" if torch.cuda.is_available() else "cpu"'))
+            return updated.with_changes(value=cst.parse_expression(f'"cuda" if {self.torch}.cuda.is_available() else "cpu"'))
         return updated.with_changes(value=self._device(value))
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
@@ -182,7 +184,7 @@ class CellRewriter(cst.CSTTransformer):
             return updated.with_changes(func=updated.func.with_changes(attr=cst.Name("to")),
                                         args=[cst.Arg(cst.Name("rank_device"))])
         if (short == "get_secret" or name.endswith("userdata.get")) and updated.args:
-            lookup = secret_lookup(updated.args[0].value)
+            lookup = secret_lookup(updated.args[0].value, self.os)
             self.needs_hub_import |= lookup.startswith("huggingface_hub")
             self.note(f"{name}({code(updated.args[0].value)}) → {lookup}: platform secrets exist only in the "
                       "notebook kernel; torchrun's processes read the environment (set it from the secret)")
@@ -249,12 +251,12 @@ class CellRewriter(cst.CSTTransformer):
                       "--precision fp16 for those GPUs", review=True)
         if (a := kwarg(call, "fp16")) is not None and code(a.value) not in ("False", "None") \
                 and "cuda.is_available" not in code(a.value):
-            gpu = "torch.cuda.is_available()"
+            gpu = f"{self.torch}.cuda.is_available()"
             call = set_kwarg(call, "fp16", gpu if code(a.value) == "True" else f"({code(a.value)}) and {gpu}")
             self.note(f"{short}: fp16 only with a GPU: fp16 mixed precision needs CUDA")
         if kwarg(call, "use_cpu") is None:
-            call = set_kwarg(call, "use_cpu", "not torch.cuda.is_available()")
-            self.note(f"{short}: use_cpu=not torch.cuda.is_available(): without it a CPU run is not DDP "
+            call = set_kwarg(call, "use_cpu", f"not {self.torch}.cuda.is_available()")
+            self.note(f"{short}: use_cpu=not {self.torch}.cuda.is_available(): without it a CPU run is not DDP "
                       "(each rank trains alone on all the data)")
         call = self._global_batch(call, short)
         # transformers 5 renames gradient_* to activation_*; follow whichever name the notebook uses.

@@ -114,6 +114,29 @@ def gather(trees: list[tuple[int, ast.Module]]) -> Facts:
     return facts
 
 
+KIT_MODULES = {"torch": "torch", "os": "os"}  # names kit's rewrites inside the cells use, and their module
+
+
+def rebound_modules(trees: list[tuple[int, ast.Module]]) -> frozenset[str]:
+    """Of `KIT_MODULES`, the names the notebook binds to something else somewhere (`torch = None`,
+    `import torch as th; torch = ...`, `def f(torch)`, `for os in ...`): there kit's rewrites use
+    the rank block's `_kit_torch`/`_kit_os` instead."""
+    found = set()
+    for _, tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+                found.add(node.id)
+            elif isinstance(node, ast.arg):
+                found.add(node.arg)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                found.add(node.name)
+            elif isinstance(node, ast.Import):
+                found |= {a.asname for a in node.names if a.asname and a.name != KIT_MODULES.get(a.asname)}
+            elif isinstance(node, ast.ImportFrom):
+                found |= {a.asname or a.name for a in node.names}
+    return frozenset(found & set(KIT_MODULES))
+
+
 def _seed(trees: list[ast.Module]) -> tuple[int, str]:
     """The notebook's own seed, best source first: the training arguments' `seed=`, `set_seed(N)`,
     a `SEED = N` setting, then any other `seed=`/`random_state=` (Unsloth's LoRA `random_state`)."""

@@ -47,9 +47,9 @@ WRITE_MODES = ("w", "a", "x")
 SPLIT = '''\
 # kit: training is over on every rank. From here rank 0 alone runs the rest of the notebook:
 # the others leave the process group now, so a long export or evaluation cannot time them out.
-if dist.is_initialized():
+if _kit_dist.is_initialized():
     wait_for_all()
-    dist.destroy_process_group()
+    _kit_dist.destroy_process_group()
 '''
 BARRIER = "wait_for_all()  # kit: later code reads what rank 0 wrote above; the other ranks wait for it\n"
 
