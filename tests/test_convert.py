@@ -1090,3 +1090,84 @@ def test_rebound_names_run_under_torchrun(tmp_path, capsys):
     assert res.stdout.count("use_cpu True fp16 False") == 2 and res.stdout.count("after cpu") == 1
     assert (tmp_path / "model.bin").read_text() == "weights"
     assert "destroy_process_group() was not called" not in res.stderr
+
+
+# --- distributed or device setup outside the Trainer; side effects and barriers at any depth ----------
+
+SETUP = [
+    "import os\n%env CUDA_VISIBLE_DEVICES=0\nos.environ['WORLD_SIZE'] = '1'\nos.environ.setdefault('MASTER_PORT', '29500')\n"
+    "os.environ['WANDB_PROJECT'] = 'x'",
+    "import subprocess, sys\ndef setup():\n    os.system('pip install -q peft')\n"
+    "    subprocess.check_call([sys.executable, '-m', 'pip', 'install', 'trl==0.9'])\n    os.makedirs('out', exist_ok=True)\n"
+    "setup()",
+    "import torch\ntorch.cuda.set_device(0)\nfrom accelerate import Accelerator, FullyShardedDataParallelPlugin\n"
+    "acc = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(), mixed_precision='bf16', log_with='wandb')\n"
+    "model = acc.prepare_model(model)\nmodel, opt = acc.prepare(model, opt)",
+    *TRAIN,
+    "os.system('pip install llama-cpp-python')",
+]
+
+
+def test_setup_outside_the_trainer_is_removed_with_its_reason(tmp_path):
+    conv = convert_notebook(make_nb(tmp_path, SETUP))
+    src, changes = conv.source, texts(conv)
+    code = src.split(TRIPLE, 2)[2]
+    for gone in ("'CUDA_VISIBLE_DEVICES'", "'WORLD_SIZE'", "MASTER_PORT", "set_device(0)", "pip install -q peft",
+                 "'install', 'trl==0.9'", "fsdp_plugin", "mixed_precision", "prepare"):
+        assert gone not in code, gone
+    assert "os.environ['WANDB_PROJECT'] = 'x'" in code and "acc = Accelerator(log_with='wandb')" in code
+    assert "model = model\n" in code and "model, opt = (model, opt)" in code
+    doc = ast.get_docstring(ast.parse(src))
+    assert "    !pip install -q peft\n" in doc and "    !python -m pip install trl==0.9\n" in doc
+    assert "os.system('pip install llama-cpp-python')" in rank0_tail(src)  # after training: rank 0 alone, kept
+    assert any("CUDA_VISIBLE_DEVICES'] = '0'` removed: on every rank it would hide each rank's own GPU" in c
+               for c in changes)
+    assert any("`torch.cuda.set_device(0)` removed: the rank block already set" in c for c in changes)
+    assert any("Accelerator(): fsdp_plugin, mixed_precision removed" in c for c in changes)
+    assert any("acc.prepare_model(model) → model: the Trainer wraps the model for DDP itself" in c for c in changes)
+    assert sum("every rank would install into the same environment" in c for c in changes) == 2
+
+
+def _function(src: str, name: str) -> ast.FunctionDef:
+    return next(n for n in ast.walk(ast.parse(src)) if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == name)
+
+
+CALLBACK_AND_PHASES = [
+    "import wandb\nfrom transformers import TrainerCallback, AutoModelForCausalLM\nfrom trl import SFTTrainer, SFTConfig\n"
+    "wandb.init(project='p')",
+    "class WandbCB(TrainerCallback):\n    def on_log(self, args, state, control, logs=None, **kw):\n"
+    "        wandb.log(logs)\n        wandb.run.summary['last'] = logs\n"
+    "        if state.is_world_process_zero:\n            trainer_log_to_disk(logs)",
+    "def trainer_log_to_disk(logs):\n    with open('log.txt', 'a') as f:\n        f.write(str(logs))",
+    "def train_phase(name, data):\n    trainer = SFTTrainer(model=model, args=SFTConfig(output_dir=name), train_dataset=data,"
+    " callbacks=[WandbCB()])\n    trainer.train()\n    trainer.save_model(name)\n    trainer.push_to_hub()\n"
+    "    return AutoModelForCausalLM.from_pretrained(name)",
+    "model = train_phase('phase1', d1)\nmodel = train_phase('phase2', d2)",
+]
+
+
+def test_callbacks_and_functions_guard_side_effects_and_barriers_go_where_the_write_is(tmp_path):
+    conv = convert_notebook(make_nb(tmp_path, CALLBACK_AND_PHASES))
+    src = conv.source
+    on_log = _function(src, "on_log")
+    guarded = [ast.unparse(s) for n in ast.walk(on_log) if isinstance(n, ast.If) and ast.unparse(n.test) == "is_main"
+               for s in n.body]
+    assert "wandb.log(logs)" in guarded and "wandb.run.summary['last'] = logs" in guarded
+    phase = ast.unparse(_function(src, "train_phase"))
+    assert phase.index("trainer.push_to_hub()") < phase.index("wait_for_all()") < phase.index("from_pretrained(name)")
+    # No barrier where the def runs (it would run when the function is defined), none in a callback's helper
+    # called under a rank test (the other ranks never arrive there).
+    body = ast.parse(src).body[-1].body  # the try block
+    defs = [i for i, s in enumerate(body) if isinstance(s, ast.FunctionDef)]
+    assert defs and not any(ast.unparse(body[i + 1]).startswith("wait_for_all") for i in defs)
+    assert "wait_for_all" not in ast.unparse(_function(src, "trainer_log_to_disk"))
+    assert any("barrier (wait_for_all) inside def train_phase" in c for c in texts(conv))
+
+
+def test_a_barrier_goes_inside_a_top_level_loop_that_writes_and_reads_back(tmp_path):
+    nb = make_nb(tmp_path, ["from transformers import AutoModelForCausalLM",
+                            "for p in ['a', 'b']:\n    model.save_pretrained(p)\n"
+                            "    model = AutoModelForCausalLM.from_pretrained(p)", *TRAIN])
+    loop = next(n for n in ast.walk(ast.parse(convert_notebook(nb).source)) if isinstance(n, ast.For))
+    assert [ast.unparse(s).split("(")[0] for s in loop.body] == ["if is_main:\n    model.save_pretrained", "wait_for_all",
+                                                                "model = AutoModelForCausalLM.from_pretrained"]

@@ -124,7 +124,10 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
                or (isinstance(n, ast.Attribute) and n.attr == "get_peft_model") for _, t in trees for n in ast.walk(t))
     called = {ast.unparse(n.func) for _, t in trees for n in ast.walk(t) if isinstance(n, ast.Call)}
     rewriter = CellRewriter(precision, facts.seed, keep_global_batch, peft=peft, secret_names=facts.secret_names,
-                            rebound=rebound_modules(trees),
+                            rebound=rebound_modules(trees), accelerators=frozenset(
+                                t.id for _, tree in trees for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                                and isinstance(n.value, ast.Call) and ast.unparse(n.value.func).endswith("Accelerator")
+                                for t in n.targets if isinstance(t, ast.Name)),
                             dense=uses_every_parameter(called, peft), true_names=frozenset(
                                 t.id for _, tree in trees for n in ast.walk(tree) if isinstance(n, ast.Assign)
                                 and isinstance(n.value, ast.Constant) and n.value.value is True
@@ -157,6 +160,7 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
                                         "train/evaluate call): the other ranks leave the process group first, so "
                                         "saves, pushes, exports, generation and prints run exactly once"))
 
+    dropped_before = [*dropped_before, *(f"!{c}" for c in dict.fromkeys(rewriter.installs))]
     future = [s for _, s in items if is_future_import(s)]
     items = [(c, s) for c, s in items if not is_future_import(s)]
     first_cell, last_cell = items[0][0], items[-1][0]
@@ -231,8 +235,13 @@ def _rewrite_cell(cell: int, module: cst.Module, facts: Facts, rewriter: CellRew
         if barrier_due and not whole:
             out.append(barrier_statement())
             barrier_due = False
-        guard = Guard(lambda call: facts.is_collective(call_name(call), ast.parse(code(call), mode="eval").body))
+        guard = Guard(lambda call: facts.is_collective(call_name(call), ast.parse(code(call), mode="eval").body),
+                      barrier_funcs=facts.together, read_back=bool(facts.reads))
         out.extend(guard.body([new]))
+        if guard.barriers_in:
+            changes.append(Change(cell, f"barrier (wait_for_all) inside {', '.join(dict.fromkeys(guard.barriers_in))}"
+                                        ", right after rank 0's writes: every rank gets there together, and code "
+                                        "after it may read back what was written"))
         guarded += guard.guarded
         if guard.hoisted:
             changes.append(Change(cell, f"{', '.join(dict.fromkeys(guard.hoisted))} taken out of the line that shows its result, "

@@ -13,6 +13,7 @@ from kit.notebooks.convert.precision import PRECISIONS, follow_precision
 from kit.notebooks.convert.logins import HUB_LOGINS, PLATFORM_MODULES, secret_lookup, token_arg
 from kit.notebooks.convert.kinds import (TRL_CONFIGS, UNSLOTH_LOADERS, find_unused_why, is_training_args,
                                          shown_text, shows_media)
+from kit.notebooks.convert.setup import install_command, plain_accelerator, removed_setup, unprepared
 from kit.notebooks.convert.syntax import call_name, code, kwarg, set_kwarg, short_name
 
 # device_map values that split one model over several GPUs (accelerate's "big model" placement).
@@ -50,8 +51,11 @@ class CellRewriter(cst.CSTTransformer):
 
     def __init__(self, precision: str, seed: int, keep_global_batch: bool = False, peft: bool = True,
                  secret_names: frozenset[str] = frozenset(), dense: bool = True,
-                 true_names: frozenset[str] = frozenset(), rebound: frozenset[str] = frozenset()):
+                 true_names: frozenset[str] = frozenset(), rebound: frozenset[str] = frozenset(),
+                 accelerators: frozenset[str] = frozenset()):
         super().__init__()
+        self.accelerators = accelerators  # names the notebook assigns an Accelerator(...) to
+        self.installs: list[str] = []  # installs run from Python that kit removed: to run before launching
         # The notebook rebinds `torch` or `os` somewhere: kit's code uses the rank block's own names.
         self.torch, self.os = ("_kit_torch" if "torch" in rebound else "torch"), ("_kit_os" if "os" in rebound else "os")
         self.precision, self.seed, self.keep_global_batch, self.peft = precision, seed, keep_global_batch, peft
@@ -94,6 +98,16 @@ class CellRewriter(cst.CSTTransformer):
         return updated
 
     def _removed(self, small: cst.BaseSmallStatement) -> bool:
+        if not self.after_training and (why := removed_setup(small)) is not None:
+            self.note(why)
+            return True
+        value = getattr(small, "value", None)
+        if not self.after_training and isinstance(small, cst.Expr) and isinstance(value, cst.Call) \
+                and (command := install_command(value)) is not None:
+            self.installs.append(command)
+            self.note(f"`{code(value)[:60]}` removed: every rank would install into the same environment at once; "
+                      "it is listed at the top of the script with the installs to run before launching")
+            return True
         if isinstance(small, cst.ImportFrom) and small.module is not None:
             module = code(small.module)
             if module.startswith(PLATFORM_MODULES):
@@ -155,6 +169,12 @@ class CellRewriter(cst.CSTTransformer):
                       "token, so every rank takes it from there (login() prompts, which hangs under torchrun, "
                       "when it is empty), and the script does not ask for HF_TOKEN up front")
             return cst.Call(func=cst.Name("set_hub_token"), args=[cst.Arg(token)])
+        if not self.after_training and (prepared := unprepared(updated, self.accelerators)) is not None:
+            self.note(prepared[1])
+            return prepared[0]
+        if not self.after_training and (plain := plain_accelerator(updated)) is not None:
+            self.note(plain[1])
+            updated = plain[0]
         updated, notes = follow_precision(updated, name, self.precision)
         for note in notes:
             self.note(note)
