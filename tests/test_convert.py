@@ -1171,3 +1171,35 @@ def test_a_barrier_goes_inside_a_top_level_loop_that_writes_and_reads_back(tmp_p
     loop = next(n for n in ast.walk(ast.parse(convert_notebook(nb).source)) if isinstance(n, ast.For))
     assert [ast.unparse(s).split("(")[0] for s in loop.body] == ["if is_main:\n    model.save_pretrained", "wait_for_all",
                                                                 "model = AutoModelForCausalLM.from_pretrained"]
+
+
+# --- shell cells after training: one rule ---------------------------------------------------------
+
+SERVICE_AFTER = [
+    "from trl import SFTTrainer, SFTConfig\ntrainer = SFTTrainer(model=m, args=SFTConfig(output_dir='o', push_to_hub=True), "
+    "train_dataset=d)\ntrainer.train()",
+    "!huggingface-cli login\n!wandb login\n!wandb login --relogin 0123\ntrainer.save_model('out')",
+    "%%bash\nnohup python -m http.server 18573 > server.log 2>&1 &\necho $! > server.pid\nhf auth login",
+    "import urllib.request\nprint(urllib.request.urlopen('http://localhost:18573').status)",
+    "%%bash\nexport HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz0123\ndocker run -d --name tgi -p 8080:80 ghcr.io/tgi",
+    "import requests\nrequests.post('http://127.0.0.1:8080/generate', json={})",
+    "!docker stop tgi",
+    "!ls out",
+]
+
+
+def test_a_service_and_its_users_are_kept_or_dropped_together_and_logins_never_run(tmp_path):
+    conv = convert_notebook(make_nb(tmp_path, SERVICE_AFTER))
+    tail, changes = rank0_tail(conv.source), texts(conv)
+    # The server cell runs (through bash, on rank 0), and so does the cell that queries it.
+    assert "nohup python -m http.server 18573" in tail and "executable='/bin/bash'" in tail
+    assert "urlopen('http://localhost:18573')" in tail
+    # The one kit cannot run (a token in it) takes its users along, and says so.
+    assert "docker run" not in tail and "8080/generate" not in tail and "docker stop" not in tail
+    assert sum("dropped with cell 5, which starts the service" in c for c in changes) == 2
+    assert "subprocess.run('ls out', shell=True)" in tail  # other shell lines still run in place
+    # Interactive logins: never run, each dropped with its reason; a login with its key still runs.
+    assert "login" not in tail.replace("wandb login --relogin 0123", "")
+    assert sum("an interactive login" in c and "the script already requires HF_TOKEN" in c for c in changes) == 3
+    assert "subprocess.run('wandb login --relogin 0123', shell=True)" in tail
+    assert not any(c.startswith("cell 3: dropped the whole cell") for c in changes)

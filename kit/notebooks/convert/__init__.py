@@ -115,7 +115,7 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
     parsed, facts, dropped = _code_cells(path, changes)
     trees = [(c, t) for c, t, _, _ in parsed]
     check_convertible(trees, facts)
-    parsed, dropped = port_after(path, parsed, dropped, training_end(trees, facts), changes)
+    parsed, dropped = port_after(path, parsed, dropped, training_end(trees, facts), changes, facts.uses_hub)
     trees = [(c, t) for c, t, _, _ in parsed]
     facts = gather(trees)
     dropped_before, dropped_after = split_dropped(dropped, trees, facts, changes)

@@ -39,7 +39,7 @@ EFFECT_METHODS = {"empty_cache", "set_format", "set_seed", "manual_seed", "seed"
                   "append", "extend", "update", "clear", "remove", "to", "cuda", "cpu", "eval", "train", "half",
                   "float", "set_device", "synchronize", "reset_peak_memory_stats", "set_verbosity",
                   "disable_progress_bar", "enable_progress_bar", "filterwarnings", "mkdir", "makedirs", "chdir"}
-EFFECT_MODULES = ("os.", "gc.", "warnings.", "logging.", "shutil.", "time.", "random.", "torch.cuda.")
+EFFECT_MODULES = ("os.", "gc.", "warnings.", "logging.", "shutil.", "time.", "random.", "torch.cuda.", "subprocess.")
 PLOT_MODULES = ("plt.", "sns.", "matplotlib.", "seaborn.", "px.")
 TRACKERS = ("wandb.", "trackio.", "mlflow.", "comet_ml.")
 GENERATION = {"generate", "fast_generate"}
