@@ -1203,3 +1203,22 @@ def test_a_service_and_its_users_are_kept_or_dropped_together_and_logins_never_r
     assert sum("an interactive login" in c and "the script already requires HF_TOKEN" in c for c in changes) == 3
     assert "subprocess.run('wandb login --relogin 0123', shell=True)" in tail
     assert not any(c.startswith("cell 3: dropped the whole cell") for c in changes)
+
+
+# --- big data literals: conversion time follows the code, not the data -------------------------------
+
+def test_a_big_data_literal_is_kept_as_written_and_lines_still_count(tmp_path, capsys):
+    rows = "ROWS = [\n" + "".join(f"    {{'q': 'question {i}', 'a': \"answer {i}\"}},\n" for i in range(3000)) + "]\n"
+    blob = "BLOB = '" + "ab" * 20000 + "'\n"
+    nb = make_nb(tmp_path, [rows + blob + "print(len(ROWS), len(BLOB))", *TRAIN])
+    conv = convert_notebook(nb)
+    assert rows in conv.source and blob.strip() in conv.source and "_kit_literal" not in conv.source
+    assert not any("_kit_literal" in c for c in texts(conv))
+    # Line numbers in messages stay the notebook's: the literal's lines still count.
+    bad = make_nb(tmp_path, [rows + "steps = input('steps? ')", *TRAIN], "bad.ipynb")
+    code, _, err = cli([str(bad), "-o", str(tmp_path / "x.py")], capsys)
+    assert code == 2 and "cell 1, line 3003: input()" in err
+    # A key inside a big literal is still never written into the script.
+    keyed = make_nb(tmp_path, [rows.replace("answer 7\"", "sk-proj-" + "a1" * 15 + "\""), *TRAIN], "keyed.ipynb")
+    code, _, err = cli([str(keyed), "-o", str(tmp_path / "y.py")], capsys)
+    assert code == 2 and "cell 1, line 9 holds what looks like an OpenAI/Anthropic API key" in err

@@ -40,7 +40,7 @@ from kit.machine.command import launch_command
 from kit.notebooks.convert.script import (DOCSTRING, DRY_NOTE, OWN_TOKEN, RANK_BLOCK, TOKEN_CHECK, TRY_TEMPLATE,
                                           BlankLines, docstring, dropped_note, is_future_import, merge_main_blocks,
                                           split_dropped, training_end)
-from kit.notebooks.convert import literal_secrets
+from kit.notebooks.convert import literal_secrets, literals
 from kit.notebooks.convert.shell_after import port_after
 from kit.notebooks.convert.syntax import Change, call_name, clip, code, comments
 from kit.errors import KitError, UsageError
@@ -111,6 +111,17 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
     """
     if precision not in PRECISION_CHOICES:
         raise UsageError(f"--precision {precision!r}: choose one of {', '.join(PRECISION_CHOICES)}")
+    with literals.kept() as table:  # big data literals stay out of the trees (kit.notebooks.convert.literals)
+        conversion = _convert(path, precision, script_name, keep_global_batch, dry_run, dry_run_model, dry_run_data,
+                              dry_run_push)
+        source = table.restore(conversion.source)
+        literal_secrets.refuse(source, read_code_cells(path), parsed=conversion.source)  # a key never lands in it
+        return Conversion(source, [Change(c.cell, table.shown(c.text), c.review) for c in conversion.changes])
+
+
+def _convert(path, precision, script_name, keep_global_batch, dry_run, dry_run_model, dry_run_data,
+             dry_run_push) -> Conversion:
+    """`convert_notebook`, with big literals as placeholders in the script it returns."""
     changes: list[Change] = []
     parsed, facts, dropped = _code_cells(path, changes)
     trees = [(c, t) for c, t, _, _ in parsed]
@@ -188,7 +199,6 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
     rank_block = RANK_BLOCK.format(imports=imports, seeds=seeds,
                                    token=OWN_TOKEN if rewriter.own_token else TOKEN_CHECK if facts.uses_hub and (dry_run_push or not dry_run) else "")
     source = f"{head}\n{rank_block}{body}"
-    literal_secrets.refuse(source, read_code_cells(path))  # an API key in a cell never lands in the script
     try:  # compile, not just parse: `await` or `return` where Python refuses them fails here too
         compile(source, script_name, "exec", dont_inherit=True)
     except SyntaxError as e:  # a bug in kit, not in the notebook

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import libcst as cst
 
+from kit.notebooks.convert.literals import set_aside
 from kit.notebooks.convert.magics import (PYTHON_ARG_MAGICS, PYTHON_BODY_MAGICS, captured, python_for,
                                          shell_line_python)
 from kit.notebooks.convert.syntax import Change, clip
@@ -220,6 +221,9 @@ def parse_cell(source: str, cell: int) -> tuple[ast.Module, cst.Module]:
     except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
         raise UsageError(f"cell {cell}{_where(e)}: {_reason(e)} (after removing magics): fix that line in the "
                          "notebook and convert again") from None
+    reduced = set_aside(source, tree)  # big data literals: placeholders from here on (kit.notebooks.convert.literals)
+    if reduced is not source:
+        source, tree = reduced, ast.parse(reduced)
     try:  # what only the compiler checks: `await`, `return` or `break` where a script cannot have them
         compile(tree, f"cell {cell}", "exec", dont_inherit=True)
     except SyntaxError as e:
