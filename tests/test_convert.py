@@ -1222,3 +1222,19 @@ def test_a_big_data_literal_is_kept_as_written_and_lines_still_count(tmp_path, c
     keyed = make_nb(tmp_path, [rows.replace("answer 7\"", "sk-proj-" + "a1" * 15 + "\""), *TRAIN], "keyed.ipynb")
     code, _, err = cli([str(keyed), "-o", str(tmp_path / "y.py")], capsys)
     assert code == 2 and "cell 1, line 9 holds what looks like an OpenAI/Anthropic API key" in err
+
+
+def test_a_big_cell_parsed_statement_by_statement_converts_as_a_whole_one_does(tmp_path, monkeypatch):
+    from kit.notebooks.convert import cells
+
+    parts = ["# settings\n\nimport os\n"]
+    for i in range(1500):
+        parts.append(f"# step {i}\nif os.environ.get('X{i}'):\n  value_{i} = [{i},\n     {i} + 1]  # two\n"
+                     f"  # inside\nelse:\n\tvalue_{i} = '''a\n  b'''\n")
+    nb = make_nb(tmp_path, ["".join(parts) + "print(value_1)\n# the end\n", *TRAIN])
+    assert len(parts) * 60 > cells.CHUNKED
+    chunked = convert_notebook(nb)
+    monkeypatch.setattr(cells, "CHUNKED", 10 ** 9)  # the whole cell to libcst at once
+    whole = convert_notebook(nb)
+    assert chunked.source == whole.source and texts(chunked) == texts(whole)
+    assert "        value_7 = [7,\n" in chunked.source and "# step 1499\n" in chunked.source

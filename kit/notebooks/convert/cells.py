@@ -24,7 +24,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from kit.notebooks.convert.literals import set_aside
+from kit.notebooks.convert.literals import NEWLINE_LINES, set_aside
 from kit.notebooks.convert.magics import (PYTHON_ARG_MAGICS, PYTHON_BODY_MAGICS, captured, python_for,
                                          shell_line_python)
 from kit.notebooks.convert.syntax import Change, clip
@@ -34,6 +34,7 @@ from kit.files import json_problem, parse_json, read_text, regular_file
 
 # IPython's `lhs = !cmd` / `lhs = %magic args` (its assign_from_system/assign_from_magic transforms).
 ASSIGNED = re.compile(r"(?P<lhs>[A-Za-z_][\w.]*(?:\s*,\s*[A-Za-z_][\w.]*)*)\s*=\s*(?P<rhs>[!%].*)")
+CHUNKED = 64_000  # characters: a cell this big is given to libcst one statement at a time (`_cst_module`)
 INSTALLERS = {"pip", "pip3", "apt", "apt-get", "conda", "mamba", "micromamba"}
 # Training programs with a CLI of their own: the subcommands that train.
 TRAINING_CLIS = {"axolotl": ("train",), "llamafactory-cli": ("train",), "tune": ("run",), "autotrain": ("llm", "train"),
@@ -234,12 +235,55 @@ def parse_cell(source: str, cell: int) -> tuple[ast.Module, cst.Module]:
                              "convert again") from None
         raise UsageError(f"cell {cell}{_where(e)}: {msg}: fix that line in the notebook and convert again") from None
     try:
-        return tree, cst.parse_module(source)
+        return tree, _cst_module(source, tree)
     except (cst.ParserSyntaxError, RecursionError) as e:
-        line = f", line {e.raw_line}" if isinstance(e, cst.ParserSyntaxError) else ""
+        line = f", line {e.raw_line + getattr(e, 'kit_offset', 0)}" if isinstance(e, cst.ParserSyntaxError) else ""
         why = clip(e.message if isinstance(e, cst.ParserSyntaxError) else "nested too deeply")
         raise UsageError(f"cell {cell}{line}: libcst cannot parse this cell ({why}): simplify that line and "
                          "convert again") from None
+
+
+def _cst_module(source: str, tree: ast.Module) -> cst.Module:
+    """libcst's tree of a cell. libcst's parser takes time that grows faster than the cell's size (4× the
+    statements, 8× the time), so a big cell is parsed one top-level statement at a time (each with the
+    comment lines above it) and the statements put back together in one module."""
+    if len(source) < CHUNKED or len(tree.body) < 2:
+        return cst.parse_module(source)
+    lines = NEWLINE_LINES.findall(source)
+    cuts = [0] + [s.end_lineno for s in tree.body[:-1]] + [len(lines)]
+    body, header, module, indent = [], [], None, None
+    for i, (a, b) in enumerate(zip(cuts, cuts[1:])):
+        try:
+            part = cst.parse_module("".join(lines[a:b]))
+        except cst.ParserSyntaxError as e:
+            e.kit_offset = a  # the line in the cell, not in the part
+            raise
+        stmt = tree.body[i]
+        if indent is None and getattr(stmt, "body", None) and isinstance(stmt.body, list) \
+                and stmt.body[0].lineno > stmt.lineno:
+            indent = part.default_indent  # libcst's default: the first indented block's indentation
+        elif part.default_indent != indent and indent is not None:  # its blocks keep their own indentation
+            part = part.visit(_OwnIndent(part.default_indent))
+        if module is None:
+            module, header = part, list(part.header)
+        elif part.body:
+            first = part.body[0]
+            part = part.with_changes(body=[first.with_changes(leading_lines=[*part.header, *first.leading_lines]),
+                                           *part.body[1:]])
+        body.extend(part.body)
+        footer = part.footer
+    return module.with_changes(header=header, body=body, footer=footer, default_indent=indent or module.default_indent)
+
+
+class _OwnIndent(cst.CSTTransformer):
+    """Blocks that follow their module's default indentation, given it explicitly (for another module)."""
+
+    def __init__(self, indent: str):
+        super().__init__()
+        self.indent = indent
+
+    def leave_IndentedBlock(self, original, updated):
+        return updated if updated.indent is not None else updated.with_changes(indent=self.indent)
 
 
 def _where(e: Exception) -> str:

@@ -21,6 +21,8 @@ import secrets
 BIG = 4096  # characters: smaller literals are settings (model ids, prompts), which the rewrites read
 DATA = (ast.Constant, ast.List, ast.Tuple, ast.Set, ast.Dict)
 _ACTIVE: list[Literals] = []
+NEWLINES = re.compile(r"\r\n?|\n")
+NEWLINE_LINES = re.compile(r"[^\r\n]*(?:\r\n?|\n)|[^\r\n]+\Z")
 
 
 class Literals:
@@ -53,23 +55,26 @@ def kept():
         _ACTIVE.remove(table)
 
 
-def _pure(tree: ast.AST) -> set[int]:
-    """ids of the nodes that are pure data, found bottom-up in one pass."""
-    pure: set[int] = set()
-    order, stack = [], [tree]
+def _is_data(node: ast.AST) -> bool:
+    """Constants, and lists, tuples, sets and dicts of them (negative numbers too), all the way down."""
+    stack = [node]
     while stack:
-        node = stack.pop()
-        order.append(node)
-        stack.extend(ast.iter_child_nodes(node))
-    for node in reversed(order):  # children before parents
-        if isinstance(node, ast.Constant):
-            pure.add(id(node))
-        elif isinstance(node, DATA) and all(id(c) in pure for c in ast.iter_child_nodes(node) if
-                                            not isinstance(c, ast.expr_context)):
-            pure.add(id(node))
-        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)) and id(node.operand) in pure:
-            pure.add(id(node))
-    return pure
+        n = stack.pop()
+        kind = type(n)
+        if kind is ast.Constant:
+            continue
+        if kind in (ast.List, ast.Tuple, ast.Set):
+            stack.extend(n.elts)
+        elif kind is ast.Dict:
+            if None in n.keys:  # `{**other}`
+                return False
+            stack.extend(n.keys)
+            stack.extend(n.values)
+        elif kind is ast.UnaryOp and isinstance(n.op, (ast.USub, ast.UAdd)):
+            stack.append(n.operand)
+        else:
+            return False
+    return True
 
 
 def set_aside(source: str, tree: ast.Module) -> str:
@@ -77,20 +82,7 @@ def set_aside(source: str, tree: ast.Module) -> str:
     if not _ACTIVE or len(source) < BIG:
         return source
     table = _ACTIVE[-1]
-    pure = _pure(tree)
-    spans, stack = [], [tree]
-    while stack:
-        node = stack.pop()
-        if id(node) in pure and isinstance(node, ast.expr) and not isinstance(node, ast.UnaryOp):
-            if node.end_lineno is not None and (node.end_lineno - node.lineno > 0 or
-                                                node.end_col_offset - node.col_offset >= BIG):
-                spans.append(node)
-                continue
-        if not isinstance(node, ast.JoinedStr):  # an f-string's parts have no positions of their own
-            stack.extend(ast.iter_child_nodes(node))
-    if not spans:
-        return source
-    lines = source.splitlines(keepends=True)
+    lines = NEWLINE_LINES.findall(source)  # ast's lines: only \n, \r\n and \r end one (not \x0c or \u2028)
     starts = [0]
     for line in lines:
         starts.append(starts[-1] + len(line))
@@ -98,14 +90,23 @@ def set_aside(source: str, tree: ast.Module) -> str:
     def offset(lineno: int, col: int) -> int:  # ast columns count UTF-8 bytes
         return starts[lineno - 1] + len(lines[lineno - 1].encode()[:col].decode(errors="ignore"))
 
+    spans, stack = [], [tree]
+    while stack:  # top-down: the outermost big literal of pure data, and nothing inside it is walked
+        node = stack.pop()
+        if isinstance(node, DATA):
+            a, b = offset(node.lineno, node.col_offset), offset(node.end_lineno, node.end_col_offset)
+            if b - a >= BIG and _is_data(node):
+                spans.append((a, b))
+                continue
+        if not isinstance(node, ast.JoinedStr):  # an f-string's parts have no positions of their own
+            stack.extend(ast.iter_child_nodes(node))
+    if not spans:
+        return source
     out, end = [], len(source)
-    for node in sorted(spans, key=lambda n: (n.lineno, n.col_offset), reverse=True):
-        a, b = offset(node.lineno, node.col_offset), offset(node.end_lineno, node.end_col_offset)
-        if b - a < BIG:
-            continue
+    for a, b in sorted(spans, reverse=True):
         name = f"_kit_literal_{table.tag}_{len(table.text)}"
         table.text[name] = source[a:b]
-        out += [source[b:end], f"({name}{chr(10) * source.count(chr(10), a, b)})"]
+        out += [source[b:end], f"({name}{chr(10) * len(NEWLINES.findall(source, a, b))})"]
         end = a
     out.append(source[:end])
     return "".join(reversed(out))
