@@ -1238,3 +1238,11 @@ def test_a_big_cell_parsed_statement_by_statement_converts_as_a_whole_one_does(t
     whole = convert_notebook(nb)
     assert chunked.source == whole.source and texts(chunked) == texts(whole)
     assert "        value_7 = [7,\n" in chunked.source and "# step 1499\n" in chunked.source
+
+
+def test_a_tracker_run_object_is_rank_0s_too(tmp_path):
+    nb = make_nb(tmp_path, ["import wandb\nrun = wandb.init(project='p')",
+                            "def log_it(x):\n    run.log({'x': x})\n    run.summary['best'] = x\nlog_it(1)", *TRAIN])
+    src = convert_notebook(nb).source
+    fn = ast.unparse(_function(src, "log_it"))
+    assert "if is_main:\n        run.log({'x': x})\n        run.summary['best'] = x" in fn

@@ -6,6 +6,8 @@ The code cells are kept in order, magics handled (`kit.notebooks.convert.cells`)
 - a rank block goes on top: LOCAL_RANK/RANK/WORLD_SIZE, `set_device`, `init_process_group`, the
   Hub token check when the notebook talks to the Hub (before any work), seeds for unseeded
   `random`/numpy data prep, and `wait_for_all()`;
+- setup that torchrun and the Trainer do themselves is removed, with the reason
+  (`kit.notebooks.convert.setup`); big data literals stay out of the trees (`kit.notebooks.convert.literals`);
 - calls are fixed where the fix is mechanical (`kit.notebooks.convert.calls`): devices follow the rank,
   platform secrets become environment lookups, logins go, TrainingArguments get what DDP needs,
   unseeded shuffles and splits get the notebook's seed;
@@ -241,12 +243,12 @@ def _rewrite_cell(cell: int, module: cst.Module, facts: Facts, rewriter: CellRew
         if facts.after_training((cell, i)):
             post.append(new)
             continue
-        whole = side_effect(new) is not None or writes_file(new)
+        whole = side_effect(new, facts.trackers) is not None or writes_file(new)
         if barrier_due and not whole:
             out.append(barrier_statement())
             barrier_due = False
         guard = Guard(lambda call: facts.is_collective(call_name(call), ast.parse(code(call), mode="eval").body),
-                      barrier_funcs=facts.together, read_back=bool(facts.reads))
+                      barrier_funcs=facts.together, read_back=bool(facts.reads), trackers=facts.trackers)
         out.extend(guard.body([new]))
         if guard.barriers_in:
             changes.append(Change(cell, f"barrier (wait_for_all) inside {', '.join(dict.fromkeys(guard.barriers_in))}"

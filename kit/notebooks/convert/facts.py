@@ -21,6 +21,7 @@ HUB_WRITES = {"push_to_hub", "push_to_hub_merged", "push_to_hub_gguf", "upload_f
               "create_repo"}
 SECRET_GETTERS = {"get_secret", "userdata.get"}
 VLLM_ONLY = {"fast_generate", "load_lora", "save_lora"}
+TRACKERS = ("wandb.", "trackio.", "mlflow.", "comet_ml.")  # tracker calls: rank 0's, like prints
 
 
 def calls_of(node: ast.AST):
@@ -50,6 +51,7 @@ class Facts:
     secret_names: frozenset[str] = frozenset()  # names assigned from a Kaggle/Colab secret getter
     reads: list[Where] = field(default_factory=list)  # statements that load something back
     together: frozenset[str] = frozenset()  # functions every rank calls together (`together_functions`)
+    trackers: tuple[str, ...] = TRACKERS  # and `run.` where the notebook set `run = wandb.init(...)`
 
     def is_training(self, func: str, call: ast.Call) -> bool:
         if func == "unsloth_train" or func in self.train_funcs:
@@ -109,6 +111,10 @@ def gather(trees: list[tuple[int, ast.Module]]) -> Facts:
         if any(f.rsplit(".", 1)[-1] in READERS for f, _ in calls):
             facts.reads.append(where)
     facts.together = together_functions(trees)
+    facts.trackers = TRACKERS + tuple(dict.fromkeys(
+        f"{ast.unparse(t)}." for _, tree in trees for n in ast.walk(tree) if isinstance(n, ast.Assign)
+        and isinstance(n.value, ast.Call) and ast.unparse(n.value.func).startswith(TRACKERS)
+        for t in n.targets if isinstance(t, (ast.Name, ast.Attribute))))
     facts.seed, facts.seed_from = _seed([t for _, t in trees])
     facts.uses_hub = _uses_hub([t for _, t in trees])
     facts.secret_names = frozenset(

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import libcst as cst
 
-from kit.notebooks.convert.facts import rank_dependent
+from kit.notebooks.convert.facts import TRACKERS, rank_dependent
 from kit.notebooks.convert.syntax import call_name, calls_in, code, comments, short_name
 
 WRITE_METHODS = {"save_model", "save_pretrained", "save_pretrained_merged", "save_pretrained_gguf", "save_lora",
@@ -41,7 +41,6 @@ EFFECT_METHODS = {"empty_cache", "set_format", "set_seed", "manual_seed", "seed"
                   "disable_progress_bar", "enable_progress_bar", "filterwarnings", "mkdir", "makedirs", "chdir"}
 EFFECT_MODULES = ("os.", "gc.", "warnings.", "logging.", "shutil.", "time.", "random.", "torch.cuda.", "subprocess.")
 PLOT_MODULES = ("plt.", "sns.", "matplotlib.", "seaborn.", "px.")
-TRACKERS = ("wandb.", "trackio.", "mlflow.", "comet_ml.")
 GENERATION = {"generate", "fast_generate"}
 WRITE_MODES = ("w", "a", "x")
 
@@ -60,15 +59,16 @@ def _value_call(small: cst.BaseSmallStatement) -> cst.Call | None:
     return value if isinstance(value, cst.Call) else None
 
 
-def side_effect(stmt: cst.BaseStatement) -> str | None:
-    """'write' or 'show' for a line rank 0 alone should run, else None."""
+def side_effect(stmt: cst.BaseStatement, trackers: tuple[str, ...] = TRACKERS) -> str | None:
+    """'write' or 'show' for a line rank 0 alone should run, else None. `trackers`: the prefixes of
+    tracker calls (`wandb.`, and `run.` where the notebook set `run = wandb.init()`)."""
     if not isinstance(stmt, cst.SimpleStatementLine):
         return None
     kinds = set()
     for small in stmt.body:
         targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else \
             [small.target] if isinstance(small, (cst.AugAssign, cst.AnnAssign)) else []
-        if any(code(t).startswith(TRACKERS) for t in targets):  # `wandb.run.summary["acc"] = acc`
+        if any(code(t).startswith(trackers) for t in targets):  # `wandb.run.summary["acc"] = acc`
             kinds.add("show")
         call = _value_call(small)
         if call is None:
@@ -79,7 +79,7 @@ def side_effect(stmt: cst.BaseStatement) -> str | None:
                                                   for t in small.targets))
         if (short in WRITE_METHODS and isinstance(call.func, cst.Attribute)) or name in WRITE_FUNCTIONS:
             kinds.add("write")
-        elif name.startswith(TRACKERS):
+        elif name.startswith(trackers):
             kinds.add("show")
         elif is_expr and (name in SHOW_FUNCTIONS or name.startswith(PLOT_MODULES) or
                           (short in SHOW_METHODS | GENERATION and isinstance(call.func, cst.Attribute))):
@@ -109,7 +109,8 @@ class Guard:
     """
 
     def __init__(self, collective: Callable[[cst.Call], bool] = lambda call: False,
-                 barrier_funcs: frozenset[str] = frozenset(), read_back: bool = False):
+                 barrier_funcs: frozenset[str] = frozenset(), read_back: bool = False,
+                 trackers: tuple[str, ...] = TRACKERS):
         self.guarded: list[str] = []  # what went under `if is_main:`, for the change list
         self.hoisted: list[str] = []  # collective calls taken out of a guarded line, for the change list
         self.wrote = False  # rank 0 wrote when the statement ran, and no barrier inside it waits for that
@@ -117,6 +118,7 @@ class Guard:
         self.barrier_funcs = barrier_funcs  # the notebook's functions every rank calls together
         self.read_back = read_back  # the notebook reads files or Hub repos back somewhere
         self.barriers_in: list[str] = []  # where a barrier went inside the statement, for the change list
+        self.trackers = trackers
 
     def body(self, stmts: Sequence[cst.BaseStatement], reach: str | None = "", live: bool = True,
              top: bool = True) -> list[cst.BaseStatement]:
@@ -146,7 +148,8 @@ class Guard:
                 wrote = False
 
         for stmt in stmts:
-            kind = side_effect(stmt) or ("write" if writes_file(stmt) else None) or _one_line_block(stmt)
+            kind = side_effect(stmt, self.trackers) or ("write" if writes_file(stmt) else None) or \
+                _one_line_block(stmt, self.trackers)
             found = [c for c in calls_in(stmt) if self.collective(c)] if kind is not None else []
             if found and not isinstance(stmt, cst.SimpleStatementLine):
                 kind = None  # a block around the collective: every rank runs it (and prints, twice at worst)
@@ -225,11 +228,11 @@ class Guard:
         return [f"{call_name(c)}()" for s in body if (c := _value_call(s)) is not None and call_name(c)]
 
 
-def _one_line_block(stmt: cst.BaseStatement) -> str | None:
+def _one_line_block(stmt: cst.BaseStatement, trackers: tuple[str, ...] = TRACKERS) -> str | None:
     """`if False: model.save_pretrained_merged(…)` on one line: guard the whole statement."""
     body = getattr(stmt, "body", None)
     if isinstance(stmt, (cst.If, cst.For, cst.While, cst.With)) and isinstance(body, cst.SimpleStatementSuite):
-        return side_effect(cst.SimpleStatementLine(body=body.body))
+        return side_effect(cst.SimpleStatementLine(body=body.body), trackers)
     return None
 
 
