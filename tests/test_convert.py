@@ -1087,7 +1087,8 @@ def test_rebound_names_run_under_torchrun(tmp_path, capsys):
     res = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train_ddp.py"],
                tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert res.stdout.count("use_cpu True fp16 False") == 2 and res.stdout.count("after cpu") == 1
+    # print() in the notebook's own class is rank 0's too, like every print before training
+    assert res.stdout.count("use_cpu True fp16 False") == 1 and res.stdout.count("after cpu") == 1
     assert (tmp_path / "model.bin").read_text() == "weights"
     assert "destroy_process_group() was not called" not in res.stderr
 
