@@ -198,8 +198,11 @@ def test_magics_dropped_and_line_numbers_kept(tmp_path):
     nb = make_nb(tmp_path, ["%%bash\necho hi", "import os\nif os.environ.get('X'):\n    !pip install a \\\n      b\n",
                             *TRAIN])
     conv = convert_notebook(nb)
-    assert "echo hi" not in conv.source and "pip" not in conv.source.split(TRIPLE, 2)[2]
-    assert any(c.startswith("cell 1: dropped the whole cell: `%%bash`") for c in texts(conv))
+    code = conv.source.split(TRIPLE, 2)[2]
+    assert "echo hi" not in code and "pip" not in code
+    # the %%bash cell's lines are listed to run before launching, as shell lines are
+    assert "    echo hi\n" in ast.get_docstring(ast.parse(conv.source))
+    assert any(c.startswith("cell 1: dropped `echo hi`: shell commands") for c in texts(conv))
     # %env and %cd change the state the code below runs in: they become their Python equivalents.
     env = convert_notebook(make_nb(tmp_path, ["%env WANDB_PROJECT=ha\n%cd /kaggle/working", *TRAIN], "env.ipynb"))
     assert "os.environ['WANDB_PROJECT'] = 'ha'" in env.source and "os.chdir('/kaggle/working')" in env.source
@@ -1247,3 +1250,16 @@ def test_a_tracker_run_object_is_rank_0s_too(tmp_path):
     src = convert_notebook(nb).source
     fn = ast.unparse(_function(src, "log_it"))
     assert "if is_main:\n        run.log({'x': x})\n        run.summary['best'] = x" in fn
+
+
+def test_a_shell_cell_kit_does_not_run_is_listed_line_by_line(tmp_path):
+    nb = make_nb(tmp_path, ["%%bash\n# fetch the data\ngit clone https://github.com/me/data\ncd data && make", *TRAIN,
+                            "%%bash\nexport HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz0123\nhf upload me/m out"])
+    conv = convert_notebook(nb)
+    doc, changes = ast.get_docstring(ast.parse(conv.source)), texts(conv)
+    before, after = doc.split("once this script has finished")
+    assert "    git clone https://github.com/me/data\n    cd data && make\n" in before
+    assert "    hf upload me/m out\n" in after and "hf_abcdef" not in conv.source
+    assert not any("dropped the whole cell" in c for c in changes)
+    assert any(c.startswith("cell 1: dropped `git clone") for c in changes)
+    assert any(c.startswith("cell 4: REVIEW: dropped `export HF_TOKEN=***") for c in changes)

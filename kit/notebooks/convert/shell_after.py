@@ -93,7 +93,8 @@ def port_after(path, parsed: list, dropped: list, end: tuple[int, int] | None, c
         changes.append(Change(cell, f"`{clip(redact(text), 50)}` dropped: an interactive login waits at a prompt "
                                     f"that nobody answers under torchrun; {why}"))
     dropped = [d for d in dropped if d not in logins]
-    shells = {c: s for c, src in sources.items() if c > end[0] and (s := shell_cell(src)) is not None}
+    every = {c: s for c, src in sources.items() if (s := shell_cell(src)) is not None}
+    shells = {c: s for c, s in every.items() if c > end[0]}
     ran = {c for c, (_, body) in shells.items() if redact(body) == body}
     ported = {(c, n): t for c, n, t in dropped if (c, n) >= end and portable(t)}
     # A service kit cannot start (a token in its cell, IPython's `$var`) takes the cells that use it along.
@@ -111,6 +112,15 @@ def port_after(path, parsed: list, dropped: list, end: tuple[int, int] | None, c
     ran -= set(gone)
     ported = {k: t for k, t in ported.items() if k[0] not in gone}
     dropped = [d for d in dropped if d[0] not in gone]
+    # A shell cell kit does not run is listed line by line with the other shell lines (to run before
+    # launching, or after the script), instead of vanishing.
+    for c, (_, body) in every.items():
+        if c in ran or c in gone:
+            continue
+        dropped += [(c, n, t.strip()) for n, t in enumerate(body.splitlines(), 2) if t.strip()
+                    and not t.strip().startswith("#")]
+        changes[:] = [x for x in changes if not (x.cell == c and x.text.startswith("dropped the whole cell"))]
+    dropped.sort(key=lambda d: d[:2])
     out = []
     lines = {c: {n for c2, n in ported if c2 == c} for c, _ in ported}
     for cell, tree, module, comment_only in parsed:
