@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from kit.errors import UsageError, shown
 from kit.files import check_output, regular_file, write_atomic
+from kit.machine.command import launch_command
 
 
 def add_arguments(parser) -> None:
@@ -60,7 +62,18 @@ def run(args) -> int:
     # Temp file + rename in the same folder: a crash never leaves half a script behind.
     _write(out, conversion.source)
     print(format_changes(conversion, shown(Path(args.notebook).name), shown(str(out))))
+    print(f"next: {next_step(args.notebook, str(args.output), args.dry_run)}")
     return 0
+
+
+def next_step(notebook: str, script: str, dry_run: bool) -> str:
+    """What to run now: the written script under torchrun; before GPU hours, the dry run of it first."""
+    run = launch_command(2, script=shlex.quote(script))
+    if dry_run:
+        return f"{run}  (the dry run: 2 ranks, on the CPU without a GPU; use your GPU count on a GPU machine)"
+    dry = str(Path(script).with_name(Path(script).stem + "_dry_run.py"))
+    return (f"{run}  (one rank per GPU); to try it first on the CPU: kit convert {shlex.quote(notebook)} -o "
+            f"{shlex.quote(dry)} --dry-run && {launch_command(2, script=shlex.quote(dry))}")
 
 
 def _write(out: Path, source: str) -> None:
