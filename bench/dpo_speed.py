@@ -189,7 +189,8 @@ def run_kit(args, work: Path, gpus: str | None, cap_gib: float | None, precision
                                                   "gradient_checkpointing", "backend", "optimizer", "batching",
                                                   "kernels", "activation_offloading", "compile_layers",
                                                   "quantization")},
-           "estimate_gib": round(planned["memory"]["per_gpu_bytes"] / GIB, 3),
+           "estimate_gib": round(planned["memory"]["per_gpu_bytes"] / GIB, 3),  # + slack and CUDA context
+           "estimate_allocated_gib": round(planned["memory"]["allocated_bytes"] / GIB, 3),  # what max_memory_allocated sees
            "budget_gib": round(planned["memory"]["budget_bytes"] / GIB, 3),
            "reasons": planned.get("reasons"),
            "speed_lines": [line for line in text.splitlines() if "speed:" in line][-2:]}
@@ -269,12 +270,12 @@ def main() -> None:
     kit_step = find(session, "step_s")
     if kit_step and trl.get("tokens_per_s"):
         results["kit_vs_trl_tokens_per_s"] = round(args.pairs * 2 * args.seq / kit_step / trl["tokens_per_s"], 3)
-    if kit_peak and kit_run.get("estimate_gib"):
-        results["kit_peak_vs_estimate"] = round(kit_peak / GIB / kit_run["estimate_gib"], 3)
+    if kit_peak and kit_run.get("estimate_allocated_gib"):
+        results["kit_peak_vs_estimate"] = round(kit_peak / GIB / kit_run["estimate_allocated_gib"], 3)
     results["kit_tokens_per_s_own_count"] = kit_tps
     t4_peak = find(results.get("t4", {}).get("session") or {}, "peak_allocated_bytes")
-    if t4_peak and results["t4"].get("estimate_gib"):
-        results["t4_peak_vs_estimate"] = round(t4_peak / GIB / results["t4"]["estimate_gib"], 3)
+    if t4_peak and results["t4"].get("estimate_allocated_gib"):
+        results["t4_peak_vs_estimate"] = round(t4_peak / GIB / results["t4"]["estimate_allocated_gib"], 3)
     (args.out / "dpo_speed.json").write_text(json.dumps(results, indent=1))
     print(json.dumps({k: v for k, v in results.items() if not isinstance(v, dict)}, indent=1), flush=True)
 
