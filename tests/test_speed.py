@@ -274,6 +274,7 @@ def test_activation_offloading_auto_is_on_where_measured_and_the_estimate_drops_
     (COLAB_T4, (), "measured on an H200 only, not on sm_75"),
     (MI300X, (), "not an NVIDIA GPU"),
     (H200, ("gradient_checkpointing=off", "seq_len=512"), "gradient checkpointing is off"),
+    (H200, ("trainer=dpo",), "trainer dpo: measured 0.88× the tokens/s without it"),
 ])
 def test_activation_offloading_auto_stays_off_where_unmeasured_and_says_how_to_turn_it_on(facts, extra, why):
     plan = make_plan(facts, cfg(*QWEN8_QLORA, *extra))

@@ -38,6 +38,10 @@ MEASURED = {
     # 9.65 GiB every time; the losses the same to 4 digits.
     "offload_vs_liger": 0.985,  # the three runs' mean (1.042, 0.961, 0.951)
     "offload_saved_gib": 2.04,
+    # The same under TRL's DPOTrainer, Qwen3-8B QLoRA, 2 pairs x 1024 tokens, Liger, one H100, two calls
+    # (bench/results/dpo_speed_h100.json): 3,673 against 4,200 tokens/s in one call (0.875x), and
+    # 3,778 against TRL + Liger driven directly's 4,179 (0.90x) in the other; 6.83 against 7.82 GiB.
+    "dpo_offload_vs_liger": 0.875,
     # torch.compile of each decoder layer on top of Liger, same run: 9,231 tokens/s (1.065×) but 9.81 GiB
     # and losses up to 1.8 % apart from Liger's alone (an inductor warning on Liger's RMSNorm).
     "compile_vs_liger": 1.065,
