@@ -35,6 +35,13 @@ TOKEN = "hf_corpus_write"
 RUNS = {
     "accelerate_notebook_launcher.ipynb": 1,
     "blog2024_trl_colab_drive.ipynb": 1,
+    "hf_mlm_distilbert_imdb.ipynb": 2,  # push_to_hub=True: the checkpoint at the end of training, then save_model()
+    "hf_t5_summarize_seq2seq.ipynb": 0,
+    "kaggle_csv_sentiment_classifier.ipynb": 0,
+    "sft_streaming_function_args.ipynb": 0,
+    "trl_dpo_dataclass_config.ipynb": 1,
+    "trl_grpo_gsm8k_rewards.ipynb": 0,
+    "trl_kto_namespace_args.ipynb": 0,
     "hf_trainer_clm_full.ipynb": 1,
     "kaggle_llama3_qlora_community.ipynb": 1,
     "peft_added_tokens.ipynb": 2,  # tokenizer.push_to_hub, model.push_to_hub
