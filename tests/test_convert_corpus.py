@@ -38,6 +38,7 @@ RUNS = {
     "hf_mlm_distilbert_imdb.ipynb": 2,  # push_to_hub=True: the checkpoint at the end of training, then save_model()
     "hf_t5_summarize_seq2seq.ipynb": 0,
     "kaggle_csv_sentiment_classifier.ipynb": 0,
+    "kaggle_faq_json_dict_config.ipynb": 0,
     "sft_streaming_function_args.ipynb": 0,
     "trl_dpo_dataclass_config.ipynb": 1,
     "trl_grpo_gsm8k_rewards.ipynb": 0,

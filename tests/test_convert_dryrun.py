@@ -70,12 +70,13 @@ def test_ids_in_variables_arguments_and_configs_are_decided_at_run_time(tmp_path
 def test_gpu_only_calls_are_neutralised_in_the_dry_run_only(tmp_path):
     cells = ["import torch\nassert torch.cuda.is_available(), 'GPU!'\nprint(torch.cuda.get_device_name(0))\n"
              "cap = torch.cuda.get_device_capability()\nif not torch.cuda.is_available():\n    raise SystemExit('no GPU')\n"
-             "free, total = torch.cuda.mem_get_info()", *TRAIN]
+             "free, total = torch.cuda.mem_get_info()\ndev = torch.device('cuda')", *TRAIN]
     nb = make_nb(tmp_path, cells)
     dry, real = convert_notebook(nb, dry_run=True).source, convert_notebook(nb).source
     assert "kit_dry_run.cuda('get_device_capability')" in dry and "kit_dry_run.cuda('mem_get_info')" in dry
     assert "kit_dry_run.cuda('get_device_name', local_rank)" in dry
     assert "    assert torch.cuda" not in dry and "raise SystemExit('no GPU')" not in dry
+    assert "torch.device(('cuda' if torch.cuda.is_available() else \"cpu\"))" in dry
     assert "assert torch.cuda.is_available()" in real and "kit_dry_run" not in real
     stand = StandIns()
     if not __import__("torch").cuda.is_available():
@@ -107,6 +108,7 @@ def test_stand_ins_at_run_time(tmp_path, monkeypatch):
     from datasets import IterableDataset
 
     assert isinstance(streamed, IterableDataset) and "question" in next(iter(streamed))
+    assert set(stand.load_from_disk("/kaggle/input/tokenized")) >= {"train", "unsupervised"}
     kto = StandIns(schema="kto").load_dataset("trl-lib/kto-mix-14k", split="train")
     assert kto.column_names == ["prompt", "completion", "label"] and set(kto["label"]) == {True, False}
 

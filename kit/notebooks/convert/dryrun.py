@@ -295,6 +295,9 @@ class DryRun(cst.CSTTransformer):
         if isinstance(value, str) and (value in FLASH or value.startswith("kernels-community/")):
             self.notes.append(f"attention {value!r} → 'sdpa' (flash attention needs a GPU)")
             return cst.SimpleString('"sdpa"')
+        if isinstance(value, str) and re.fullmatch(r"cuda(:\d+)?", value):  # torch.device("cuda"), autocast("cuda")
+            self.notes.append(f"{value!r} → 'cpu' where there is no GPU")
+            return cst.parse_expression(f'({value!r} if torch.cuda.is_available() else "cpu")')
         return updated
 
     def leave_DictElement(self, original: cst.DictElement, updated: cst.DictElement):
@@ -336,6 +339,8 @@ class DryRun(cst.CSTTransformer):
             self.notes.append(f"{name}({code(updated.args[0].value)[:40]}…) → the embedded data as {self.schema!r} "
                               "rows when its source is not on this machine (decided at run time)")
             return self._helper("load_dataset", *updated.args)
+        if short == "load_from_disk" and updated.args:
+            return self._helper("load_from_disk", *updated.args)
         if (short in READERS or name == "open") and updated.args and updated.args[0].keyword is None:
             mode = updated.args[1].value if len(updated.args) > 1 and updated.args[1].keyword is None \
                 else (kwarg(updated, "mode").value if kwarg(updated, "mode") else None)

@@ -152,6 +152,15 @@ class StandIns:
         return dry_run_dataset(self.schema, split=split if isinstance(split, str) else None, path=self.data,
                                extra=self.extra, splits=splits, streaming=bool(kwargs.get("streaming")))
 
+    def load_from_disk(self, path, *args, **kwargs):
+        """datasets.load_from_disk, or the embedded data (every split) when the folder is not here."""
+        from datasets import load_from_disk
+
+        if not _missing(path):
+            return load_from_disk(path, *args, **kwargs)
+        self.say(f"load_from_disk({str(path)[:60]!r}) is not here: the embedded data as {self.schema!r} rows")
+        return dry_run_dataset(self.schema, path=self.data, extra=self.extra, splits=self.splits)
+
     def path(self, value, mode="r"):
         """A data file the notebook reads: itself when it is here, else a stand-in file of the same kind
         (.csv, .json, .jsonl, .parquet, .txt) with the notebook's columns."""
