@@ -7,8 +7,8 @@ For each, the test asserts what a user relies on: exit 0 within the timeout (no 
 did run), the expected number of pushes reached the Hub (`--dry-run-push`: by default a dry run
 skips them, tests/test_convert.py), and no rank exited with a live process group. Refused notebooks exit 2 with one line naming the cell and the reason.
 
-Unsloth, vLLM and wandb are stood in for by tests/fixtures/shims/ (they need a GPU or a server);
-the probe there records what each rank did. See that folder's README.
+vLLM and wandb are stood in for by tests/fixtures/shims/ (they need a GPU or a server), Unsloth by
+the dry run's own CPU stand-in; the probe in that folder records what each rank did. See its README.
 """
 
 from __future__ import annotations

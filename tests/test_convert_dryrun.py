@@ -148,3 +148,20 @@ def test_run_runs_the_dry_run_under_torchrun_and_reports_its_exit(tmp_path, caps
     assert main(["convert", str(hang), "-o", "hang.py", "--dry-run", "--run"]) == 1
     assert "ran past 15 s and was stopped" in capsys.readouterr().err
     assert sys.modules  # the test process itself is alive: the job's process group was stopped, not us
+
+
+def test_unsloth_notebooks_get_the_cpu_stand_in_without_a_gpu(tmp_path, monkeypatch):
+    """Unsloth cannot be imported without a GPU, so every Unsloth notebook's dry run on the CPU stopped
+    at `from unsloth import FastLanguageModel`."""
+    nb = make_nb(tmp_path, ["from unsloth import FastLanguageModel\nimport unsloth.chat_templates", *TRAIN])
+    assert "packages=['unsloth']" in convert_notebook(nb, dry_run=True).source
+    assert "packages=" not in convert_notebook(make_nb(tmp_path, TRAIN, "plain.ipynb"), dry_run=True).source
+    if __import__("torch").cuda.is_available():
+        pytest.skip("with a GPU the real Unsloth is used")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("PYTHONPATH", "elsewhere")
+    from kit.notebooks.convert.standins import CPU_PACKAGES
+
+    StandIns(packages=["unsloth"])
+    assert sys.path[0] == str(CPU_PACKAGES) and os.environ["PYTHONPATH"].startswith(str(CPU_PACKAGES))
+    assert (CPU_PACKAGES / "unsloth" / "__init__.py").is_file()

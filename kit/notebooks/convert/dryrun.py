@@ -31,7 +31,8 @@ from kit.errors import UsageError
 from kit.notebooks.convert.kinds import is_model_loader, is_training_args
 from kit.notebooks.convert.syntax import call_name, code, drop_kwarg, kwarg, normal, set_kwarg, short_name
 
-from kit.notebooks.convert.standins import BUILDERS, FAMILIES, TINY_DATA, TINY_MODEL, dry_run_dataset  # noqa: F401
+from kit.notebooks.convert.standins import (BUILDERS, FAMILIES, GPU_PACKAGES, TINY_DATA, TINY_MODEL,  # noqa: F401
+                                            dry_run_dataset)
 
 DRY_RUN_STEPS = 2
 MAX_NEW_TOKENS = 8
@@ -150,6 +151,9 @@ class Plan:
         skip = TOKEN_KEYS if by_trainer else NOT_EXTRA
         self.extra = sorted(c for c in extra if c.isidentifier() and c not in skip and c not in taken)
         self.family = _family(trainers | {ast.unparse(n.func).rsplit(".", 1)[0].rsplit(".", 1)[-1] for n in calls})
+        self.packages = sorted({(a.name if isinstance(n, ast.Import) else n.module or "").split(".")[0]
+                                for t in trees for n in ast.walk(t) if isinstance(n, (ast.Import, ast.ImportFrom))
+                                for a in n.names} & GPU_PACKAGES)
 
     def _literals(self, node: ast.stmt) -> None:
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
@@ -221,7 +225,8 @@ class DryRun(cst.CSTTransformer):
         model = f", model={self.model!r}" if self.family == "given" else ""
         return ("from kit.notebooks.convert.standins import StandIns  # kit: --dry-run\n"
                 f"kit_dry_run = StandIns(schema={self.schema!r}, extra={self.extra!r}, splits={sorted(self.plan.splits)!r}, "
-                f"family={self.plan.family!r}{model}, data={self.data!r})\n")
+                f"family={self.plan.family!r}{model}, data={self.data!r}"
+                + (f", packages={self.plan.packages!r}" if self.plan.packages else "") + ")\n")
 
     def _helper(self, what: str, *args: cst.Arg) -> cst.Call:
         self.used_helpers = True

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -27,6 +28,9 @@ FAMILIES = {"causal": TINY_MODEL, "masked": MODELS / "tiny-bert", "seq2seq": MOD
 BUILDERS = {"json", "csv", "parquet", "text", "arrow", "imagefolder", "audiofolder", "webdataset", "pandas"}
 LABELS = {"label", "labels"}  # class ids, not text
 HELD_OUT = 16
+# Packages that need a CUDA GPU, with a CPU stand-in here, used when the dry run has no GPU.
+CPU_PACKAGES = Path(__file__).resolve().parent / "cpu_packages"
+GPU_PACKAGES = {"unsloth"}
 
 
 def _rows(path: str) -> list[tuple[str, str, str]]:
@@ -107,10 +111,21 @@ class StandIns:
     """The dry run's stand-ins, set up once at the top of the script with what conversion learned."""
 
     def __init__(self, schema: str = "messages", extra=(), splits=(), family: str = "causal", model: str | None = None,
-                 data: str = str(TINY_DATA)):
+                 data: str = str(TINY_DATA), packages=()):
         self.schema, self.extra, self.splits, self.data = schema, list(extra), list(splits), data
         self.model_dir = str(model or FAMILIES[family])
         self._files: Path | None = None
+        self._cpu_packages(packages)
+
+    def _cpu_packages(self, packages) -> None:
+        """Unsloth & co on a CPU: their stand-ins (they cannot run without a GPU; on one, the real ones)."""
+        import torch
+
+        if not torch.cuda.is_available() and GPU_PACKAGES & set(packages):
+            sys.path.insert(0, str(CPU_PACKAGES))
+            os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(CPU_PACKAGES), os.environ.get("PYTHONPATH"))
+                                                       if p)
+            self.say(f"no GPU: {', '.join(sorted(GPU_PACKAGES & set(packages)))} stood in for by kit's CPU version")
 
     def say(self, text: str) -> None:
         if os.environ.get("RANK", "0") == "0":
