@@ -115,6 +115,8 @@ class StandIns:
         self.schema, self.extra, self.splits, self.data = schema, list(extra), list(splits), data
         self.model_dir = str(model or FAMILIES[family])
         self._files: Path | None = None
+        # A tracker the notebook starts itself (wandb.init) must not ask for a login or a key here.
+        os.environ.setdefault("WANDB_MODE", "disabled")
         self._cpu_packages(packages)
 
     def _cpu_packages(self, packages) -> None:
