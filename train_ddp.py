@@ -18,6 +18,10 @@ Re-render after editing the config (the command that wrote this file):
 import sys
 
 try:  # the mechanics (store sync, resume, lease, deadline, smoke checks) are kit's tested modules
+    from kit.train import signals
+
+    # First: SIGTERM now stops like Ctrl-C, and a rank whose torchrun is gone gets one (it pauses).
+    signals.while_loading()
     from peft import LoraConfig
     from transformers import BitsAndBytesConfig, set_seed
     from trl import SFTConfig, SFTTrainer
@@ -26,7 +30,7 @@ try:  # the mechanics (store sync, resume, lease, deadline, smoke checks) are ki
     from kit.errors import KitError
     from kit.planning import adapt
     from kit.script import arguments
-    from kit.train import callbacks, collate, data, dist, last_word, modeling, output_dir, sharding
+    from kit.train import callbacks, collate, data, disk, dist, last_word, modeling, output_dir, sharding, tracking
     from kit.train.job import Job
 except ModuleNotFoundError as e:
     missing = (e.name or "?").split(".")[0]
@@ -40,9 +44,9 @@ except ModuleNotFoundError as e:
         print(f"error: the Python package {missing!r} is not installed, and training needs it: run "
               "`pip install -e \".[train]\"` in the kit checkout (add qlora for bitsandbytes on a GPU)", file=sys.stderr)
     sys.exit(2)
-except KeyboardInterrupt:  # Ctrl-C while the libraries load: nothing started yet
-    print("interrupted while loading the libraries: nothing was started", file=sys.stderr)
-    sys.exit(130)
+except KeyboardInterrupt as e:  # Ctrl-C (exit 130) or SIGTERM (143) while the libraries load: nothing started yet
+    print(f"interrupted{getattr(e, 'by', '')} while loading the libraries: nothing was started", file=sys.stderr)
+    sys.exit(getattr(e, "exit_code", 130))
 
 CONFIG_PATH = 'configs/default.yaml'
 
@@ -52,6 +56,7 @@ SETTINGS = {
     'model': 'models/tiny-qwen3',
     'revision': None,
     'method': 'lora',
+    'trainer': 'sft',
     'backend': 'auto',
     'strategy': 'auto',
     'lora': {'r': 16, 'alpha': 32.0, 'dropout': 0.0, 'target_modules': 'all-linear'},
@@ -100,6 +105,7 @@ SETTINGS = {
     'time_budget_minutes': None,
     'seed': 42,
     'logging_steps': 5,
+    'report_to': 'none',
     'eval_steps': 30,
     'resume': 'auto',
 }
@@ -216,7 +222,10 @@ def main(argv: list[str]) -> int:
             eval_steps=cfg.eval_steps,
             seed=cfg.seed + ctx.rank,  # each rank its own dropout masks
             data_seed=cfg.seed,  # one shuffle for all ranks, so their shards don't overlap
-            report_to="none",
+            # Experiment tracking (report_to: none in the settings): rank 0 alone logs, the other ranks
+            # "none"; the tracked run is kit's run id, so a resumed job continues it. See kit/train/tracking.py.
+            report_to=tracking.report_to(cfg, ctx, job.run.get("run_id")),  # None: a smoke run, untracked
+            run_name=job.run.get("run_id"),
             disable_tqdm=not ctx.is_main,
             use_cpu=ctx.device.type == "cpu",
             **strategy,
@@ -237,7 +246,9 @@ def main(argv: list[str]) -> int:
                     "compile off: this torch's inductor cannot round as eager does (emulate_precision_casts)")
         collate.settle(trainer, plan)  # packed sequences as rows, each under its own block-diagonal mask
         # A checkpoint the other strategy wrote resumes through a converted copy (same numbers).
-        with callbacks.at_target_only_wrap_up():  # resumed at max_steps (cut in its wrap-up): no step more
+        # Resumed at max_steps (cut in its wrap-up): no step more. A disk that fills up during a save: one
+        # line and exit 4, the partial checkpoint removed, the ones before it kept (kit.train.disk).
+        with callbacks.at_target_only_wrap_up(), disk.full_disk_stops(cfg.output_dir):
             trainer.train(resume_from_checkpoint=sharding.resumable(trainer, job.resume_from, plan, ctx))
         modeling.eager_layers(trainer.model)  # the final evaluation generates: eager, no compiling per length
         code = job.finish(trainer)  # rank 0: last upload, final evaluation, final/ and its push, closing lines
@@ -256,7 +267,7 @@ if __name__ == "__main__":
     except KitError as e:  # bad config, data, store or hardware: one line and its exit code
         last_word.say_error(e)  # rank 0; under torchrun said again after torchrun's own report
         sys.exit(e.exit_code)
-    except KeyboardInterrupt:  # Ctrl-C outside training (model load, evaluation); in training it pauses cleanly
-        print("interrupted: stopped; every checkpoint already saved is kept, and the same command resumes",
-              file=sys.stderr)
-        sys.exit(130)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM outside training (evaluation, wrap-up); in training it pauses
+        print(f"interrupted{getattr(e, 'by', '')}: stopped; every checkpoint already saved is kept, and the same "
+              "command resumes", file=sys.stderr)
+        sys.exit(getattr(e, "exit_code", 130))

@@ -6,6 +6,7 @@ secret named ``HF_TOKEN`` (only on Kaggle; huggingface_hub does not know Kaggle'
 then Colab's ``userdata`` again (huggingface_hub skips it on Colab Enterprise and when
 ``google.colab.errors`` is missing). The token is never printed, logged
 or put in an exception; :func:`redact` scrubs it from any text that might carry it.
+:func:`find_secret` looks up other keys (an experiment tracker's) the same way, by their own name.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def on_colab() -> bool:
     return "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ
 
 
-def _kaggle_secret() -> str | None:
+def _kaggle_secret(name: str = SECRET_NAME) -> str | None:
     try:
         from kaggle_secrets import UserSecretsClient
     except ImportError:
@@ -46,13 +47,13 @@ def _kaggle_secret() -> str | None:
     except ImportError:
         pass
     try:
-        return UserSecretsClient().get_secret(SECRET_NAME) or None
+        return UserSecretsClient().get_secret(name) or None
     except errors as err:
-        log.info("no Kaggle secret %s attached to this notebook (%s)", SECRET_NAME, type(err).__name__)
+        log.info("no Kaggle secret %s attached to this notebook (%s)", name, type(err).__name__)
         return None
 
 
-def _colab_secret() -> str | None:
+def _colab_secret(name: str = SECRET_NAME) -> str | None:
     try:
         from google.colab import userdata
     except ImportError:
@@ -63,10 +64,34 @@ def _colab_secret() -> str | None:
         if isinstance(e, type)
     )
     try:
-        return userdata.get(SECRET_NAME) or None
+        return userdata.get(name) or None
     except errors as err:
-        log.info("no usable Colab secret %s (%s)", SECRET_NAME, type(err).__name__)
+        log.info("no usable Colab secret %s (%s)", name, type(err).__name__)
         return None
+
+
+def find_secret(name: str) -> tuple[str | None, str | None]:
+    """(value, where it came from) of the secret `name` (e.g. ``WANDB_API_KEY``), or (None, None).
+
+    The environment variable of that name first, then a Kaggle secret of that name (on Kaggle),
+    then a Colab secret of that name (on Colab). The Hugging Face token has its own order
+    (:func:`find_token`); this is for the other keys a run may need, such as a tracker's.
+
+    Example:
+        >>> key, source = find_secret("WANDB_API_KEY")   # never print `key`; `source` is safe to show
+    """
+    value = os.environ.get(name, "").strip()
+    if value:
+        return value, f"{name} env"
+    if on_kaggle():
+        value = (_kaggle_secret(name) or "").strip()
+        if value:
+            return value, "Kaggle secret"
+    if on_colab():
+        value = (_colab_secret(name) or "").strip()
+        if value:
+            return value, "Colab secret"
+    return None, None
 
 
 def _hub_token() -> str | None:
@@ -121,9 +146,9 @@ def refuse_token(value, what: str, exit_code: int = 2) -> None:
     train_ddp.py, checkpoints and the store), a generated file.
     """
     if holds_token(value):
-        raise UsageError(f"{what} holds what looks like a Hugging Face token; kit never writes a token into a "
-                       "setting or a file: keep it in HF_TOKEN (or a Kaggle/Colab secret named HF_TOKEN)",
-                       exit_code)
+        raise UsageError(f"{what} holds what looks like a Hugging Face token or a tracker's key; kit never writes a "
+                         "token or key into a setting or a file: keep it in HF_TOKEN (or WANDB_API_KEY, "
+                         "TRACKIO_WRITE_TOKEN), or a Kaggle/Colab secret of that name", exit_code)
 
 
 def scrub_file(path) -> bool:

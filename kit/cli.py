@@ -30,6 +30,7 @@ COMMANDS = {
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = Parser(prog="kit", description="Fine-tune LLMs on notebook GPUs and survive the cutoff.")
+    parser.add_argument("--version", action="store_true", help="print kit's distribution name and version")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for name, (module_name, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -69,6 +70,9 @@ def _main(argv: list[str] | None = None) -> Outcome:
         _check_utf8(argv)
         parser = build_parser(command)
         args = parser.parse_args(argv)
+        if command is None and args.version:
+            print(version_line())
+            return Outcome(0)
         if command is None:
             parser.print_help()
             return Outcome(EXIT_USAGE if not argv else 0)
@@ -93,6 +97,22 @@ def _main(argv: list[str] | None = None) -> Outcome:
         return _unforeseen(e, EXIT_USAGE, "")
     except Exception as e:  # a bug in kit: one line (the traceback with KIT_DEBUG=1), never a token
         return _unforeseen(e, 1, " (a bug in kit: please report it with KIT_DEBUG=1's traceback)")
+
+
+def version_line() -> str:
+    """`kit-finetune 0.1.0`: the installed distribution's name and version, from its package metadata
+    (PyPI's `kit` is another project); kit's own version when it runs from a checkout not installed."""
+    from importlib import metadata
+
+    import kit
+
+    for dist in metadata.packages_distributions().get("kit", []):
+        try:
+            meta = metadata.metadata(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        return f"{meta['Name']} {meta['Version']} ({kit.CHECKOUT})"
+    return f"kit {kit.__version__} ({kit.CHECKOUT}; not installed as a distribution)"
 
 
 def _check_utf8(argv: list[str]) -> None:
@@ -120,7 +140,10 @@ def _unforeseen(e: BaseException, code: int, tail: str) -> Outcome:
         what = "out of memory reading the input: is a file or a value far larger than it should be?"
     else:
         what = f"{type(e).__name__}: {e}"
-    print(f"error: {what.splitlines()[0] if what else type(e).__name__}{tail}", file=sys.stderr)
+    from kit.errors import shown
+
+    # An OSError's file name is the user's (or a file's) text: escaped and bounded, as in every message.
+    print(f"error: {shown(what.splitlines()[0] if what else type(e).__name__, limit=1000)}{tail}", file=sys.stderr)
     return Outcome(code)
 
 
@@ -128,17 +151,48 @@ def finish_in_script(outcome: Outcome, namespace: dict) -> None:
     """End `%run kit …` / `%run -m kit …`: leave bootstrap's results in the notebook, then exit.
 
     `%run` copies the script's globals into the notebook, so `facts`, `verdicts` and `plan` go
-    into `namespace`. A CPU-only machine still runs the tiny default, so in a notebook kernel its
-    exit 3 is only reported, not raised: SystemExit would stop a papermill run right there.
+    into `namespace`. A command that failed fails the notebook cell: `%run` shows any exception
+    its script raises (SystemExit too) and then reports the cell as run, so "Run all" and papermill
+    would go on to the next cell — `!torchrun … train_ddp.py` with a script that is not the one
+    asked for. In a kernel the cell's result is marked failed instead (`_fail_cell`).
     """
     code, result = outcome.code, outcome.result
     for name in ("facts", "verdicts", "plan"):
         if getattr(result, name, None) is not None:
             namespace[name] = getattr(result, name)
+    if not code:
+        return
+    words = " ".join(["kit", *sys.argv[1:]])  # as %run gave them
+    if _fail_cell(CommandFailed(f"`{words}` failed with exit code {code} (its error is above): the notebook "
+                                "stops here")):
+        return
+    raise SystemExit(code)
+
+
+class CommandFailed(Exception):
+    """What a notebook cell that ran a failing `%run kit …` reports as its error."""
+
+
+def _fail_cell(error: Exception) -> bool:
+    """In a Jupyter kernel, mark the running cell as failed with `error`, as if it had raised it: the
+    kernel's reply says "error", so papermill, nbclient and "Run all" stop before the next cell. %run
+    catches whatever its script raises, so raising cannot do this. False outside a kernel (or an
+    IPython without a cell result to mark): then the caller raises SystemExit as a script does."""
+    from kit.auth import redact
     from kit.report.text import in_notebook_kernel
 
-    if code == 3 and getattr(result, "cpu_only", False) and in_notebook_kernel():
-        print("(no GPU here: continuing on the CPU, which is only fit for the tiny default)")
-        return
-    if code:
-        raise SystemExit(code)
+    if not in_notebook_kernel():
+        return False
+    import IPython
+
+    shell = IPython.get_ipython()
+    cell = getattr(getattr(shell, "displayhook", None), "exec_result", None)
+    if cell is None or not hasattr(cell, "error_in_exec"):
+        return False
+    error = CommandFailed(redact(str(error)))
+    try:  # shown as the cell's error (`CommandFailed: …`), and its traceback is what the reply carries
+        raise error
+    except CommandFailed:
+        shell.showtraceback(exception_only=True)
+    cell.error_in_exec = error
+    return True

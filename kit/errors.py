@@ -6,6 +6,7 @@ traceback, and never carries a token (its message is redacted when it is made).
 """
 
 from kit.redaction import redact
+from kit.shown import shown
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -21,9 +22,14 @@ class KitError(Exception):
     def __init__(self, message: str, exit_code: int | None = None):
         # Messages echo values (a config value, a path, a server's reply): a token among them is
         # scrubbed here, once, so no message can carry one to a terminal, a log or another rank.
-        super().__init__(redact(message))
+        # They echo untrusted text too (a path, a GPU name, a key): one line, shown escaped and bounded.
+        super().__init__(shown(redact(message), limit=MESSAGE_LIMIT, word_limit=WORD_LIMIT))
         if exit_code is not None:
             self.exit_code = exit_code
+
+
+MESSAGE_LIMIT = 4000  # characters of a whole message: no real one comes near it
+WORD_LIMIT = 1000  # characters of one unbroken run in a message (a path, a value): a real path is far shorter
 
 
 class UsageError(KitError):

@@ -9,6 +9,7 @@ target's folder (a rename across filesystems is a copy) and is removed when the 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import stat
@@ -55,6 +56,45 @@ def write_atomic(path, data: str | bytes, *, fsync: bool = False, mode: int | No
                 f.flush()
                 os.fsync(f.fileno())
     return path
+
+
+def size_words(n: int) -> str:
+    """1536 → "1.5 KiB"; 150_000_000 → "143.1 MiB"."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def free_bytes(path) -> int:
+    """Free bytes on the filesystem that will hold `path` (its nearest existing parent)."""
+    import shutil
+
+    p = Path(path).resolve()
+    while not p.exists():
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+def is_disk_full(e: BaseException, folder=None) -> bool:
+    """Whether `e`, or an error it wraps, is a disk running full: OSError ENOSPC or EDQUOT, a message saying so
+    (safetensors' SafetensorError "No space left on device (os error 28)"), or torch's zip writer failing
+    ("file write failed") where `folder`'s disk has under a MiB left."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        text = str(e)
+        if "No space left on device" in text or "os error 28" in text or "Disk quota exceeded" in text:
+            return True
+        if folder is not None and "file write failed" in text:
+            try:
+                return free_bytes(folder) < (1 << 20)
+            except OSError:
+                return False
+        e = e.__cause__ or e.__context__
+    return False
 
 
 MAX_INPUT_BYTES = 64 * 2**20  # a config, a facts file, a notebook, a record: far below this
@@ -168,6 +208,38 @@ def check_output(path, flag: str, example: str) -> Path:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"{flag} {path}: folder {parent} is not writable: choose another {flag}")
     return path
+
+
+def shared_folder(path) -> str | None:
+    """What `path` is, in a few words, when it is a folder that kit must not fill with its outputs
+    (checkpoint-N/, final/, kit_*.json): the filesystem's root, the home folder or one above it, the root
+    of a git work tree or of the kit checkout, also when reached through a symlink; None for any other
+    (a subfolder of those is fine). A relative path is taken from the current folder, as a writer would.
+    """
+    real = Path(os.path.realpath(path))
+    if real == Path(real.anchor):
+        return "the filesystem's root"
+    home = Path(os.path.realpath(Path.home()))
+    if real == home:
+        return "the home folder"
+    if real in home.parents:
+        return "a folder above the home folder"
+    if real == Path(__file__).resolve().parent.parent and (real / "kit" / "__init__.py").is_file():
+        return "the kit checkout"
+    if (real / ".git").exists():
+        return "the root of a git work tree"
+    return None
+
+
+def refuse_shared_folder(path, key: str = "output_dir") -> None:
+    """UsageError (exit 2) when `path` is a `shared_folder`: one line naming it, where it leads and what to use."""
+    what = shared_folder(path)
+    if what is None:
+        return
+    real = os.path.realpath(path)
+    via = f" (it leads to {real})" if os.path.normpath(os.path.abspath(path)) != real else ""
+    raise UsageError(f"{key}={str(path)!r} is {what}{via}: kit would write checkpoint-N/, final/ and kit_*.json "
+                     f"into it; choose a folder of its own, such as outputs/default")
 
 
 MAX_SECONDS = 7 * 24 * 3600.0  # a week: past it a timer or socket timeout overflows (1e300 did), and nobody waits that long

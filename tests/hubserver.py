@@ -47,6 +47,8 @@ ROUTES = [
     ("GET", re.compile(rf"^/api/models/{REPO}(?:/revision/(?P<rev>[^/]+))?$"), "repo_info"),
     ("GET", re.compile(rf"^/api/models/{REPO}/tree/(?P<rev>[^/]+)(?:/(?P<path>.+))?$"), "tree"),
     ("GET", re.compile(rf"^/api/models/{REPO}/commits/(?P<rev>[^/]+)$"), "commits"),
+    # What the client asks before a CommitOperationCopy: each path's blob id, and LFS info for LFS files.
+    ("POST", re.compile(rf"^/api/models/{REPO}/paths-info/(?P<rev>[^/]+)$"), "paths_info"),
     ("POST", re.compile(rf"^/api/models/{REPO}/preupload/(?P<rev>[^/]+)$"), "preupload"),
     ("POST", re.compile(rf"^/api/models/{REPO}/commit/(?P<rev>[^/]+)$"), "commit"),
     ("POST", re.compile(rf"^/api/models/{REPO}/super-squash/(?P<rev>[^/]+)$"), "super_squash"),
@@ -526,18 +528,34 @@ class _Handler(BaseHTTPRequestHandler):
                 if recursive or depth == 1:
                     folders.add(prefix + "/".join(rest[:depth]))
             if recursive or len(rest) == 1:
-                blob = commit.files[p]
-                entry = {"type": "file", "path": p, "oid": blob, "size": len(self.hub.blobs[blob])}
-                if blob.startswith(LFS_PREFIX):
-                    pointer = _lfs_pointer(blob.removeprefix(LFS_PREFIX), entry["size"])
-                    entry["oid"] = git_blob_sha1(pointer)
-                    entry["lfs"] = {"oid": blob.removeprefix(LFS_PREFIX), "size": entry["size"],
-                                    "pointerSize": len(pointer)}
-                entries.append(entry)
+                entries.append(self._file_entry(commit, p))
         if base and not entries and not folders:
             raise HubError(404, f"{base} does not exist", "EntryNotFound")
         dirs = [{"type": "directory", "path": d, "oid": hashlib.sha1(d.encode()).hexdigest()} for d in folders]
         self._send_json(200, sorted(dirs, key=lambda d: d["path"]) + entries)
+        return 200
+
+    def _file_entry(self, commit: Commit, p: str) -> dict:
+        blob = commit.files[p]
+        entry = {"type": "file", "path": p, "oid": blob, "size": len(self.hub.blobs[blob])}
+        if blob.startswith(LFS_PREFIX):
+            pointer = _lfs_pointer(blob.removeprefix(LFS_PREFIX), entry["size"])
+            entry["oid"] = git_blob_sha1(pointer)
+            entry["lfs"] = {"oid": blob.removeprefix(LFS_PREFIX), "size": entry["size"], "pointerSize": len(pointer)}
+        return entry
+
+    def _paths_info(self, method, groups, query, body) -> int:
+        repo = self._repo_for("read", groups["repo"])
+        commit = self.hub.get_commit(repo, unquote(groups["rev"]))
+        form = parse_qs(body.decode("utf-8"))
+        out = []
+        for p in form.get("paths", []):
+            p = p.strip("/")
+            if p in commit.files:
+                out.append(self._file_entry(commit, p))
+            elif any(f.startswith(p + "/") for f in commit.files):
+                out.append({"type": "directory", "path": p, "oid": hashlib.sha1(p.encode()).hexdigest()})
+        self._send_json(200, out)
         return 200
 
     def _commits(self, method, groups, query, body) -> int:

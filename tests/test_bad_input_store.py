@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import runpy
+import shutil
 import socket
+import subprocess
 import sys
 import threading
 from dataclasses import dataclass
@@ -27,7 +29,7 @@ from kit.checkpoints import fingerprint
 from kit.checkpoints.manifest import MANIFEST_NAME, write_manifest
 from kit.checkpoints.store import base
 from tests.hubserver import READ_TOKEN, WRITE_TOKEN, HubServer
-from tests.scripts import ROOT, SCRIPT
+from tests.scripts import ROOT, SCRIPT, train
 from tests.test_store import make_ckpt
 
 FAKE = WRITE_TOKEN
@@ -278,6 +280,19 @@ def resume_path_manifest_not_json(ctx):
 
 
 @case
+def resume_path_manifest_lists_a_file_outside(ctx):  # counted as verified and resumed from (issue 33)
+    import hashlib
+
+    d = ctx.sealed(4)
+    secret = ctx.tmp / "passwd"
+    secret.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    doc = json.loads((d / MANIFEST_NAME).read_text())
+    doc["files"]["../passwd"] = {"size": secret.stat().st_size, "sha256": hashlib.sha256(secret.read_bytes()).hexdigest()}
+    (d / MANIFEST_NAME).write_text(json.dumps(doc))
+    return "script", [f"resume={d}"], 2, "'../passwd', which leaves its checkpoint folder"
+
+
+@case
 def resume_vanilla_path_without_trainer_state(ctx):
     d = make_ckpt(ctx.tmp / "plain", 4, manifest=False)
     (d / "trainer_state.json").unlink()
@@ -390,3 +405,90 @@ def test_bad_input(ctx, capsys, name):
 
 def test_there_are_enough_cases():
     assert len(CASES) >= 25
+
+
+# ---- a full disk (issue 33, item 11) ---------------------------------------------------------------
+def _one_error(err: str) -> str:
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and err.strip().splitlines()[-1] == errors[0], err
+    assert "Traceback" not in err
+    return errors[0]
+
+
+@pytest.mark.slow
+def test_a_disk_too_small_for_the_next_checkpoint_stops_with_one_line_and_keeps_the_last(ctx):
+    """A 1 MB tmpfs as output_dir: a raw SafetensorError traceback, exit 1. Now the save that would not fit is
+    refused before a byte of it is written: one line naming the folder and the free space, exit 4; the
+    checkpoints before it verify, and the same command resumes once there is room."""
+    from kit.checkpoints.manifest import verify
+    from tests.smalldisk import tmpfs
+
+    with tmpfs(ctx.tmp / "small", "1M") as small:
+        out = small / "run"
+        # Real processes, as a user's runs are: an in-process run that raised would still hold output_dir's lock.
+        r = train([f"output_dir={out}", "max_steps=6", "save_steps=2", "keep_checkpoints=3", "eval_steps=null"],
+                  nproc=1)
+        line = _one_error(r.stderr)
+        assert r.returncode == 4, r.stderr[-3000:]
+        assert f"no room for the next checkpoint in {out}" in line and "KiB free on its disk" in line, line
+        ckpts = sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint-"))
+        assert ckpts == ["checkpoint-2"], ckpts  # ~460 KiB each: the one that fitted, whole
+        assert verify(out / "checkpoint-2")[0]
+        subprocess.run(["mount", "-o", "remount,size=4M", str(small)], check=True)  # room again
+        r = train([f"output_dir={out}", "max_steps=6", "save_steps=2", "keep_checkpoints=1", "eval_steps=null"],
+                  nproc=1)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "resuming from step 2" in r.stdout and "complete: step 6 of 6" in r.stdout
+
+
+def test_a_disk_that_fills_up_during_a_save_is_one_line_and_the_partial_checkpoint_goes(tmp_path):
+    """The save itself hits ENOSPC (safetensors wraps it in a SafetensorError): exit 4 naming the folder and
+    its free space, the partial checkpoint folder removed, the sealed one before it kept."""
+    import torch
+    from safetensors.torch import save_file
+
+    from kit.errors import StoreError
+    from kit.train.disk import full_disk_stops
+    from tests.smalldisk import tmpfs
+
+    with tmpfs(tmp_path / "small", "256k") as small:
+        out = small / "run"
+        sealed = make_ckpt(out, 2, size=1024)
+        with pytest.raises(StoreError) as e:
+            with full_disk_stops(str(out)):
+                (out / "checkpoint-4").mkdir()
+                save_file({"w": torch.zeros(100_000)}, str(out / "checkpoint-4" / "adapter_model.safetensors"))
+        assert e.value.exit_code == 4
+        assert str(e.value).startswith(f"the disk of {out} is full (") and "free) while saving a checkpoint" in str(e.value)
+        assert "the partial checkpoint-4 was removed, checkpoint-2 is kept" in str(e.value)
+        assert not (out / "checkpoint-4").exists() and sealed.is_dir()
+        with pytest.raises(StoreError, match="is full"):  # a plain write: OSError ENOSPC
+            with full_disk_stops(str(out)):
+                (out / "big.bin").write_bytes(b"\0" * (512 << 10))
+        with pytest.raises(ValueError, match="not a disk"):  # anything else goes on as it was
+            with full_disk_stops(str(out)):
+                raise ValueError("not a disk problem")
+
+
+@pytest.mark.slow
+def test_a_disk_full_while_writing_final_is_one_line_and_the_next_run_writes_it(ctx):
+    """A session cut after its last checkpoint, then the disk filled: the wrap-up's final/ does not fit. One
+    line, exit 4, no half final/; with room again the same command writes final/ without training."""
+    from tests.smalldisk import fill, tmpfs
+
+    with tmpfs(ctx.tmp / "small", "2M") as small:
+        out = small / "run"
+        args = [f"output_dir={out}", "max_steps=2", "save_steps=2", "keep_checkpoints=1", "eval_steps=null"]
+        r = train(args, nproc=1)
+        assert r.returncode == 0, r.stderr[-3000:]
+        shutil.rmtree(out / "final")  # the cut before final/ was written
+        filler = fill(small, leave=40 << 10)
+        r = train(args, nproc=1)
+        line = _one_error(r.stderr)
+        assert r.returncode == 4 and f"the disk of {out} is full" in line and "while writing final/" in line, line
+        assert not (out / "final").exists() and not list(out.glob(".final*"))
+        assert (out / "checkpoint-2").is_dir()
+        filler.unlink()
+        r = train(args, nproc=1)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert (out / "final" / "eval_results.json").is_file()

@@ -48,3 +48,14 @@ def test_config_loads_and_states_its_command(path, monkeypatch):
         assert plan.strategy != "none"
         expected = "torchrun" if plan.nproc > 1 else "python train_ddp.py"
         assert expected in plan.launch and expected in first
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.relative_to(ROOT / "configs").as_posix())
+def test_config_comments_quote_no_memory_figures(path):
+    """A figure the planner prints (GiB per GPU, of the budget) drifts as the planner learns; a comment
+    that copies it goes stale ("~12 GiB of 14.6" while the plan said 9.87 of 14.56). Comments name
+    the command that shows it instead."""
+    comments = [line.split("#", 1)[1] for line in path.read_text().splitlines() if "#" in line]
+    # A GPU's own size ("one L4 (24 GB)") is the hardware's name, not a figure of the plan.
+    stale = [c for c in comments if re.search(r"\d\.\d+\s*GiB|~\s*\d+(\.\d+)?\s*GiB|\bof \d+\.\d", c)]
+    assert not stale, stale

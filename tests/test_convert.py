@@ -7,7 +7,6 @@ import ast
 import json
 import re
 import os
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ import torch
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from kit.cli import main
+from kit.machine.command import shell_word
 from kit.notebooks.convert import convert_notebook
 from kit.errors import UsageError
 
@@ -415,7 +415,9 @@ def test_user_names_are_escaped_in_the_generated_script(tmp_path, capsys, name):
     code, _, err = cli([str(nb), "-o", str(out)], capsys)
     assert code == 0, err
     doc = ast.get_docstring(ast.parse(out.read_text()), clean=False)
-    assert f"python {shlex.quote(name)}" in doc and shlex.quote(nb.name) in doc
+    # shell words as kit.machine.command writes them: a tab or CR in $'…' quoting, escaped, still pasteable
+    assert f"python {shell_word(name, path=True)}" in doc and shell_word(nb.name, path=True) in doc
+    assert "\t" not in doc and "\r" not in doc
 
 
 def test_docstring_reads_back_as_its_text():
@@ -1022,3 +1024,26 @@ def test_a_written_training_script_is_converted_beside_another_launched_script(t
                                                "args=SFTConfig(output_dir='o'))\nt.train()",
                                                "!accelerate launch --multi_gpu train.py"]))
     assert "t.train()" in conv.source and "!python prepare_data.py --out d" in ast.get_docstring(ast.parse(conv.source))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trainer, dataset", [("DPO", "trl-lib/ultrafeedback_binarized"), ("KTO", "trl-lib/kto-mix-14k")])
+def test_a_dry_run_of_a_preference_notebook_trains_on_stand_in_rows(tmp_path, trainer, dataset):
+    """A DPO or KTO notebook names no column (it hands the Hub dataset to the trainer): its stand-in rows
+    were chat messages, which DPOTrainer cannot read. Now the trainer picks them: pairs with another
+    request's answer as the rejected one, or answers labelled desirable and undesirable in turn."""
+    nb = make_nb(tmp_path, ["from datasets import load_dataset\nfrom transformers import AutoModelForCausalLM, "
+                            f"AutoTokenizer\nfrom trl import {trainer}Config, {trainer}Trainer",
+                            "model = AutoModelForCausalLM.from_pretrained('Qwen/Qwen2-0.5B-Instruct')\n"
+                            "tokenizer = AutoTokenizer.from_pretrained('Qwen/Qwen2-0.5B-Instruct')",
+                            f"train_dataset = load_dataset('{dataset}', split='train')",
+                            f"args = {trainer}Config(output_dir='out', per_device_train_batch_size=2, logging_steps=1)\n"
+                            f"trainer = {trainer}Trainer(model=model, args=args, processing_class=tokenizer, "
+                            "train_dataset=train_dataset)\ntrainer.train()", "trainer.save_model('out/final')"])
+    assert main(["convert", str(nb), "-o", str(tmp_path / "train_ddp.py"), "--dry-run"]) == 0
+    schema = "preference" if trainer == "DPO" else "unpaired_preference"
+    assert f"StandIns(schema={schema!r}" in (tmp_path / "train_ddp.py").read_text()
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    res = _run([torchrun, "--standalone", "--nproc_per_node=2", "train_ddp.py"], tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "train_loss" in res.stdout and (tmp_path / "out" / "final").is_dir()

@@ -38,7 +38,7 @@ def test_plan_finds_splits_columns_and_the_rows_a_trainer_needs():
                  "def ok(prompts, completions, solution, **kwargs): return [1.0]\n"
                  "t = GRPOTrainer(model=m, reward_funcs=[ok], args=a, train_dataset=d)")
     assert grpo.schema == "prompt" and {"question", "answer", "solution"} <= set(grpo.extra)
-    assert _plan("t = KTOTrainer(model=m, args=a)").schema == "kto"
+    assert _plan("t = KTOTrainer(model=m, args=a)").schema == "unpaired_preference"
     assert _plan("t = DPOTrainer(model=m, args=a)\nx = r['question']").schema == "preference"
     assert _plan("m = AutoModelForMaskedLM.from_pretrained(x)").family == "masked"
     assert _plan("m = AutoModelForSeq2SeqLM.from_pretrained(x)").family == "seq2seq"
@@ -109,7 +109,7 @@ def test_stand_ins_at_run_time(tmp_path, monkeypatch):
 
     assert isinstance(streamed, IterableDataset) and "question" in next(iter(streamed))
     assert set(stand.load_from_disk("/kaggle/input/tokenized")) >= {"train", "unsupervised"}
-    kto = StandIns(schema="kto").load_dataset("trl-lib/kto-mix-14k", split="train")
+    kto = StandIns(schema="unpaired_preference").load_dataset("trl-lib/kto-mix-14k", split="train")
     assert kto.column_names == ["prompt", "completion", "label"] and set(kto["label"]) == {True, False}
 
 

@@ -172,3 +172,105 @@ def test_an_eval_fraction_that_leaves_nothing_to_train_is_one_line(tmp_path, tok
     rows = [{"prompt": f"p{i}", "completion": f"c{i}"} for i in range(2)]
     with pytest.raises(UsageError, match=r"data.eval_fraction=0.6 holds out 2 of the 2 usable examples"):
         data.prepare(cfg_for(write_jsonl(tmp_path / "two.jsonl", rows), eval_fraction=0.6), tok)
+
+
+# ---- rows and files over the size limits (issue 33, item 9) -----------------------------------------
+BIG = 20 << 20  # a 20 MB row: the report's 150 MB one grew a process to 23.7 GB until the OOM killer ended it
+
+
+def _big_text(n: int) -> str:
+    return ("the quick brown fox jumps over the lazy dog " * (n // 44 + 1))[:n]
+
+
+def _write_big(path, fmt: str, n: int):
+    """A valid data file of format `fmt` whose third row holds an `n`-character completion."""
+    rows = [{"prompt": f"q{i}", "completion": f"a{i}"} for i in range(4)]
+    rows[2]["completion"] = _big_text(n)
+    if fmt == "jsonl":
+        write_jsonl(path, rows)
+    elif fmt == "json":
+        path.write_text(json.dumps(rows))
+    elif fmt == "csv":
+        import csv
+
+        with open(path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["prompt", "completion"])
+            w.writerows([r["prompt"], r["completion"]] for r in rows)
+    elif fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+@pytest.mark.parametrize("fmt, where", [("jsonl", "line 3"), ("json", "item 3 of its JSON array"),
+                                        ("csv", "row 4"), ("parquet", "row 3"), ("folder", "b.jsonl line 3")])
+def test_a_row_over_the_limit_is_refused_before_datasets_reads_it(tmp_path, monkeypatch, fmt, where):
+    """One error naming the file, the row and the limit; no datasets cache copy; the scan's own memory stays
+    bounded (the JSONL line is read no further than the limit)."""
+    import tracemalloc
+
+    from kit.train import data_source
+
+    cache = tmp_path / "cache"
+    monkeypatch.setattr("datasets.config.HF_DATASETS_CACHE", str(cache))
+    if fmt == "folder":
+        (tmp_path / "parts").mkdir()
+        write_jsonl(tmp_path / "parts" / "a.jsonl", [{"prompt": "q", "completion": "a"}] * 3)
+        _write_big(tmp_path / "parts" / "b.jsonl", "jsonl", BIG)
+        path = tmp_path / "parts"
+    else:
+        path = _write_big(tmp_path / f"d.{fmt}", fmt, BIG if fmt == "jsonl" else 3 << 20)
+    cfg = config.load(None, [f"data.path={path}", "seq_len=64"])
+    tracemalloc.start()
+    try:
+        with pytest.raises(UsageError) as e:
+            data_source.load_located(cfg.data, cfg.seq_len)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    msg = str(e.value)
+    assert where in msg and "over the 1.0 MiB a row may hold (the limit for seq_len=64" in msg, msg
+    assert not cache.exists() or not any(cache.rglob("*.arrow")), "datasets wrote a cache copy"
+    if fmt in ("jsonl", "folder"):
+        assert peak < 8 << 20, f"the scan held {peak / 2**20:.0f} MiB of a 20 MiB line"
+
+
+def test_the_row_limit_follows_seq_len_within_its_floor_and_cap():
+    from kit.train.data_limits import ROW_CAP, ROW_FLOOR, row_limit
+
+    assert row_limit(64) == ROW_FLOOR == 1 << 20
+    assert row_limit(32768) == 32768 * 64
+    assert row_limit(1 << 20) == ROW_CAP == 8 << 20
+
+
+def test_rows_within_the_limit_load_as_before(tmp_path):
+    from kit.train import data_source
+
+    path = _write_big(tmp_path / "d.jsonl", "jsonl", 900_000)  # under the 1 MiB floor
+    cfg = config.load(None, [f"data.path={path}", "seq_len=64"])
+    assert len(data_source.load_located(cfg.data, cfg.seq_len)[0]) == 4
+
+
+@pytest.mark.parametrize("fmt, factor", [("jsonl", 4), ("json", 12)])
+def test_a_file_larger_than_memory_allows_is_refused(tmp_path, monkeypatch, fmt, factor):
+    """The machine's available memory is what cannot be made small here: it is set to 64 MiB (a 23 GB box
+    would need a file of gigabytes); the file and its scan are real."""
+    from kit.train import data_limits, data_source
+
+    rows = [{"prompt": f"q{i}", "completion": _big_text(4000)} for i in range(5000)]  # ~20 MB, rows of 4 kB
+    path = tmp_path / f"d.{fmt}"
+    if fmt == "jsonl":
+        write_jsonl(path, rows)
+    else:
+        path.write_text(json.dumps(rows))
+    monkeypatch.setattr(data_limits, "available_memory", lambda: 64 << 20)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    cfg = config.load(None, [f"data.path={path}", "seq_len=64"])
+    with pytest.raises(UsageError, match=r"d\.%s is 19\.\d MiB; loading and tokenizing it takes ~\d+\.\d MiB of memory "
+                                         r"on each of 2 processes, and this machine has 64\.0 MiB available" % fmt):
+        data_source.load_located(cfg.data, cfg.seq_len)
+    cfg = config.load(None, [f"data.path={path}", "seq_len=64", "data.split=train[:1%]"])  # a slice bounds it
+    assert len(data_source.load_located(cfg.data, cfg.seq_len)[0]) == 50

@@ -315,3 +315,40 @@ def test_a_full_fine_tune_delivers_a_loadable_model_and_never_points_at_the_adap
     assert "kit export" not in card and "AutoModelForCausalLM.from_pretrained(" in card
     model = AutoModelForCausalLM.from_pretrained(out / "final")  # what the line says works, does
     assert model.config.num_hidden_layers == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["dir", "hub"])
+def test_a_retargeted_job_keeps_the_earlier_final_beside_the_new_one(tmp_path, kind):
+    """A corrupt newest checkpoint and max_steps=3 after a finished 4-step job: the step-4 final/ was
+    replaced in place by a step-3 one, in the store and locally. Now it is kept as final-step-4/ in both."""
+    from kit.checkpoints.store import open_store
+
+    out = tmp_path / "out"
+    with HubServer(tokens={WRITE_TOKEN: "write"}) as server:
+        env = cpu_env(HF_ENDPOINT=server.url, HF_TOKEN=WRITE_TOKEN, HF_HUB_OFFLINE="0", HF_HUB_DISABLE_TELEMETRY="1")
+        spec = str(tmp_path / "store") if kind == "dir" else "hf://me/retarget"
+        args = [f"output_dir={out}", f"store={spec}", "save_steps=1", "keep_checkpoints=3", *FAST]
+        r = train([*args, "max_steps=4"], nproc=1, env=env)
+        assert r.returncode == 0, r.stderr[-3000:]
+        step4 = {p.name: p.read_bytes() for p in (out / "final").iterdir()}
+        # The newest checkpoint damaged here and in the store: the newest one that verifies is step 3.
+        (out / "checkpoint-4" / "optimizer.pt").write_bytes(b"damaged")
+        if kind == "dir":
+            (tmp_path / "store" / "checkpoints" / "checkpoint-4" / "optimizer.pt").write_bytes(b"damaged")
+        else:
+            server.corrupt_stored("me/retarget", "checkpoints/checkpoint-4/optimizer.pt")
+        r = train([*args, "max_steps=3"], nproc=1, env=env)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert json.loads((out / "final" / "eval_results.json").read_text())["step"] == 3
+        assert {p.name: p.read_bytes() for p in (out / "final-step-4").iterdir()} == step4
+        assert f"it is kept as {out / 'final-step-4'}" in r.stdout
+        assert "[kit] the store's earlier final/ was of another step: it is kept there as final-step-4/" in r.stdout
+        if kind == "dir":
+            kept = {p.name: p.read_bytes() for p in (tmp_path / "store" / "final-step-4").iterdir()}
+        else:
+            kept = {p[len("final-step-4/"):]: b for p, b in server.files("me/retarget").items()
+                    if p.startswith("final-step-4/")}
+        assert kept == step4
+        store = open_store(spec) if kind == "dir" else None
+        assert store is None or store.final_step() == 3

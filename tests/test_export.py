@@ -399,7 +399,7 @@ def test_a_directory_store_takes_final_whole(tmp_path):
     (src / "eval_results.json").write_text(json.dumps({"step": 7}))
     store = DirStore(tmp_path / "store")
     assert store.final_step() is None
-    assert store.publish_final(src) == str(tmp_path / "store" / "final")
+    assert store.publish_final(src) == (str(tmp_path / "store" / "final"), None)
     assert store.final_step() == 7 and not list((tmp_path / "store").glob(".tmp-final-*"))
 
 
@@ -427,3 +427,21 @@ def test_a_base_whose_weights_do_not_match_its_config_is_one_line(adapter, tmp_p
     assert err == [f"error: base model {base} does not load (their shapes differ from config.json's): restore it "
                    "or give another --base"], err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]
+
+
+def test_a_disk_that_fills_up_during_the_export_is_one_line_and_keeps_nothing(adapter, tmp_path):
+    """The free-space check passed (another writer filled the disk since, or the estimate was short): the
+    merged model's write hits ENOSPC. Exit 3 as for too little disk, naming the folder and its free space,
+    no half-written folder left."""
+    import dataclasses
+
+    from kit.errors import CannotTrain
+    from tests.smalldisk import tmpfs
+
+    plan = export.prepare(adapter, tmp_path / "merged")
+    with tmpfs(tmp_path / "small", "128k") as small:
+        with pytest.raises(CannotTrain) as e:
+            export.merge(dataclasses.replace(plan, out=str(small / "merged")))
+        assert e.value.exit_code == 3
+        assert f"export ran out of disk space in {small} (" in str(e.value) and "nothing was kept" in str(e.value)
+        assert list(small.iterdir()) == []

@@ -28,7 +28,7 @@ from tests.test_resume import assert_same_training
 
 pytest.importorskip("papermill")
 if importlib.util.find_spec("kaggle") is None:  # not imported here: importing it authenticates, noisily
-    pytest.skip("the kaggle package is not installed (pip install 'kit[kaggle]')", allow_module_level=True)
+    pytest.skip("the kaggle package is not installed (pip install -e \".[kaggle]\")", allow_module_level=True)
 
 # A heartbeat every 0.5 s: a session cut with kill -9 is recorded (by the next one) to within 0.5 s.
 JOB = ["max_steps=400", "save_steps=20", "keep_checkpoints=2", "lease_heartbeat_seconds=0.5", *FAST]

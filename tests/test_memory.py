@@ -129,4 +129,4 @@ def test_plan_estimate_within_5_percent_of_the_generated_script_on_h200(row):
 def test_tiled_loss_from_trl_1_15():
     assert memory.fuses_lm_head("1.15.0") and memory.fuses_lm_head("1.16.0.dev0") and memory.fuses_lm_head("2.0")
     assert not memory.fuses_lm_head("1.14.2") and not memory.fuses_lm_head("0.24.0")
-    assert memory.fuses_lm_head(None)  # not installed there: `pip install kit[train]` brings the newest
+    assert memory.fuses_lm_head(None)  # not installed there: `pip install -e ".[train]"` brings the newest

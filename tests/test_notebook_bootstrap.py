@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CELLS = [
     "%run kit bootstrap --facts tests/fixtures/machines/kaggle_t4x2.json",
     "print('T4X2', type(facts).__name__, facts.gpu_count, verdicts.ok, verdicts.bf16)",
-    "%run kit bootstrap",  # this machine, for real: CPU only here, so it ends with exit code 3
+    "%run kit bootstrap",  # this machine, for real: CPU only here, so it names the default config next
     "import sys\nprint('HERE', facts.gpu_count == len(facts.gpus), verdicts.ok, 'torch' in sys.modules)",
     "import torch\nprint('CUDA_INITIALIZED', torch.cuda.is_initialized())",
 ]
@@ -73,12 +73,54 @@ def test_bootstrap_of_this_machine_in_the_kernel(executed):
     text = _texts(executed.cells[2])
     here = _texts(executed.cells[3]).split()
     assert here[:2] == ["HERE", "True"]
-    if here[2] == "False":  # no GPU here: said, but the notebook goes on (the tiny default runs on CPU)
-        assert "SystemExit" not in text
-        assert "CPU-slow" in text and "continuing on the CPU" in text
+    if here[2] == "False":  # no GPU here: said, and no failure (the default job trains on the CPU)
+        assert "SystemExit" not in text and "CommandFailed" not in text
+        assert "CPU-slow" in text and "Next: kit bootstrap --config configs/default.yaml" in text
 
 
 @pytest.mark.slow
 def test_kernel_never_imported_torch_nor_started_cuda(executed):
     assert _texts(executed.cells[3]).split()[3] == "False"  # torch not in sys.modules after bootstrap
     assert "CUDA_INITIALIZED False" in _texts(executed.cells[4])
+
+
+# ---- a failed bootstrap stops "Run all", and the script left there does not train another job ------------
+@pytest.mark.slow
+def test_a_failed_bootstrap_stops_the_notebook_and_the_next_cell_trains_nothing(tmp_path):
+    """The Kaggle cells on a machine without a GPU: the 8B bootstrap fails (exit 3). papermill and
+    "Run all" must stop at that cell (the kernel's reply says error), and the `train_ddp.py` there —
+    the shipped tiny default's — must refuse to start rather than train the tiny demo."""
+    import subprocess
+    import shutil
+    import sys
+
+    script = tmp_path / "train_ddp.py"
+    shutil.copy(ROOT / "train_ddp.py", script)
+    cells = [f"%run kit bootstrap --config configs/qwen3-8b-qlora-kaggle-t4x2.yaml -o {script}",
+             "print('THE NEXT CELL RAN')"]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=300, allow_errors=False,
+                                     resources={"metadata": {"path": str(ROOT)}})
+    env = {"KIT_CACHE_DIR": str(tmp_path / "cache"), "CUDA_VISIBLE_DEVICES": "", "KIT_PLATFORM": "local"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # the kernel inherits this process's environment
+    try:
+        with pytest.raises(nbclient.exceptions.CellExecutionError) as failed:
+            client.execute()
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    assert "CommandFailed" in str(failed.value) and "exit code 3" in str(failed.value)
+    text = _texts(nb.cells[0])
+    if "too big to train on a CPU" not in text:
+        pytest.skip("this machine has a GPU that can train the 8B job: no failure to see here")
+    assert nb.cells[1].outputs == []  # never ran
+    assert script.read_bytes() == (ROOT / "train_ddp.py").read_bytes()  # nothing a user edited is touched
+    # The next cell, `!torchrun … train_ddp.py`: one line naming the failed bootstrap, no training.
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **env})
+    assert done.returncode != 0
+    assert "is not the job last asked for: `kit bootstrap --config configs/qwen3-8b-qlora-kaggle-t4x2.yaml` failed" \
+        in done.stderr
+    assert "[kit] step" not in done.stdout and not (tmp_path / "outputs").exists()

@@ -131,3 +131,20 @@ def test_a_failed_training_stops_the_notebook(tmp_path, kernel_env):
             "config": "configs/default.yaml", "store": str(blocker / "store"),
             "overrides": f"{SMALL} output_dir={tmp_path / 'out'}"})
     assert "RuntimeError" in str(err.value) and "exit code 4" in str(err.value)
+
+
+@pytest.mark.slow
+def test_the_get_kit_cell_asks_for_kit_repo_until_it_is_set(tmp_path, kernel_env):
+    """Outside a kit checkout the notebook clones `kit_repo`: left at its placeholder it stops with
+    one sentence saying what to set, rather than cloning a URL that does not exist."""
+    work = tmp_path / "empty"
+    work.mkdir()
+    with pytest.raises(papermill.PapermillExecutionError) as err:
+        execute("kaggle_t4x2_qlora.ipynb", work, tmp_path / "out.ipynb", {})
+    assert "ValueError" in str(err.value) and "set kit_repo in the first cell" in str(err.value)
+    assert list(work.iterdir()) == []  # nothing cloned, nothing installed
+
+
+def test_no_notebook_or_readme_holds_a_placeholder_clone_url():
+    for path in [ROOT / "README.md", *NOTEBOOKS.glob("*.ipynb")]:
+        assert "YOUR-FORK" not in path.read_text(), path.name

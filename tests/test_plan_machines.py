@@ -178,7 +178,7 @@ def test_one_gpu_and_the_cpu_read_in_the_singular(capsys):
     assert code == 0 and re.search(r"^  strategy +single \(one GPU, one process\)$", out, re.M)
     assert "8 per GPU × 2 accumulation steps × 1 process = 16" in out
     assert "(1 process of ~2.5 GiB:" in out
-    code, out, _ = kit_plan(capsys, "--gpus", "cpu")
+    code, out, _ = kit_plan(capsys, "--gpus", "cpu", "global_batch=8", "per_device_batch=8")
     assert code == 0 and "plan for models/tiny-qwen3 on the CPU" in out
     assert "per process × 1 accumulation step × 1 process = " in out and "memory per process" in out
     # The CPU's RAM is not known for --gpus cpu: the budget is an assumption, said so.

@@ -150,7 +150,8 @@ def test_real_probe_of_this_machine(tmp_path):
     assert facts["cpu_count"] >= 1 and facts["ram_bytes"] > 2**30 and facts["disk_free_bytes"] > 0
     assert facts["packages"]["transformers"] == importlib.metadata.version("transformers")
     assert set(facts["packages"]) == {"transformers", "trl", "peft", "bitsandbytes", "unsloth", "accelerate",
-                                      "datasets", "huggingface_hub", "liger_kernel"}
+                                      "datasets", "huggingface_hub", "liger_kernel", "trackio", "wandb",
+                                      "tensorboard"}
     assert facts["packages"]["liger_kernel"] is None  # not installed here: kernels auto reads it as absent
     assert facts["hf_token_available"] is True
     assert "hf_secretvalue123" not in json.dumps(facts)  # presence only, never the value

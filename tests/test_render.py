@@ -45,22 +45,43 @@ def test_the_script_reads_like_the_flow_it_runs():
     assert re.search(r"finally:\n(        #.*\n)*        dist\.teardown\(ok, exit_code=code\)", text)
 
 
-def test_render_is_deterministic_and_never_overwrites_without_force(tmp_path):
+def test_render_is_deterministic_and_keeps_a_numbered_backup_of_what_it_replaces(tmp_path, monkeypatch, capsys):
+    from kit.cli import main
+
+    monkeypatch.chdir(ROOT)
     out = tmp_path / "t.py"
-    assert kit("render", "--config", "configs/default.yaml", "--gpus", "1xA100", "-o", str(out)).returncode == 0
+    assert main(["render", "--config", "configs/default.yaml", "--gpus", "1xA100", "-o", str(out)]) == 0
     first = out.read_bytes()
-    assert kit("render", "--config", "configs/default.yaml", "--gpus", "1xA100", "-o", str(out)).returncode == 0
+    assert main(["render", "--config", "configs/default.yaml", "--gpus", "1xA100", "-o", str(out)]) == 0
+    assert out.read_bytes() == first and not (tmp_path / "t.py.prev").exists()  # the same bytes: nothing kept
+    capsys.readouterr()
+    # Another machine's script over it: written without a flag, the replaced one kept and named.
+    assert main(["render", "--config", "configs/default.yaml", "--gpus", "2xT4", "-o", str(out)]) == 0
+    assert capsys.readouterr().out.startswith(f"wrote {out} (the previous one is now t.py.prev): ddp")
+    assert (tmp_path / "t.py.prev").read_bytes() == first and out.read_bytes() != first
+    second = out.read_bytes()
+    # --force (older commands, every script's re-render line) is the same rule: an earlier backup is never replaced.
+    assert main(["render", "--config", "configs/default.yaml", "--gpus", "1xA100", "-o", str(out), "--force"]) == 0
+    assert "(the previous one is now t.py.prev.2)" in capsys.readouterr().out
+    assert (tmp_path / "t.py.prev").read_bytes() == first and (tmp_path / "t.py.prev.2").read_bytes() == second
     assert out.read_bytes() == first
-    r = kit("render", "--config", "configs/default.yaml", "--gpus", "2xT4", "-o", str(out))
-    assert r.returncode == 2 and "exists and differs; pass --force" in r.stderr
-    assert out.read_bytes() == first
-    assert kit("render", "--config", "configs/default.yaml", "--gpus", "2xT4", "-o", str(out), "--force").returncode == 0
-    assert out.read_bytes() != first
+
+
+def test_render_over_the_shipped_script_as_the_readme_table_says_works_in_a_fresh_clone(tmp_path, monkeypatch, capsys):
+    from kit.cli import main
+
+    for folder in ("configs", "data", "models"):
+        (tmp_path / folder).symlink_to(ROOT / folder)
+    shutil.copy(ROOT / "train_ddp.py", tmp_path / "train_ddp.py")
+    monkeypatch.chdir(tmp_path)
+    assert main(["render", "--config", "configs/default.yaml", "--gpus", "1xA100", "-o", "train_ddp.py"]) == 0
+    assert "(the previous one is now train_ddp.py.prev)" in capsys.readouterr().out
+    assert (tmp_path / "train_ddp.py.prev").read_bytes() == (ROOT / "train_ddp.py").read_bytes()
 
 
 def test_render_errors(tmp_path):
-    r = kit("render", "-o", str(tmp_path / "x.py"))
-    assert r.returncode == 2 and "needs --config" in r.stderr
+    r = kit("render", "-o", str(tmp_path / "x.py"), cwd=tmp_path)  # no configs/default.yaml here to use
+    assert r.returncode == 2 and "needs --config PATH: there is no configs/default.yaml in this folder" in r.stderr
     r = kit("render", "--config", "configs/default.yaml", "--gpus", "2xP100", "-o", str(tmp_path / "x.py"))
     assert r.returncode == 3 and not (tmp_path / "x.py").exists()
     r = kit("render", "--config", "configs/default.yaml", "lora.rr=3", "-o", str(tmp_path / "x.py"))
@@ -100,7 +121,7 @@ def test_plans_that_fit_only_sharded_render_an_fsdp_script(tmp_path):
     assert "wrote" in r.stdout and "fsdp over 2" in r.stdout
     text = out.read_text()
     assert "'strategy': 'fsdp'" in text and "FSDP over 2 GPUs (Tesla T4), fp16" in text
-    assert "torchrun --standalone --nproc_per_node=2 train_ddp.py" in text
+    assert f"torchrun --standalone --nproc_per_node=2 {out}" in text
 
 
 def test_plans_that_do_not_fit_at_all_are_refused(tmp_path):
@@ -179,3 +200,28 @@ def test_a_missing_training_library_is_one_line_naming_the_install(tmp_path, hid
     r = subprocess.run([sys.executable, "-c", hide], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith(want), r.stderr
+
+
+def test_a_replaced_file_that_is_not_utf8_is_kept_byte_for_byte(tmp_path, monkeypatch, capsys):
+    from kit.cli import main
+
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "train_ddp.py"
+    out.write_bytes(b"\xff\xfe# mine")
+    assert main(["render", "--config", "configs/default.yaml", "--gpus", "cpu", "-o", str(out)]) == 0
+    assert (tmp_path / "train_ddp.py.prev").read_bytes() == b"\xff\xfe# mine"
+    assert "(the previous one is now train_ddp.py.prev)" in capsys.readouterr().out
+
+
+def test_a_script_written_under_another_name_names_itself(tmp_path, monkeypatch, capsys):
+    from kit.cli import main
+
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "t8b.py"
+    assert main(["render", "--config", "configs/qwen3-8b-qlora-kaggle-t4x2.yaml", "--gpus", "2xT4", "-o", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"next: torchrun --standalone --nproc_per_node=2 {out}"
+    text = out.read_text()
+    doc = ast.get_docstring(ast.parse(text))
+    assert "train_ddp.py" not in doc
+    assert f"torchrun --standalone --nproc_per_node=2 {out} # the plan" in doc
+    assert f"python {out} --smoke" in doc and f"-o {out} --force" in doc

@@ -269,6 +269,11 @@ def test_a_different_world_size_resumes_with_a_warning(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "written by 2 processes, this run has 1" in r.stdout
     assert "complete: step 9 of 9" in r.stdout
+    # One process packs 8 × 2 into 4 × 1 micro-batches: kit says so before transformers' bare
+    # "per_device_train_batch_size: 4 (from args) != 8 (from trainer_state.json)" warning.
+    assert ("[kit] micro-batch 4 × accumulation 1 per process now, 8 when the checkpoint was written" in r.stdout
+            and "the global batch is kept, so transformers' warning that "
+                "per_device_train_batch_size does not match trainer_state.json is expected" in r.stdout), r.stdout
 
 
 @pytest.mark.slow

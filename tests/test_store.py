@@ -447,3 +447,39 @@ def test_a_client_factory_set_by_the_user_is_left_alone(hub):
         assert hf_http._GLOBAL_CLIENT_FACTORY is mine
     finally:
         hf_http.set_client_factory(hf_http.default_client_factory)
+
+
+# ---- a final/ of an earlier target is kept (issue 33, item 16) ------------------------------------
+def _final(root: Path, step: int, extra: str | None = None) -> Path:
+    d = root / f"final-src-{step}-{extra or ''}"
+    d.mkdir(parents=True)
+    (d / "eval_results.json").write_text(json.dumps({"step": step}))
+    (d / "adapter_model.safetensors").write_bytes(os.urandom(2048) + bytes([step]))
+    (d / "README.md").write_text(f"card of step {step}\n")
+    if extra:
+        (d / extra).write_text("only in this one")
+    return d
+
+
+def _store_final(store, kind, server, tmp_path, name="final") -> dict:
+    if kind == "dir":
+        return tree_bytes(store.root / name) if (store.root / name).exists() else {}
+    return {p[len(name) + 1:]: b for p, b in server.files(REPO).items() if p.startswith(f"{name}/")}
+
+
+def test_a_final_of_another_step_is_kept_as_final_step_n_not_replaced(backend, tmp_path):
+    """A re-targeted job (max_steps=3 after a step-4 final/) replaced the step-4 final/ in place."""
+    store, kind, server = backend
+    four, three = _final(tmp_path, 4, extra="notes.txt"), _final(tmp_path, 3)
+    assert store.publish_final(four)[1] is None
+    where, kept = store.publish_final(three)
+    assert kept == "final-step-4" and where.endswith("final")
+    assert store.final_step() == 3
+    assert _store_final(store, kind, server, tmp_path) == tree_bytes(three), "final/ is exactly the new one"
+    assert _store_final(store, kind, server, tmp_path, "final-step-4") == tree_bytes(four)
+    again = _final(tmp_path, 3, extra="x")  # the same step again (a re-run wrap-up): replaced, nothing kept
+    assert store.publish_final(again)[1] is None
+    assert _store_final(store, kind, server, tmp_path) == tree_bytes(again)
+    assert store.publish_final(_final(tmp_path, 4, extra="y"))[1] == "final-step-3"
+    assert store.publish_final(_final(tmp_path, 3, extra="z"))[1] == "final-step-4-2", "an earlier kept one stays"
+    assert _store_final(store, kind, server, tmp_path, "final-step-4") == tree_bytes(four)

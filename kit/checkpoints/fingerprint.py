@@ -36,6 +36,10 @@ def config_fields(cfg) -> dict:
     for key in _FINGERPRINT:
         value = _get(cfg, key)
         out[key] = list(value) if isinstance(value, list) else (dict(value) if isinstance(value, dict) else value)
+    # An SFT checkpoint records no trainer (as before trainers existed); a DPO/KTO one does, so neither
+    # resumes as the other without --force.
+    if getattr(cfg, "trainer", "sft") != "sft":
+        out["trainer"] = cfg.trainer
     return out
 
 

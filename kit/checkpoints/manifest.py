@@ -3,17 +3,24 @@
 ``kit_manifest.json`` sits inside ``checkpoint-N/`` and lists every other file with its size and
 sha256, plus the step, world size, the config fingerprint that must match to resume, and the
 versions of the packages that wrote it. A checkpoint is complete exactly when it verifies.
+
+Each entry is a path inside the checkpoint folder, in the one form `list_files` writes: relative,
+"/"-separated, no "." or ".." part, no empty part, no backslash, NUL or other control character,
+named once. An entry that could reach outside its folder (`../../etc/passwd`, `/etc/passwd`, a
+symlink out of it) makes the manifest invalid wherever it is read: a local checkpoint, a directory
+store or the Hub.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from importlib import metadata
 from pathlib import Path
 
-from kit.files import parse_json, write_atomic
+from kit.files import write_atomic
 
 MANIFEST_NAME = "kit_manifest.json"
 SCHEMA = 1
@@ -82,11 +89,57 @@ def write_manifest(ckpt_dir: Path, step: int, world_size: int, fingerprint: dict
     return manifest
 
 
+def entry_problem(rel) -> str | None:
+    """Why ``rel`` is not a file entry of a checkpoint folder (words for a one-line reason), or None.
+
+    Only the form kit writes is accepted, so no entry can name a file outside the folder, and no two
+    entries can name the same file (``a`` and ``./a``).
+    """
+    if not isinstance(rel, str) or not rel:
+        return "is not a file name"
+    if "\x00" in rel or any(ord(c) < 32 or ord(c) == 127 for c in rel):
+        return "holds a NUL or control character"
+    if "\\" in rel:
+        return "holds a backslash"
+    if rel.startswith("/") or re.match(r"[A-Za-z]:", rel):
+        return "is an absolute path"
+    parts = rel.split("/")
+    if ".." in parts:
+        return "leaves its checkpoint folder (a '..' part)"
+    if any(part in ("", ".") for part in parts):
+        return "is not a plain relative path (an empty or '.' part)"
+    return None
+
+
+def bad_entry(manifest: dict) -> str | None:
+    """The first entry of ``manifest["files"]`` that is not a plain file of its folder, as a reason; else None."""
+    for rel in manifest["files"]:
+        problem = entry_problem(rel)
+        if problem:
+            return f"{MANIFEST_NAME} lists {_shown(rel)}, which {problem}: not a kit manifest"
+    return None
+
+
+def _shown(rel) -> str:
+    text = repr(rel)  # escaped: a name from a file is never printed raw (a newline, a terminal escape)
+    return text if len(text) <= 80 else text[:77] + "…"
+
+
+def _no_duplicates(pairs: list) -> dict:
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"the key {_shown(key)} appears twice")
+        out[key] = value
+    return out
+
+
 def parse_manifest(text: str | bytes) -> dict | None:
-    """The manifest in ``text``, or None when it is not a kit manifest."""
+    """The manifest in ``text``, or None when it is not a kit manifest (a key given twice included:
+    two entries for one file, of which JSON would silently keep the last)."""
     try:
-        data = parse_json(text)
-    except ValueError:
+        data = json.loads(text, object_pairs_hook=_no_duplicates)
+    except (ValueError, RecursionError):
         return None
     if not isinstance(data, dict) or not isinstance(data.get("files"), dict) or not _count(data.get("step")):
         return None
@@ -125,9 +178,17 @@ def verify(ckpt_dir: Path) -> tuple[bool, str]:
 
 
 def verify_files(ckpt_dir: Path, manifest: dict) -> tuple[bool, str]:
+    """Every listed file is a regular file inside ``ckpt_dir`` (no symlink on its way) with the
+    listed size and sha256; ``(ok, reason)``."""
+    bad = bad_entry(manifest)
+    if bad:
+        return False, bad
     total = 0
     for rel, want in sorted(manifest["files"].items()):
         path = Path(ckpt_dir) / rel
+        link = _link_on_the_way(Path(ckpt_dir), rel)
+        if link is not None:
+            return False, f"{_shown(rel)} is reached through the symlink {_shown(link)}: a checkpoint holds its own files"
         if not path.is_file():
             return False, f"{rel} is missing"
         size = path.stat().st_size
@@ -137,3 +198,12 @@ def verify_files(ckpt_dir: Path, manifest: dict) -> tuple[bool, str]:
             return False, f"{rel} sha256 differs from the manifest"
         total += size
     return True, f"ok: {len(manifest['files'])} files, {total} bytes"
+
+
+def _link_on_the_way(ckpt_dir: Path, rel: str) -> str | None:
+    """The first part of ``rel`` (within ``ckpt_dir``) that is a symlink, as a relative path; None when none is."""
+    parts = rel.split("/")
+    for i in range(1, len(parts) + 1):
+        if (ckpt_dir / "/".join(parts[:i])).is_symlink():
+            return "/".join(parts[:i])
+    return None

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from kit.checkpoints import goodput, resume, session_records
 from kit.checkpoints.session_records import is_integer, is_number
-from kit.errors import StoreError, UsageError
+from kit.errors import StoreError, UsageError, shown
 from kit.files import GIB, parse_json, regular_file
 
 log = logging.getLogger("kit.checkpoints.status")
@@ -288,4 +288,5 @@ def format_text(s: dict) -> str:
                      f"{_duration(lease['heartbeat_age_s'])} ago")
         rows.append(("lease", words))
     rows += [("warning", w) for w in s.get("warnings", [])]
-    return "\n".join(f"{k:<12} {v}".rstrip() for k, v in rows)
+    # Values come from the store (run id, holder, session records, a checkpoint's why): one line each, escaped.
+    return "\n".join(f"{k:<12} {shown(v, limit=1000)}".rstrip() for k, v in rows)

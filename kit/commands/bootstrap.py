@@ -8,14 +8,12 @@ globals, which `%run` hands to the notebook.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.machine import probe
 from kit.report import text as report
 from kit.errors import CannotTrain, KitError, UsageError
-from kit.files import same_content
 from kit.machine.verdicts import judge
 
 
@@ -54,12 +52,42 @@ def run(args) -> Result:
         after the full report, with the Result as its `result`.
     """
     if args.overrides and not args.config:  # they would change nothing: say so rather than ignore them
+        from kit.planning.config import DEFAULT_CONFIG
+
         raise UsageError(f"{args.overrides[0]}: config overrides need --config (bootstrap plans and writes a "
-                         "script only for a config), e.g. --config configs/default.yaml")
+                         f"script only for a config), e.g. --config {DEFAULT_CONFIG}")
     if args.config:  # before probing or planning: a refused -o must cost nothing and touch nothing
         from kit.commands.render import check_output
 
         check_output(args.output, args.config)  # the text as given: `newdir/` names a folder
+    try:
+        return _judge(args)
+    except KitError as e:
+        if args.config:  # the script at -o must not be launched as if it were the asked job's
+            _stand_down(args, e)
+        raise
+
+
+def _stand_down(args, error: KitError) -> None:
+    """After a failed bootstrap for a config: a note beside the script at -o stops it from training,
+    unless it is that config's own job (`kit.script.failed_bootstrap`)."""
+    from kit.auth import redact
+    from kit.planning import config
+    from kit.script import failed_bootstrap
+
+    try:
+        asked = config.to_dict(config.from_args(args))
+    except KitError:  # the config itself is what failed: whatever is at -o is not it
+        asked = None
+    first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+    why = redact(f"`kit bootstrap --config {args.config}` failed (exit {error.exit_code}: {first_line})")
+    note = failed_bootstrap.leave_note(Path(args.output), asked, why)
+    if note is not None:
+        print(f"{args.output} is another job's script: it now refuses to run ({note.name} beside it says why; "
+              "the next script kit writes there removes that note)", flush=True)
+
+
+def _judge(args) -> Result:
     facts = probe.load_facts(args.facts) if args.facts else probe.gather()
     verdicts = judge(facts)
     cpu_only = not facts.gpus and bool(facts.torch.get("installed"))
@@ -72,14 +100,12 @@ def run(args) -> Result:
     if refusal is not None:
         refusal.result = result
         raise refusal
-    if written or verdicts.ok:  # a plan that trains here, GPU or CPU (its script written), or a usable GPU
+    if written or verdicts.ok or (cpu_only and not args.config):
+        # A plan that trains here, GPU or CPU (its script written), a usable GPU, or no GPU and no config
+        # asked for: the one next line names the config that trains here.
         return result
-    if args.json:
-        error = CannotTrain(f"{verdicts.summary} Do this: {verdicts.action}")
-    else:
-        error = CannotTrain("no usable GPU: `kit bootstrap --config configs/default.yaml` writes a script that "
-                            "trains the tiny default here, on the CPU (see above)" if cpu_only
-                            else "this machine cannot train on a GPU (see above)")
+    error = CannotTrain(f"{verdicts.summary} Do this: {verdicts.action}" if args.json
+                        else "this machine cannot train on a GPU (see above)")
     error.result = result
     raise error
 
@@ -96,30 +122,8 @@ def _plan_and_write(args, facts):
     except CannotTrain as e:
         return getattr(e, "plan", None), None, e
     out = Path(args.output)
-    note = f"wrote {out}"
-    backup = None
-    if same_content(out, text, "-o") is False:
-        # Never lose a script the user may have edited: keep the previous one beside it, numbered
-        # so that a second bootstrap does not overwrite the first backup.
-        backup = _free_backup_name(out)
-        out.replace(backup)
-        note += f" (the previous one is now {backup.name})"
-    try:
-        render.write(text, out, force=True)
-    except KitError:
-        if backup is not None:  # put the user's script back: a failed write must lose nothing
-            backup.replace(out)
-        raise
-    return plan, note, None
-
-
-def _free_backup_name(out: Path) -> Path:
-    """`train_ddp.py.prev`, else `.prev.2`, `.prev.3`, …: the first name not taken."""
-    candidate, n = out.with_name(out.name + ".prev"), 1
-    while os.path.lexists(candidate):  # a dangling symlink is taken too: replacing it would lose it
-        n += 1
-        candidate = out.with_name(f"{out.name}.prev.{n}")
-    return candidate
+    backup = render.write(text, out)
+    return plan, f"wrote {out}{render.kept_words(backup)}", None
 
 
 def _next_steps(facts, verdicts, plan, written, script: str) -> list[str]:
@@ -135,5 +139,16 @@ def _next_steps(facts, verdicts, plan, written, script: str) -> list[str]:
     if verdicts.ok:
         return [verdicts.action]
     if not facts.gpus and facts.torch.get("installed"):
-        return [f"kit bootstrap --config configs/default.yaml  # writes train_ddp.py for this machine ({CPU_NOTE})"]
+        return [f"{_default_bootstrap()}  # writes train_ddp.py for this machine ({CPU_NOTE})"]
     return []
+
+
+def _default_bootstrap() -> str:
+    """The command that writes the default job's script: here, or in the kit checkout the default config is in."""
+    import shlex
+
+    import kit
+    from kit.planning.config import DEFAULT_CONFIG, default_config
+
+    command = f"kit bootstrap --config {DEFAULT_CONFIG}"
+    return command if default_config() else f"cd {shlex.quote(kit.CHECKOUT)} && {command}"

@@ -8,7 +8,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from kit.errors import KitError, UsageError
+from kit.errors import KitError, UsageError, shown
 from kit.files import check_output, regular_file, write_atomic
 from kit.machine.command import launch_argv
 
@@ -71,14 +71,14 @@ def run(args) -> int:
     refuse_token(conversion.source, f"the script converted from {args.notebook}")
     # Temp file + rename in the same folder: a crash never leaves half a script behind.
     _write(out, conversion.source)
-    print(format_changes(conversion, Path(args.notebook).name, str(out)))
+    print(format_changes(conversion, shown(Path(args.notebook).name), shown(str(out))))
     if args.dry_run:
         argv = launch_argv(DRY_RANKS, script=str(out), python="python")
-        shown = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in DRY_ENV.items()), *map(shlex.quote, argv)])
+        command = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in DRY_ENV.items()), *map(shlex.quote, argv)])
         if not args.run:
-            print(f"dry run: {shown}   (or convert with --run to have kit run it)")
+            print(f"dry run: {command}   (or convert with --run to have kit run it)")
             return 0
-        print(f"dry run: {shown}", flush=True)
+        print(f"dry run: {command}", flush=True)
         return _run_dry(out)
     return 0
 

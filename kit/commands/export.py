@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from kit.errors import shown
 from kit.planning import config
 
 
 def add_arguments(parser) -> None:
-    config.add_config_arguments(parser)
+    config.add_config_arguments(parser, config.default_config())
     parser.add_argument("--adapter", metavar="DIR", help="adapter folder (default: the config's output_dir/final)")
     parser.add_argument("-o", "--output", metavar="DIR", help="new folder for the merged model "
                         "(default: the config's output_dir/merged)")
@@ -42,6 +43,12 @@ def run(args) -> int:
         store.preflight()  # offline mode, a silent endpoint: one bounded request
     cfg = config.from_args(args)
     adapter = Path(args.adapter or Path(cfg.output_dir) / "final")
+    if args.adapter is None and not adapter.exists():  # the default was not asked for: say where it came from
+        from kit.errors import UsageError
+
+        source = args.config or "the built-in defaults"
+        raise UsageError(f"no finished job to export: {adapter} (output_dir/final of {source}) does not exist: "
+                         "run the job to its end first, or give --adapter DIR (a final/ or checkpoint-N folder)")
     out = Path(args.output or Path(cfg.output_dir) / "merged")
     qtype = gguf.check_type(args.gguf) if args.gguf else None
     llama = gguf.find_llama_cpp(args.llama_cpp) if qtype else None  # refused before any work
@@ -51,7 +58,8 @@ def run(args) -> int:
                           gguf_type=qtype)
     for w in plan.warnings:
         print(f"warning: {w}")
-    print(f"export: {plan.adapter} onto {plan.base} ({plan.base_revision}) in {plan.dtype} -> {plan.out} "
+    print(f"export: {shown(plan.adapter)} onto {shown(plan.base)} ({plan.base_revision}) in {plan.dtype} -> "
+          f"{shown(plan.out)} "
           f"(needs ~{plan.need_bytes / 1e9:.2f} GB, {plan.free_bytes / 1e9:.1f} GB free)", flush=True)
     result = {"plan": plan.to_dict(), **export.merge(plan)}
     agree = result["top1_agreement"]
@@ -65,7 +73,7 @@ def run(args) -> int:
         except KitError as err:  # the merged folder is complete and verified: say so, keep it
             raise KitError(f"{err} (the verified 16-bit export in {out} is complete and kept; GGUF can be "
                            f"retried from it)", err.exit_code) from None
-        print(f"gguf: {result['gguf']}")
+        print(f"gguf: {shown(result['gguf'])}")
     if store is not None:
         result["pushed"] = store.publish_folder(out, "", "kit: merged model")
         print(f"pushed: {result['pushed']}")

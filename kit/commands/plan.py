@@ -19,7 +19,7 @@ from kit.report.text import plan_to_text
 
 
 def add_arguments(parser) -> None:
-    config.add_config_arguments(parser)
+    config.add_config_arguments(parser, config.default_config())
     machine = parser.add_mutually_exclusive_group()
     machine.add_argument("--facts", metavar="FILE", help="plan for the machine in this `kit probe --json` output")
     machine.add_argument("--gpus", metavar="NxNAME",

@@ -7,19 +7,20 @@ from pathlib import Path
 
 from kit.planning import config
 from kit.script import render
-from kit.errors import UsageError
+from kit.errors import UsageError, shown
 
 RENDERABLE = ("single", "ddp", "fsdp", "model_parallel")  # the strategies the template runs (kit.train.sharding)
 
 
 def add_arguments(parser) -> None:
-    config.add_config_arguments(parser)
+    config.add_config_arguments(parser, config.default_config())
     parser.add_argument("-o", "--output", default="train_ddp.py", help="where to write the script (default: "
                         "train_ddp.py; - prints it, as --stdout)")
     machine = parser.add_mutually_exclusive_group()
     machine.add_argument("--facts", metavar="FILE", help="plan for the machine of this `kit probe --json` file")
     machine.add_argument("--gpus", metavar="NxNAME", help="plan for an assumed machine, e.g. 2xT4, 1xA100-80, cpu")
-    parser.add_argument("--force", action="store_true", help="overwrite an existing, different file")
+    parser.add_argument("--force", action="store_true", help="accepted for older commands: an existing, different "
+                        "file is always replaced and kept as a numbered backup (.prev, .prev.2, …)")
     parser.add_argument("--stdout", action="store_true", help="print the script instead of writing it")
 
 
@@ -68,12 +69,13 @@ def render_for(cfg, config_path: str, facts: dict, gpus_spec: str | None = None,
     rerender = render.rerender_command(config_path, machine_args(args) if args is not None else
                                        (["--gpus", gpus_spec] if gpus_spec else []),
                                        getattr(args, "overrides", None) or (), output)
-    return render.render(cfg, planned, config_path, machine_words(facts, gpus_spec), rerender), plan
+    return render.render(cfg, planned, config_path, machine_words(facts, gpus_spec), rerender, output), plan
 
 
 def run(args) -> int:
     if args.config is None:
-        raise UsageError("kit render needs --config PATH (start from configs/default.yaml)")
+        raise UsageError(f"kit render needs --config PATH: there is no {config.DEFAULT_CONFIG} in this folder to "
+                         "use by default (run it in the kit checkout, or name your config)")
     cfg = config.from_args(args)
     if args.output == "-":  # the Unix convention for standard output
         args.stdout, args.output = True, "train_ddp.py"
@@ -84,10 +86,10 @@ def run(args) -> int:
     if args.stdout:
         sys.stdout.write(text)
         return 0
-    render.write(text, out, args.force)
+    backup = render.write(text, out)
     from kit.report.text import plan_summary
 
-    print(f"wrote {out}: {plan_summary(plan)}")
+    print(f"wrote {shown(out, limit=None)}{render.kept_words(backup)}: {plan_summary(plan)}")
     print(f"next: {launch_for(plan, out)}")
     return 0
 
@@ -107,6 +109,6 @@ def check_output(out: Path | str, config_path: str | None = None) -> None:
 
 def launch_for(plan, script: Path) -> str:
     """The plan's launch command for the script written at `script` (not always ./train_ddp.py)."""
-    import shlex
+    from kit.machine.command import shell_word
 
-    return plan.launch.replace("train_ddp.py", shlex.quote(Path(script).as_posix()))
+    return plan.launch.replace("train_ddp.py", shell_word(Path(script).as_posix(), path=True))

@@ -18,6 +18,8 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from kit.errors import shown
+from kit.machine.command import shell_word
 from kit.planning import config
 
 DEFAULT_NOTEBOOK = "notebooks/resume.ipynb"
@@ -52,7 +54,7 @@ def _shown(value: float) -> str:
 
 
 def add_arguments(parser) -> None:
-    config.add_config_arguments(parser)
+    config.add_config_arguments(parser, config.default_config())
     parser.add_argument("--notebook", default=DEFAULT_NOTEBOOK, metavar="IPYNB",
                         help=f"the resume notebook papermill runs (default: {DEFAULT_NOTEBOOK})")
     parser.add_argument("--runs-dir", default="runs", metavar="DIR",
@@ -75,7 +77,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--print-cron", action="store_true",
                         help="only print a crontab line and a systemd service/timer pair for this schedule")
     parser.add_argument("-v", "--verbose", action="store_true", help="stream each run's cell output")
-    kaggle = parser.add_argument_group("on Kaggle (needs `pip install kit[kaggle]` and Kaggle API credentials)")
+    kaggle = parser.add_argument_group('on Kaggle (needs `pip install -e ".[kaggle]"` in the kit checkout and '
+                                       'Kaggle API credentials)')
     kaggle.add_argument("--kaggle", metavar="USER/SLUG", default=None,
                         help="run each session as a version of this private Kaggle notebook on 2×T4")
     kaggle.add_argument("--kit-repo", metavar="URL", default=None,
@@ -145,7 +148,7 @@ def run(args) -> int:
     notebook = schedule.check_notebook(Path(args.notebook))
     _check_script(args.config)
     where = schedule.check_store(cfg)
-    print(f"schedule: {notebook} → {runs_dir}/; store: {where or f'none (local {cfg.output_dir})'}; "
+    print(f"schedule: {shown(notebook)} → {shown(runs_dir)}/; store: {where or f'none (local {cfg.output_dir})'}; "
           f"{'until complete' if args.loop else 'one run'}", flush=True)
     print(units, flush=True)
     parameters = {
@@ -168,7 +171,7 @@ def _check_script(config_path: str | None) -> None:
     from kit.files import regular_file
 
     if regular_file(Path("train_ddp.py"), "train_ddp.py") is None:
-        how = f"kit bootstrap --config {shlex.quote(config_path)}" if config_path else "kit bootstrap --config CONFIG"
+        how = f"kit bootstrap --config {shell_word(config_path, path=True)}" if config_path else "kit bootstrap --config CONFIG"
         raise UsageError(f"no train_ddp.py in {Path.cwd()}: each scheduled run resumes it; run `{how}` here first")
 
 

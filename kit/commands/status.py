@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 
+from kit.errors import shown
 from kit.planning import config
 
 
 def add_arguments(parser) -> None:
-    config.add_config_arguments(parser)
+    config.add_config_arguments(parser, config.default_config())
     parser.add_argument("--json", action="store_true", help="print one JSON object: latest_step (newest verified), verified, max_steps, "
                         "complete, checkpoints, sessions, lease, store")
     parser.add_argument("--plot", metavar="PNG",
@@ -42,5 +43,5 @@ def run(args) -> int:
     else:
         print(status.format_text(facts))
         if args.plot:
-            print(f"{'plot':<12} {facts['plot']}")
+            print(f"{'plot':<12} {shown(facts['plot'])}")
     return 0

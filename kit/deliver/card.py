@@ -35,7 +35,7 @@ def metadata(cfg, run: dict) -> dict:
     meta["base_model_revision"] = run.get("base_revision")
     meta["library_name"] = "peft" if cfg.method != "full" else "transformers"
     meta["pipeline_tag"] = "text-generation"
-    meta["tags"] = ["kit", "trl", "sft"] + ([cfg.method, "peft"] if cfg.method != "full" else ["full-fine-tune"])
+    meta["tags"] = ["kit", "trl", cfg.trainer] + ([cfg.method, "peft"] if cfg.method != "full" else ["full-fine-tune"])
     if _hub_id(cfg.data.path):
         meta["datasets"] = [cfg.data.path]
     lic = base_license(cfg.model)
@@ -56,12 +56,13 @@ def render(cfg, run: dict, results: dict, facts: dict) -> str:
     lines = [
         "---", yaml.safe_dump(metadata(cfg, run), sort_keys=False).rstrip(), "---", "",
         f"# {Path(cfg.output_dir).name}: {cfg.method} fine-tune of {cfg.model}", "",
-        f"Run `{run.get('run_id')}`, trained with kit (TRL SFTTrainer + PEFT).", "",
+        f"Run `{run.get('run_id')}`, trained with kit (TRL {TRAINER_NAMES[cfg.trainer]} + PEFT).", "",
         "## What it is", "",
         f"- Base model: `{cfg.model}`, revision `{run.get('base_revision')}`"
         + (f" (asked for `{cfg.revision}`)" if cfg.revision else ""),
         f"- Data: `{cfg.data.path}` ({results['data'].get('format')}, fingerprint `{results['data']['fingerprint']}`), "
         f"{cfg.data.eval_fraction:g} held out for evaluation",
+        *([f"- Trainer: {cfg.trainer} ({_trainer_words(cfg)})"] if cfg.trainer != "sft" else []),
         f"- Method: {cfg.method}, {lora}; seq_len {cfg.seq_len}, learning rate {cfg.learning_rate:g} "
         f"({cfg.lr_scheduler}), {results.get('step')} steps",
         f"- Plan and hardware: {facts.get('plan', '?')}; {facts.get('hardware', '?')}",
@@ -73,8 +74,11 @@ def render(cfg, run: dict, results: dict, facts: dict) -> str:
         change_line(results) + ".", "",
         "Files: `eval_results.json` (both results, the configuration), `samples.md` (5 answers before and after).", "",
         "## Limitations", "",
-        "Measured on a small held-out subset of the training data's own distribution; exact match is a strict "
-        "string comparison. Neither says how the model does on other data or on safety.", "",
+        "Measured on a small held-out subset of the training data's own distribution; " + (
+            "preference accuracy counts the held-out answers the trained model's implicit reward ranks as the data "
+            "does, against the starting model. " if cfg.trainer != "sft" else
+            "exact match is a strict string comparison. ") +
+        "Neither says how the model does on other data or on safety.", "",
         "## Use it", "",
         "```python",
         *(["from peft import PeftModel"] if cfg.method != "full" else []),
@@ -96,6 +100,16 @@ def render(cfg, run: dict, results: dict, facts: dict) -> str:
               "`checkpoints/` the resumable training checkpoints; `kit/` the job's records "
               "(run.json, baseline.json, sessions.jsonl).", ""]
     return "\n".join(lines)
+
+
+TRAINER_NAMES = {"sft": "SFTTrainer", "dpo": "DPOTrainer", "kto": "KTOTrainer"}
+
+
+def _trainer_words(cfg) -> str:
+    if cfg.trainer == "dpo":
+        return f"DPO on preference pairs, beta {cfg.dpo.beta:g}, loss {cfg.dpo.loss_type}"
+    return (f"KTO on answers labelled desirable or not, beta {cfg.kto.beta:g}, weights "
+            f"{cfg.kto.desirable_weight:g}/{cfg.kto.undesirable_weight:g}")
 
 
 def _revision_literal(run: dict) -> str:

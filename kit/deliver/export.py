@@ -28,7 +28,7 @@ from pathlib import Path
 from kit.deliver import merge_check
 from kit.deliver.export_inputs import base_location, check_out_dir, prompt_texts, read_adapter, sixteen_bit_bytes
 from kit.errors import CannotTrain, UsageError
-from kit.files import read_text
+from kit.files import free_bytes, is_disk_full, read_text, size_words
 from kit.train.modeling import weights_problem
 from kit.evaluation import identity
 
@@ -54,14 +54,6 @@ class ExportPlan:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def free_bytes(path) -> int:
-    """Free bytes on the filesystem that will hold `path` (its nearest existing parent)."""
-    p = Path(path).resolve()
-    while not p.exists():
-        p = p.parent
-    return shutil.disk_usage(p).free
 
 
 def resolve_base(name: str, revision: str | None, what: str = "the base model") -> Path:
@@ -167,6 +159,12 @@ def merge(plan: ExportPlan) -> dict:
         check = verify(tmp, prompts, reference, same_dtype, plan.dtype)
         timings["verify_s"] = time.monotonic() - started
         os.rename(tmp, out)
+    except Exception as e:  # safetensors' and torch's errors wrap the OSError of a full disk
+        if not is_disk_full(e, out.parent):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CannotTrain(f"export ran out of disk space in {out.parent} ({size_words(free_bytes(out.parent))} free) "
+                          "while writing the merged model: nothing was kept; pick -o on a larger disk") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return {**check, **{k: round(v, 2) for k, v in timings.items()}}

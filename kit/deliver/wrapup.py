@@ -11,12 +11,11 @@ again finds the job complete and pushes it then.
 
 from __future__ import annotations
 
-import shlex
 import sys
 from pathlib import Path
 
 from kit.deliver.final import FINAL_DIR, write_final
-from kit.machine.command import launch_command
+from kit.machine.command import launch_command, shell_word
 from kit.errors import EXIT_STORE, StoreError
 from kit.evaluation import stage
 from kit.evaluation.results import change_line
@@ -25,7 +24,7 @@ from kit.files import parse_json
 
 def rerun_command(world_size: int) -> str:
     script, *args = sys.argv
-    return " ".join([launch_command(world_size, script=shlex.quote(script)), *map(shlex.quote, args)])
+    return " ".join([launch_command(world_size, script=script), *map(shell_word, args)])
 
 
 def _facts(job, sessions: list[dict]) -> dict:
@@ -47,10 +46,9 @@ def _facts(job, sessions: list[dict]) -> dict:
 
 
 def export_command(cfg) -> str:
-    import shlex
-
-    out = Path(cfg.output_dir)  # quoted: a user pastes it, and output_dir may hold a space or a `$(…)`
-    return "python -m kit export " + shlex.join(["--adapter", str(out / FINAL_DIR), "-o", str(out / "merged")])
+    out = Path(cfg.output_dir)  # quoted: a user pastes it, and output_dir may hold a space, a `$(…)` or a leading -
+    return (f"python -m kit export --adapter {shell_word(out / FINAL_DIR, path=True)} "
+            f"-o {shell_word(out / 'merged', path=True)}")
 
 
 def _sessions(job) -> list[dict]:
@@ -69,12 +67,14 @@ def deliver(job, trainer, step: int) -> tuple[int, list[str], dict]:
                           job.plan.per_device_batch, step)
     sharded = getattr(job.plan, "strategy", "ddp") == "fsdp" and job.ctx.world_size > 1
     adapter_from = Path(job.cfg.output_dir) / f"checkpoint-{step}" if sharded else None
-    final = write_final(job.cfg, trainer.model, tokenizer, results, job.run, _facts(job, _sessions(job)),
-                        adapter_from=adapter_from)
+    final, kept = write_final(job.cfg, trainer.model, tokenizer, results, job.run, _facts(job, _sessions(job)),
+                              adapter_from=adapter_from)
     full = job.cfg.method == "full"
     lines = [change_line(results),
              f"final: {final} ({'model weights' if full else 'adapter'}, tokenizer, config, eval results, samples, "
              "model card)"]
+    if kept is not None:
+        lines.append(kept_words(final, kept, step))
     code, record = push(job, final, lines)
     if full:  # nothing to merge: `kit export` takes adapters
         lines.append(f"use: AutoModelForCausalLM.from_pretrained({str(final)!r}) loads it as it is; GGUF: llama.cpp's "
@@ -89,13 +89,21 @@ def push(job, final: Path, lines: list[str]) -> tuple[int, dict]:
     if job.store is None:
         return 0, {"final": str(final)}
     try:
-        where = job.store.publish_final(final)
+        where, kept = job.store.publish_final(final)
     except StoreError as e:
         lines.append(f"error: final/ was not pushed to {job.store.describe()}: {e}; it is complete in {final} — "
                      "fix that and run the same command again to push it")
         return EXIT_STORE, {"final": str(final), "final_push": f"failed: {e}"}
     lines.append(f"pushed: {where}")
+    if kept is not None:
+        lines.append(f"the store's earlier final/ was of another step: it is kept there as {kept}/")
     return 0, {"final": str(final), "final_push": where}
+
+
+def kept_words(final: Path, kept: Path, step: int) -> str:
+    """The line for a final/ of an earlier target kept aside (kit.deliver.final.write_final)."""
+    return (f"the earlier {final.name}/ was of another step than this job's {step}: it is kept as {kept} "
+            "(delete it when you no longer need it)")
 
 
 def push_if_missing(job, step: int) -> tuple[int, list[str]]:

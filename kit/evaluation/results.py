@@ -99,8 +99,13 @@ def words(record: dict | None) -> str:
     if record.get("skipped"):
         return f"skipped: {record['skipped']}"
     r = record["result"]
-    out = f"loss {r['loss']:.4g}, perplexity {r['perplexity']:.4g}"
     m = r.get("metric") or {}
+    if "reward_margin" in r:  # preference rows (kit.evaluation.preference)
+        return (f"preference accuracy {m['correct']}/{m['of']} ({100 * m['value']:.0f} %), reward margin "
+                f"{r['reward_margin']:.4g}, loss {r['loss']:.4g}")
+    if r.get("loss") is None:
+        return f"not scored: {m.get('skipped')}"
+    out = f"loss {r['loss']:.4g}, perplexity {r['perplexity']:.4g}"
     if m.get("name"):
         out += f", exact match {m['correct']}/{m['of']} ({100 * m['value']:.0f} %)"
     return out
@@ -112,6 +117,12 @@ def change_line(results: dict) -> str:
     if b.get("skipped") or f.get("skipped") or not b or not f:
         return f"eval: baseline {words(b)}; final {words(f)}"
     rb, rf = b["result"], f["result"]
+    if "reward_margin" in rb and "reward_margin" in rf:
+        return (f"preference accuracy {100 * rb['metric']['value']:.0f} % → {100 * rf['metric']['value']:.0f} %, "
+                f"reward margin {rb['reward_margin']:.4g} → {rf['reward_margin']:.4g}, loss {rb['loss']:.4g} → "
+                f"{rf['loss']:.4g} (on {rf['rows']} held-out rows)")
+    if rb.get("perplexity") is None or rf.get("perplexity") is None:
+        return f"eval: baseline {words(b)}; final {words(f)}"
     line = f"eval loss {rb['loss']:.4g} → {rf['loss']:.4g}, perplexity {rb['perplexity']:.4g} → {rf['perplexity']:.4g}"
     mb, mf = rb.get("metric") or {}, rf.get("metric") or {}
     if mb.get("name") and mf.get("name"):

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from kit import files
-from kit.evaluation import heldout, identity, results
+from kit.evaluation import heldout, identity, preference, results
 
 
 def open_run(cfg, store) -> dict:
@@ -60,9 +60,14 @@ def _skip_reason(cfg, dataset, which: str) -> str | None:
     return None
 
 
-def measure(cfg, model, tokenizer, dataset, batch_size: int, which: str) -> dict:
-    """One evaluation record: {data_format, rows, skipped | result}, the same rows every time."""
-    metric, why = heldout.metric_plan(cfg.eval, dataset.format)  # a metric the data cannot have: UsageError
+def measure(cfg, model, tokenizer, dataset, batch_size: int, which: str, reference: dict | None = None) -> dict:
+    """One evaluation record: {data_format, rows, skipped | result}, the same rows every time.
+
+    `reference`: the baseline record, for preference data (its log-probabilities are the reference
+    where the model has no adapter to disable)."""
+    preferences = dataset.format in preference.FORMATS
+    # A metric the data cannot have: UsageError
+    metric, why = (None, None) if preferences else heldout.metric_plan(cfg.eval, dataset.format)
     record = {"data_format": dataset.format, "when": time.time(), "skipped": _skip_reason(cfg, dataset, which),
               "result": None}
     if record["skipped"]:
@@ -71,8 +76,12 @@ def measure(cfg, model, tokenizer, dataset, batch_size: int, which: str) -> dict
     rows = dataset.eval.select(idx)[:]
     record["rows"] = idx
     try:
-        record["result"] = heldout.measure(model, tokenizer, rows, metric=metric, skip_reason=why,
-                                           eval_cfg=cfg.eval, batch_size=batch_size)
+        if preferences:
+            record["result"] = preference.measure(model, tokenizer, rows, cfg, batch_size, reference,
+                                                  starting=which == "baseline")
+        else:
+            record["result"] = heldout.measure(model, tokenizer, rows, metric=metric, skip_reason=why,
+                                               eval_cfg=cfg.eval, batch_size=batch_size)
     except (RuntimeError, ValueError) as e:  # CUDA out of memory, a backend that cannot generate: say so,
         # and keep the job: its checkpoints and final/ matter more than one measurement.
         record["skipped"] = f"the evaluation failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
@@ -81,7 +90,8 @@ def measure(cfg, model, tokenizer, dataset, batch_size: int, which: str) -> dict
 
 def before(run: dict, cfg, model, tokenizer, dataset, store, batch_size: int, force: bool) -> tuple[dict, list[str]]:
     """The job's baseline: the one kept from an earlier session, or measured now and kept."""
-    heldout.metric_plan(cfg.eval, dataset.format)
+    if dataset.format not in preference.FORMATS:
+        heldout.metric_plan(cfg.eval, dataset.format)
     notes = bind_base(run, cfg, model, store, force)
     found, where = results.read_baseline(cfg.output_dir, store)
     if found is not None and found.get("run_id") == run["run_id"]:
@@ -96,6 +106,7 @@ def before(run: dict, cfg, model, tokenizer, dataset, store, batch_size: int, fo
 
 def after(run: dict, baseline: dict | None, cfg, model, tokenizer, dataset, batch_size: int, step: int) -> dict:
     """eval_results.json's content: the final evaluation beside the baseline."""
-    final = {"run_id": run["run_id"], "step": step, **measure(cfg, model, tokenizer, dataset, batch_size, "final")}
+    final = {"run_id": run["run_id"], "step": step,
+             **measure(cfg, model, tokenizer, dataset, batch_size, "final", reference=baseline)}
     return results.eval_results(cfg, run, baseline, final, step)
 

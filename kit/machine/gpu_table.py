@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from kit.errors import UsageError
+from kit.errors import UsageError, shown
 from kit.files import GIB
 
 MIB = 2**20
@@ -80,19 +80,20 @@ def parse_gpus(spec: str) -> list[str]:
         return []
     out: list[str] = []
     for part in spec.split("+"):
-        m = re.fullmatch(r"\s*(?:(-?\d+)\s*[x×*]\s*)?([A-Za-z0-9._-]+)\s*", part)
+        m = re.fullmatch(r"\s*(?:(-?\d{1,9})\s*[x×*]\s*)?([A-Za-z0-9._-]+)\s*", part)
         if not m:
-            raise UsageError(f"--gpus {spec!r}: expected COUNTxNAME, e.g. 2xT4 (known: {', '.join(GPUS)})")
+            raise UsageError(f"--gpus {shown(spec, quote=True)}: expected COUNTxNAME, e.g. 2xT4 (known: {', '.join(GPUS)})")
         count, name = int(m.group(1) or 1), m.group(2).upper()
         name = ALIASES.get(name, name)
         if not 1 <= count <= MAX_GPUS:
-            raise UsageError(f"--gpus {spec!r}: the count must be 1 to {MAX_GPUS} (GPUs in one machine; "
+            raise UsageError(f"--gpus {shown(spec, quote=True)}: the count must be 1 to {MAX_GPUS} (GPUs in one machine; "
                              f"more machines: --nodes), got {count}")
         if name not in GPUS:
-            raise UsageError(f"--gpus {spec!r}: unknown GPU {m.group(2)!r}; known: {', '.join(GPUS)}, cpu")
+            raise UsageError(f"--gpus {shown(spec, quote=True)}: unknown GPU {shown(m.group(2), quote=True)}; known: {', '.join(GPUS)}, cpu")
         out += [name] * count
-    if len(out) > MAX_GPUS:
-        raise UsageError(f"--gpus {spec!r}: {len(out)} GPUs; one machine has at most {MAX_GPUS} (more machines: --nodes)")
+        if len(out) > MAX_GPUS:  # said at once: `T4+T4+…` 100,000 times is no machine either
+            raise UsageError(f"--gpus {shown(spec, quote=True)}: {len(out)} GPUs; one machine has at most "
+                             f"{MAX_GPUS} (more machines: --nodes)")
     return out
 
 

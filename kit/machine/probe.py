@@ -17,12 +17,15 @@ from dataclasses import asdict, dataclass, field, fields
 
 from kit import files
 from kit.machine import platforms, torch_build
-from kit.errors import UsageError
+from kit.errors import UsageError, shown
+from kit.machine.gpu_table import MAX_GPUS
 from kit.machine.gpus import is_capability, query_gpus
 
 SCHEMA = 1
+MAX_ARCHES = 100  # entries of torch.arch_list in a facts file (a CUDA 12.8 build lists 10)
+MAX_ENTRIES = 1000  # packages or unknown facts in a facts file
 PACKAGES = ("transformers", "trl", "peft", "bitsandbytes", "unsloth", "accelerate", "datasets", "huggingface_hub",
-            "liger_kernel")
+            "liger_kernel", "trackio", "wandb", "tensorboard")  # the last three: report_to (kit.planning.tracking)
 
 
 @dataclass
@@ -54,7 +57,7 @@ class Facts:
         """Facts from `kit probe --json` output; raises ValueError naming what is missing or wrong."""
         _validate(d)
         known = {f.name for f in fields(cls)}
-        facts = cls(**{k: v for k, v in d.items() if k in known})
+        facts = cls(**{k: _shown_strings(v) for k, v in d.items() if k in known})
         # The contract's keys suffice; every other fact the file lacks is unknown, and says why.
         facts.unknown = dict(facts.unknown or {})
         for name in sorted(known - set(d) - set(_REQUIRED) - {"schema", "unknown"}):
@@ -79,12 +82,13 @@ def gather(cwd: str | None = None) -> Facts:
     finish_torch = torch_build.start_build(unknown)  # the subprocess runs while NVML is asked
     gpus, source, driver = query_gpus(unknown)
     plat, detected_by = platforms.detect()
+    gpus = _shown_strings(gpus)  # names as the driver gave them, escaped where they hold a control character
     return Facts(
         platform=plat, platform_detected_by=detected_by, python=_platform.python_version(),
         torch=finish_torch(), gpus=gpus, gpu_count=len(gpus), driver=driver, gpu_source=source,
         cpu_count=_cpu_count(), ram_bytes=_ram_bytes(unknown), disk_free_bytes=_disk_free(cwd, unknown),
         packages={name: _version(name) for name in PACKAGES},
-        hf_token_available=_hf_token(plat, unknown), unknown=unknown)
+        hf_token_available=_hf_token(plat, unknown), unknown=_shown_strings(unknown))
 
 
 def load_facts(path: str) -> Facts:
@@ -150,6 +154,20 @@ def _hf_token(plat: str, unknown: dict) -> bool:
     return False
 
 
+def _shown_strings(value):
+    """`value` with every string in it as `kit.errors.shown` writes it: facts are printed in plans,
+    reports, scripts and errors, and a GPU name, a platform or a version from a facts file (or a
+    driver) is text from elsewhere: a newline in it forged a line, an ESC recoloured the terminal,
+    a bidi override made it read backwards, and 100 kB of it filled the screen."""
+    if isinstance(value, str):
+        return shown(value)
+    if isinstance(value, list):
+        return [_shown_strings(v) for v in value]
+    if isinstance(value, dict):
+        return {_shown_strings(k): _shown_strings(v) for k, v in value.items()}
+    return value
+
+
 _REQUIRED = ("platform", "python", "torch", "gpus", "gpu_count")
 _REQUIRED_TORCH = ("version", "cuda", "hip", "arch_list")
 _REQUIRED_GPU = ("index", "name", "capability", "memory_total_bytes")
@@ -167,6 +185,8 @@ def _validate(d) -> None:
         raise ValueError("has a `torch` that is not an object")
     if "gpus" in d and not (isinstance(d["gpus"], list) and all(isinstance(g, dict) for g in d["gpus"])):
         raise ValueError("has a `gpus` that is not a list of objects")
+    if len(d.get("gpus") or ()) > MAX_GPUS:  # as --gpus is: every step after this walks the list, some pairwise
+        raise ValueError(f"lists {len(d['gpus']):,} GPUs; kit plans for at most {MAX_GPUS} in one machine")
     for i, gpu in enumerate(d.get("gpus", [])):
         missing += [f"gpus[{i}].{k}" for k in _REQUIRED_GPU if k not in gpu]
     if missing:
@@ -175,6 +195,10 @@ def _validate(d) -> None:
     arch_list = d["torch"]["arch_list"]
     if arch_list is not None and not (isinstance(arch_list, list) and all(isinstance(a, str) for a in arch_list)):
         raise ValueError("has a torch.arch_list that is not a list of strings like \"sm_75\"")
+    for key, most in (("torch.arch_list", MAX_ARCHES), ("packages", MAX_ENTRIES), ("unknown", MAX_ENTRIES)):
+        items = arch_list if key == "torch.arch_list" else d.get(key)
+        if items is not None and len(items) > most:  # a real build lists ~10 arches; a probe ~10 packages
+            raise ValueError(f"has {len(items):,} entries in {key}; a real one has at most {most}")
     for i, gpu in enumerate(d["gpus"]):
         cap = gpu["capability"]
         if cap is not None and not (isinstance(cap, str) and (cap.startswith("gfx") or is_capability(cap))):

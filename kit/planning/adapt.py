@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 
 from kit.errors import CannotTrain, UsageError
 from kit.planning import precision as precision_rule
-from kit.planning import speed
+from kit.planning import speed, trainers
 from kit.planning.fit import batch_for_world
 
 
@@ -69,6 +69,7 @@ class LaunchPlan:
     compile_layers: bool = False  # torch.compile of each decoder layer (kit.train.modeling.compile_layers)
     strategy: str = "ddp"        # single | ddp | fsdp | model_parallel (see kit.train.sharding)
     quantization: str | None = None  # "nf4" for a 4-bit base
+    reference: str | None = None  # dpo/kto: adapter_disabled | precomputed | model_copy (kit.planning.trainers)
 
     @property
     def packed_as_rows(self) -> bool:
@@ -152,7 +153,10 @@ def adapt(planned: dict, cfg, rank: RankFacts) -> LaunchPlan:
     wanted = dataclasses.replace(cfg, global_batch=cfg.global_batch or planned.get("global_batch"))
     per_device, accum, global_batch = batch_for_world(
         wanted, cfg.per_device_batch or planned["per_device_batch"], rank.world_size)
+    trainers.check(cfg)  # an override the trainer cannot run (batching=packed for dpo…): one line, exit 2
+    trainers.one_process_precompute(cfg, rank.world_size)
     backend = planned.get("backend", "transformers") if cfg.backend == "auto" else cfg.backend
+    backend = trainers.backend(cfg, backend, notes)  # dpo/kto: the plain stack
     if backend == "unsloth" and (not cuda or "unsloth" not in rank.installed):
         if cfg.backend == "unsloth":
             raise CannotTrain("backend=unsloth was asked for, but Unsloth is not installed or there is no CUDA GPU")
@@ -179,7 +183,8 @@ def adapt(planned: dict, cfg, rank: RankFacts) -> LaunchPlan:
     compiled = _compiled(cfg, rank, bool(planned.get("compile_layers")), backend, strategy, notes)
     return LaunchPlan(precision, per_device, accum, global_batch, checkpointing, backend, optimizer, notes,
                       batching=batching, kernels=kernels, strategy=strategy, quantization=quantization,
-                      activation_offloading=offloading, compile_layers=compiled)
+                      activation_offloading=offloading, compile_layers=compiled,
+                      reference=trainers.reference(cfg)[0])
 
 
 def plan_for(ctx, cfg, planned: dict) -> LaunchPlan:

@@ -8,13 +8,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 
-from kit.errors import UsageError
-from kit.planning import names
+from kit.errors import UsageError, shown
+from kit.planning import names, tracking
 
 METHODS = ("lora", "qlora", "full")
 BACKENDS = ("auto", "transformers", "unsloth")
-FORMATS = ("auto", "messages", "alpaca", "prompt_completion", "text")
+FORMATS = ("auto", "messages", "alpaca", "prompt_completion", "text", "preference", "unpaired_preference")
 OPTIMIZERS = ("auto", "adamw_torch", "adamw_torch_fused", "adamw_8bit", "paged_adamw_8bit")
 BATCHINGS = ("auto", "padded", "grouped", "padding_free", "packed")
 KERNELS = ("auto", "liger", "none")
@@ -23,7 +24,11 @@ SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
 CHECKPOINTING = ("auto", "on", "off")
 STRATEGIES = ("auto", "ddp", "fsdp", "model_parallel")
 EVAL_METRICS = ("auto", "exact_match", "none")
+TRAINERS = ("sft", "dpo", "kto")
+DPO_LOSSES = ("sigmoid", "hinge", "ipo", "robust", "sigmoid_norm")
 
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+MAX_NAMES = 256  # module names in lora.target_modules, renamed columns in data.columns
 INT_MAX = 2**31 - 1  # a C int: what torch, tokenizers and the Trainer's step counters hold
 MAX_EPOCHS = 10**6
 
@@ -33,19 +38,23 @@ MAX_EPOCHS = 10**6
 _POSITIVE = {"seq_len", "per_device_batch", "global_batch", "epochs", "max_steps",
              "save_steps", "save_every_minutes", "keep_checkpoints", "lease_heartbeat_seconds", "time_budget_minutes",
              "logging_steps", "eval_steps", "lora.r", "lora.alpha", "eval.subset", "eval.min_rows",
-             "eval.max_new_tokens"}
+             "eval.max_new_tokens", "dpo.beta", "kto.beta"}
 _NON_EMPTY = {"model", "output_dir", "data.path", "data.split", "store", "revision", "resume"}
-_NON_NEGATIVE = {"warmup_steps", "weight_decay", "max_grad_norm", "learning_rate", "eval.samples", "squash_history_every"}
+_NON_NEGATIVE = {"warmup_steps", "weight_decay", "max_grad_norm", "learning_rate", "eval.samples", "squash_history_every",
+                 "kto.desirable_weight", "kto.undesirable_weight"}
 _CHOICES = {"method": METHODS, "backend": BACKENDS, "data.format": FORMATS, "optimizer": OPTIMIZERS,
             "precision": PRECISIONS, "lr_scheduler": SCHEDULERS, "gradient_checkpointing": CHECKPOINTING,
             "batching": BATCHINGS, "kernels": KERNELS, "strategy": STRATEGIES, "eval.metric": EVAL_METRICS,
-            "activation_offloading": CHECKPOINTING, "compile": CHECKPOINTING}
+            "activation_offloading": CHECKPOINTING, "compile": CHECKPOINTING, "report_to": tracking.CHOICES,
+            "trainer": TRAINERS, "dpo.loss_type": DPO_LOSSES, "dpo.precompute_ref_log_probs": CHECKPOINTING,
+            "kto.precompute_ref_log_probs": CHECKPOINTING}
 # Names people bring from other tools (HF TrainingArguments, TRL, axolotl).
 _ALIASES = {"lr": "learning_rate", "batch_size": "per_device_batch", "max_seq_length": "seq_len",
             "max_length": "seq_len", "model_name": "model", "num_train_epochs": "epochs",
             "gradient_accumulation_steps": "global_batch", "bf16": "precision", "fp16": "precision",
             "rank": "r", "lora_r": "r", "lora_alpha": "alpha", "lora_dropout": "dropout", "targets": "target_modules",
-            "dataset": "path", "data_path": "path", "torch_compile": "compile"}
+            "dataset": "path", "data_path": "path", "torch_compile": "compile", "tracker": "report_to",
+            "logger": "report_to"}
 
 
 # Keys that name something kit decides itself, with where that decision is made.
@@ -63,7 +72,7 @@ def unknown_key(key: str, known, prefix: str, source: str, value=None) -> UsageE
     leaf = key.split(".")[-1]
     where = f" in {source}" if source else ""
     if leaf in _PLANNED and not prefix:
-        return UsageError(f"unknown config key {key!r}{where}: {_PLANNED[leaf]}")
+        return UsageError(f"unknown config key {shown(key, quote=True)}{where}: {_PLANNED[leaf]}")
     alias = _ALIASES.get(leaf)
     # A value that is one of a key's choices (`dtype=bf16`) points at that key better than the spelling.
     by_value = [k for k, choices in _CHOICES.items() if isinstance(value, str) and value in choices
@@ -75,7 +84,7 @@ def unknown_key(key: str, known, prefix: str, source: str, value=None) -> UsageE
     else:
         close = [prefix + c for c in difflib.get_close_matches(leaf, list(known), n=1)]
     hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(known)}"
-    return UsageError(f"unknown config key {key!r}{where}{hint}")
+    return UsageError(f"unknown config key {shown(key, quote=True)}{where}{hint}")
 
 
 def _is_number(text: str) -> bool:
@@ -86,16 +95,33 @@ def _is_number(text: str) -> bool:
     return True
 
 
+def _refuse_controls(key: str, value, where: str) -> None:
+    """A newline, NUL, ESC, DEL or C1 control in a string setting (a path, a name, a module, a column)
+    breaks every file and command it goes into: refused by name. (Bidi and zero-width characters are
+    allowed: the script holds them as escaped literals and kit prints them escaped.)"""
+    strings = value if isinstance(value, list) else [*value.keys(), *value.values()] if isinstance(value, dict) \
+        else [value]
+    if any(isinstance(v, str) and _CONTROL.search(v) for v in strings):
+        raise UsageError(f"config key {shown(key, quote=True)}{where} holds a control character (newline, tab, NUL, "
+                         f"ESC): {shown(value, quote=True)}")
+
+
 def check_value(key: str, f: dataclasses.Field, value, source: str):
     """Return `value` converted to the field's type, or raise UsageError naming key and value."""
     where = f" in {source}" if source else ""
+    name = shown(key, quote=True)  # as every message names it: escaped, at most 200 characters
     ann = str(f.type)
     optional = "None" in ann
     if value is None:
         if optional:
             return None
-        raise UsageError(f"config key {key!r}{where} must not be null")
-    if key in ("gradient_checkpointing", "activation_offloading", "compile"):
+        raise UsageError(f"config key {name}{where} must not be null")
+    _refuse_controls(key, value, where)
+    if isinstance(value, (list, dict)) and len(value) > MAX_NAMES:  # each is matched against every module or column
+        raise UsageError(f"config key {name}{where} lists {len(value):,} names; a real one has "
+                         f"a few (at most {MAX_NAMES:,})")
+    if key in ("gradient_checkpointing", "activation_offloading", "compile", "dpo.precompute_ref_log_probs",
+               "kto.precompute_ref_log_probs"):
         # PyYAML reads on/off/yes/no/true/false as booleans: accept them all.
         if isinstance(value, bool):
             return "on" if value else "off"
@@ -103,20 +129,20 @@ def check_value(key: str, f: dataclasses.Field, value, source: str):
         value = {"true": "on", "false": "off", "yes": "on", "no": "off"}.get(value, value)
     elif key == "save_every_minutes" and isinstance(value, str) and not _is_number(value):
         if value.strip().lower() != "auto":
-            raise UsageError(f"config key {key!r}{where} must be a number of minutes or auto, got {value!r}")
+            raise UsageError(f"config key {name}{where} must be a number of minutes or auto, got {shown(value, quote=True)}")
         return "auto"
     elif key == "lora.target_modules":
         if isinstance(value, str) and value.strip():
             return value
         if isinstance(value, list) and value and all(isinstance(v, str) and v.strip() for v in value):
             return list(value)
-        raise UsageError(f"config key {key!r}{where} must be 'all-linear' or a list of module names, got {value!r}")
+        raise UsageError(f"config key {name}{where} must be 'all-linear' or a list of module names, got {shown(value, quote=True)}")
     elif ann.startswith("int"):
         if isinstance(value, bool) or not isinstance(value, int):
             if isinstance(value, float) and value.is_integer():
                 value = int(value)
             else:
-                raise UsageError(f"config key {key!r}{where} must be an integer, got {value!r}")
+                raise UsageError(f"config key {name}{where} must be an integer, got {shown(value, quote=True)}")
     elif ann.startswith("float"):
         if isinstance(value, str):  # PyYAML reads 2e-4 (no dot) as a string: YAML 1.1 wants 2.0e-4
             try:
@@ -124,52 +150,54 @@ def check_value(key: str, f: dataclasses.Field, value, source: str):
             except ValueError:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise UsageError(f"config key {key!r}{where} must be a number, got {value!r}")
-        value = float(value)
+            raise UsageError(f"config key {name}{where} must be a number, got {shown(value, quote=True)}")
+        try:
+            value = float(value)
+        except OverflowError:  # an integer of 400 digits: no float holds it (it was "a bug in kit")
+            raise UsageError(f"config key {name}{where} must be a finite number, got "
+                             f"{shown(value, quote=True)}") from None
         if not math.isfinite(value):  # YAML's .nan/.inf: a NaN learning rate trains nothing, silently
-            raise UsageError(f"config key {key!r}{where} must be a finite number, got {value!r}")
+            raise UsageError(f"config key {name}{where} must be a finite number, got {shown(value, quote=True)}")
     elif ann.startswith("bool"):
         if not isinstance(value, bool):
-            raise UsageError(f"config key {key!r}{where} must be true or false, got {value!r}")
+            raise UsageError(f"config key {name}{where} must be true or false, got {shown(value, quote=True)}")
     elif ann.startswith("dict"):
         if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                   for k, v in value.items()):
-            raise UsageError(f"config key {key!r}{where} must be a mapping of column names, got {value!r}")
+            raise UsageError(f"config key {name}{where} must be a mapping of column names, got {shown(value, quote=True)}")
     elif ann.startswith("str"):
         if isinstance(value, (dict, list, bool)):
-            raise UsageError(f"config key {key!r}{where} must be a string, got {value!r}")
+            raise UsageError(f"config key {name}{where} must be a string, got {shown(value, quote=True)}")
         value = str(value)
-        if any(ord(c) < 32 for c in value):  # a newline or NUL in a path or a name breaks every file it goes into
-            raise UsageError(f"config key {key!r}{where} holds a control character (newline, tab, NUL): {value!r}")
         if not value.strip() and key in _NON_EMPTY:
-            raise UsageError(f"config key {key!r}{where} must not be empty")
+            raise UsageError(f"config key {name}{where} must not be empty")
+        if key in PATH_KEYS:  # first: a 5,000-character model name was an OSError from stat()
+            names.check_name_lengths(value, key, where)
         if key == "model":
             value = names.check_model(value, key, where)
         elif key == "store":
             value = names.check_store(value, key, where)
-        if key in PATH_KEYS:
-            names.check_name_lengths(value, key, where)
     if key in _CHOICES and value not in _CHOICES[key]:
         close = difflib.get_close_matches(str(value).lower(), _CHOICES[key], n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise UsageError(f"config key {key!r}{where} is {value!r}; expected one of {'|'.join(_CHOICES[key])}{hint}")
+        raise UsageError(f"config key {name}{where} is {shown(value, quote=True)}; expected one of {'|'.join(_CHOICES[key])}{hint}")
     if key in _POSITIVE and value <= 0:
-        raise UsageError(f"config key {key!r}{where} must be > 0, got {value!r}")
+        raise UsageError(f"config key {name}{where} must be > 0, got {shown(value, quote=True)}")
     if key in _NON_NEGATIVE and value < 0:
-        raise UsageError(f"config key {key!r}{where} must be >= 0, got {value!r}")
+        raise UsageError(f"config key {name}{where} must be >= 0, got {shown(value, quote=True)}")
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT_MAX and key != "seed":
         # 10**21 steps "trained forever"; the libraries keep counts, lengths and ranks in C ints
-        raise UsageError(f"config key {key!r}{where} must be at most {INT_MAX:,}, got {value!r}")
+        raise UsageError(f"config key {name}{where} must be at most {INT_MAX:,}, got {shown(value, quote=True)}")
     if key == "epochs" and value > MAX_EPOCHS:  # epochs × rows becomes a step count
-        raise UsageError(f"config key {key!r}{where} must be at most {MAX_EPOCHS:,}, got {value!r}")
+        raise UsageError(f"config key {name}{where} must be at most {MAX_EPOCHS:,}, got {shown(value, quote=True)}")
     if key == "seed" and not 0 <= value < 2**32:  # numpy's and CUDA's generators take 32-bit seeds
-        raise UsageError(f"config key {key!r}{where} must be in [0, 2**32), got {value!r}")
+        raise UsageError(f"config key {name}{where} must be in [0, 2**32), got {shown(value, quote=True)}")
     if key == "learning_rate" and value > 1:  # 1e300 overflowed the optimizer at step 1; real ones are < 1e-2
-        raise UsageError(f"config key {key!r}{where} must be at most 1 (LoRA uses about 2e-4), got {value!r}")
+        raise UsageError(f"config key {name}{where} must be at most 1 (LoRA uses about 2e-4), got {shown(value, quote=True)}")
     if key == "lora.dropout" and not 0 <= value < 1:
-        raise UsageError(f"config key {key!r}{where} must be in [0, 1), got {value!r}")
+        raise UsageError(f"config key {name}{where} must be in [0, 1), got {shown(value, quote=True)}")
     if key in ("data.eval_fraction", "data.max_duplicate_fraction") and not 0 <= value < 1:
-        raise UsageError(f"config key {key!r}{where} must be in [0, 1), got {value!r}")
+        raise UsageError(f"config key {name}{where} must be in [0, 1), got {shown(value, quote=True)}")
     return value
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 
-from kit.planning import memory
+from kit.planning import memory, trainers
 from kit.errors import UsageError
 from kit.files import GIB
 
@@ -109,7 +109,8 @@ def fit(model, cfg, precision, quantized, optimizer, n, budget, device="cuda", l
                 why.append(f"fsdp: each rank quantizes the whole 4-bit base on its GPU before sharding it "
                            f"(~{load / GIB:.1f} GiB, more than the {budget / GIB:.1f} GiB of one GPU)")
                 continue
-        batches = [cfg.per_device_batch] if cfg.per_device_batch else list(AUTO_BATCHES)
+        smallest = trainers.of(cfg).min_batch  # KTO's KL term needs two rows in a micro-batch
+        batches = [cfg.per_device_batch] if cfg.per_device_batch else [b for b in AUTO_BATCHES if b >= smallest]
         if cfg.global_batch is not None:
             batch_for_world(cfg, batches[0], world)  # raises UsageError when it cannot divide
             batches = [b for b in batches if cfg.global_batch % (b * world) == 0]
@@ -134,7 +135,7 @@ def cheaper_change(model, cfg, precision, optimizer, n, budget, gpu_name, loop=N
     options = []
     if cfg.gradient_checkpointing == "off":
         options.append(("gradient_checkpointing=on", {"gradient_checkpointing": "on"}))
-    if cfg.per_device_batch and cfg.per_device_batch > 1:
+    if cfg.per_device_batch and cfg.per_device_batch > 1 and trainers.of(cfg).min_batch == 1:
         options.append(("per_device_batch=1 (keep the global batch with accumulation)", {"per_device_batch": 1}))
     if cfg.method == "full":
         options.append(("method=lora", {"method": "lora"}))

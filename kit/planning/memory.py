@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from kit.files import GIB
+from kit.planning import trainers
 
 CUDA_CONTEXT = GIB // 2      # not counted by max_memory_allocated; ~0.3-0.6 GiB depending on GPU and CUDA
 SLACK = 0.10                 # caching-allocator fragmentation: reserved exceeds allocated by about this much
@@ -48,7 +49,7 @@ FUSED_TILE = (4096, 32768)
 def fuses_lm_head(trl_version: str | None) -> bool:
     """Whether SFTTrainer of this TRL version computes the loss without materialising the logits.
 
-    None (TRL not installed where the plan is for) counts as yes: `pip install kit[train]` brings the
+    None (TRL not installed where the plan is for) counts as yes: `pip install -e ".[train]"` brings the
     newest TRL.
     """
     if not trl_version:
@@ -198,8 +199,20 @@ def estimate(model, cfg, precision: str, per_device_batch: int, gradient_checkpo
         terms["fsdp_gathered_head"] = model.vocab * model.hidden * bp
         notes.append(f"weights, gradients and optimizer states are sharded {world_size} ways")
 
+    # Preference trainers: DPO puts chosen and rejected through the policy as one batch of twice the
+    # rows; the reference (the starting model) scores them without gradients, as the base with the
+    # adapter disabled (LoRA), a second copy (full, precompute off) or not at all in training (precomputed).
+    trainer = trainers.of(cfg)
+    rows = per_device_batch * trainer.sequences
+    ref_kind, ref_why = trainers.reference(cfg)
+    if ref_kind == "model_copy":
+        terms["reference_model"] = model.params * bp / n
+    if trainer.reference:
+        notes.append(f"{trainer.name}: {rows} sequences of up to {cfg.seq_len} tokens per micro-batch of "
+                     f"{per_device_batch}; {ref_why}")
+
     # Activations and logits.
-    tokens = per_device_batch * cfg.seq_len
+    tokens = rows * cfg.seq_len
     layer = layer_activation_bytes(model, bp, cfg.method, cfg.lora.target_modules, quantized=quantized,
                                    autocast=autocast) * tokens
     hidden = model.hidden * tokens * bp
@@ -230,6 +243,23 @@ def estimate(model, cfg, precision: str, per_device_batch: int, gradient_checkpo
         terms["activations"] = layers_here * layer + hidden
         terms.update(logits)
 
+    no_grad = _no_grad_forward_tokens(trainer, ref_kind, per_device_batch, cfg.seq_len)
+    if no_grad:
+        # The reference's (or KTO's KL) forward runs after the policy's, its activations kept for backward
+        # still held: one layer's working set and a loss tile at a time, never the whole forward.
+        phase = {"no_grad_forward": no_grad * (3 * model.intermediate + 4 * model.hidden) * bp
+                 + min(no_grad, FUSED_TILE[0]) * min(model.vocab, FUSED_TILE[1]) * bp}
+        peak_phase = ("layer_recompute" in terms and terms["layer_recompute"]) or sum(logits.values())
+        if gradient_checkpointing and phase["no_grad_forward"] > peak_phase:
+            for k in ("layer_recompute", *logits):
+                terms.pop(k, None)
+            terms.update(phase)
+            notes.append("the reference forward (no gradients) is the peak, over the kept layer inputs")
+        elif not gradient_checkpointing and phase["no_grad_forward"] > sum(logits.values()):
+            for k in logits:
+                terms.pop(k, None)
+            terms.update(phase)
+
     if batching == "packed" and packed_as_rows and device == "cuda":
         terms["packed_attention_mask"] = per_device_batch * packed_mask_bytes(cfg.seq_len, model.layers / n,
                                                                               gradient_checkpointing)
@@ -246,6 +276,13 @@ def estimate(model, cfg, precision: str, per_device_batch: int, gradient_checkpo
         terms["cuda_context"] = CUDA_CONTEXT
     terms = {k: int(v) for k, v in terms.items()}
     return MemoryEstimate(terms=terms, total_bytes=sum(terms.values()), allocated_bytes=allocated, notes=notes)
+
+
+def _no_grad_forward_tokens(trainer, ref_kind, per_device_batch: int, seq_len: int) -> int:
+    """Tokens of the largest forward without gradients a step of `trainer` runs (0: none)."""
+    ref = per_device_batch * trainer.sequences * seq_len if ref_kind in ("adapter_disabled", "model_copy") else 0
+    kl = per_device_batch * trainer.no_grad_sequences * seq_len
+    return max(ref, kl)
 
 
 def packed_mask_bytes(tokens: int, layers: float, gradient_checkpointing: bool) -> int:

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from kit.errors import CannotTrain, UsageError
 from kit.machine import gpu_table, verdicts
 from kit.machine.command import launch_command
-from kit.planning import hostram, memory, plan_words, precision, shapes, speed
+from kit.planning import hostram, memory, plan_words, precision, shapes, speed, tracking, trainers
 from kit.planning.measured import MEASURED
 from kit.planning.names import check_data
 from kit.planning import nodes as nodes_mod
@@ -80,9 +80,14 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
     # What the script would find only after loading the model: before any plan.
     shapes.check_seq_len(cfg, model.max_position)
     check_data(cfg.data.path)
+    trainers.check(cfg)  # settings the trainer's TRL trainer cannot run: before any plan
     plan = Plan(model=cfg.model)
     plan.reasons.append(f"{cfg.model}: {plan_words.count(model.params)} parameters, {model.layers} layers, vocab "
                         f"{model.vocab} (from {model.source}).")
+    # A tracker the machine's facts show missing: refused here, as the script refuses it at launch.
+    _, tracked = tracking.choose(cfg.report_to, tracking.installed_in(facts.packages), "on the machine planned for")
+    if tracked:
+        plan.reasons.append(tracked)
     quantized = cfg.method == "qlora" or model.prequantized is not None
     if model.prequantized and cfg.method == "full":
         raise UsageError(f"{cfg.model} is a 4-bit checkpoint and cannot be fully fine-tuned: use method=lora, "
@@ -119,7 +124,9 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
             plan.reasons.append("bitsandbytes is not installed there: `pip install bitsandbytes` before training.")
     plan.optimizer = _optimizer(cfg, facts, gpu)
     budget = rank_budget(usable, plan.reasons)
-    plan.batching = speed.batching(cfg, gpu, plan.reasons)
+    # A preference trainer pads its batches: the SFT batching reasons would only be taken back.
+    plan.batching = speed.batching(cfg, gpu, plan.reasons if cfg.trainer == "sft" else [])
+    trainers.plan_rules(cfg, plan, plan.reasons)
     loop = {**training_loop(facts), "batching": plan.batching}
     ram, why = hostram.budget(facts.ram_bytes), []
     found = fit(model, cfg, plan.precision, quantized, plan.optimizer, n, budget, loop=loop,
@@ -149,7 +156,7 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
     plan.reasons += plan_words.strategy_reasons(strategy, n if strategy == "model_parallel" else world, gpu["name"],
                                                 est, budget, model, cfg, gc, quantized, plan, why)
     plan.reasons.append(plan_words.host_words(model, strategy, quantized, plan.nproc, cfg, ram, nodes))
-    plan.backend = _backend(cfg, facts, gpu, strategy, plan.reasons)
+    plan.backend = trainers.backend(cfg, _backend(cfg, facts, gpu, strategy, plan.reasons), plan.reasons)
     if plan.backend == "unsloth" and (speed.unsloth_batching(cfg, plan.batching, plan.reasons) != plan.batching
                                       or plan.batching == "packed"):
         if plan.batching != "packed":
@@ -168,6 +175,7 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
         plan.memory.update(per_gpu_bytes=est.total_bytes, allocated_bytes=est.allocated_bytes, terms=est.terms,
                            notes=est.notes)
     plan.compile_layers = speed.compile_layers(cfg, gpu, plan.backend, strategy, plan.reasons)
+    trainers.plan_rules(cfg, plan, [])  # compiled layers: off for a preference trainer (its reason said above)
     plan.launch = _launch(strategy, plan.nproc, usable, facts, gpu)
     if nodes > 1:
         run_id = "kit-" + "".join(ch if ch.isalnum() else "-" for ch in cfg.model.split("/")[-1].lower())
@@ -218,7 +226,7 @@ def _cpu_plan(facts, cfg, model, plan: Plan, nproc) -> Plan:
                       "use a GPU machine (Kaggle T4×2, Colab T4) or a model under 1B")
     if cfg.method == "qlora" or model.prequantized:
         _refuse(plan, "4-bit QLoRA needs a GPU (bitsandbytes): use method=lora on the CPU")
-    if cfg.backend == "unsloth":  # the script would refuse it too (kit.planning.adapt)
+    if cfg.backend == "unsloth" and cfg.trainer == "sft":  # the script would refuse it too (kit.planning.adapt)
         _refuse(plan, "backend=unsloth needs a CUDA GPU: use backend=auto (or transformers) on the CPU")
     try:
         plan.precision, _ = precision.choose(cfg.precision, "cpu")
@@ -232,7 +240,8 @@ def _cpu_plan(facts, cfg, model, plan: Plan, nproc) -> Plan:
                       "the script, over gloo): use --nproc 2 or more, or strategy=auto")
     plan.optimizer = "adamw_torch" if cfg.optimizer in ("auto", "adamw_8bit", "paged_adamw_8bit") else cfg.optimizer
     ram = facts.ram_bytes or CPU_ASSUMED_RAM  # ranks on a CPU share the machine's memory
-    plan.batching = speed.batching(cfg, None, plan.reasons)
+    plan.batching = speed.batching(cfg, None, plan.reasons if cfg.trainer == "sft" else [])
+    trainers.plan_rules(cfg, plan, plan.reasons)
     speed.activation_offloading(cfg, None, "transformers", "single", False, plan.reasons)  # its reason; off here
     speed.compile_layers(cfg, None, "transformers", "single", plan.reasons)  # its reason when configured; off here
     if cfg.optimizer == "adamw_torch_fused":

@@ -9,6 +9,7 @@ import html
 import json
 import sys
 
+from kit.errors import shown
 from kit.files import GIB
 
 
@@ -45,7 +46,9 @@ def to_text(facts, verdicts=None, next_steps: list[str] | None = None, do_this: 
 
 def to_html(facts, verdicts=None, next_steps: list[str] | None = None, do_this: bool = True) -> str:
     """A self-contained HTML fragment (two tables and the verdict) for a notebook cell's output."""
-    e = html.escape
+    def e(text) -> str:  # a bidi override or a zero-width character is shown escaped in HTML too
+        return html.escape(shown(str(text), limit=None))
+
     cell = "style='text-align:left;padding:2px 10px'"
     machine = "".join(f"<tr><th {cell}>{e(k)}</th><td {cell}>{e(str(v))}</td></tr>" for k, v in _machine_rows(facts))
     header, *rows = _gpu_table(facts, verdicts)
@@ -76,9 +79,11 @@ def show(facts, verdicts=None, next_steps: list[str] | None = None, as_json: boo
 
     With a plan (bootstrap --config), the plan comes between the machine and the next steps;
     `wrote` (what bootstrap wrote) gets its own line just before the one `Next:` line, and the
-    verdict's own advice is left out then: the next step of a written plan replaces it.
+    verdict's own advice is left out whenever there is a next step: that step replaces it.
     """
-    do_this = not (plan is not None and wrote)
+    # The verdict's own advice only when there is no next step: a next step (a written plan's launch,
+    # the bootstrap that writes one) replaces it, so no two lines say what to do.
+    do_this = not next_steps
     if as_json:
         print(to_json(facts, verdicts, next_steps, plan, wrote))
     elif in_notebook_kernel():
@@ -100,12 +105,12 @@ def show(facts, verdicts=None, next_steps: list[str] | None = None, as_json: boo
         print(plan_to_text(plan, launch=not next_steps))
         _print_next(wrote, next_steps)
     else:
-        print(to_text(facts, verdicts, next_steps), end="")
+        print(to_text(facts, verdicts, next_steps, do_this), end="")
 
 
 def _print_next(wrote: str | None, next_steps: list[str] | None) -> None:
     if wrote:
-        print(wrote[:1].upper() + wrote[1:])
+        print(shown(wrote[:1].upper() + wrote[1:], limit=None))  # it names the -o path
     for step in next_steps or []:
         print(f"Next: {step}")
 

@@ -18,7 +18,17 @@ from kit.planning import config
 
 
 def parse(argv: list[str], config_path: str) -> argparse.Namespace:
-    parser = Parser(prog="train_ddp.py", description=f"Train as configured in {config_path}.")
+    import os
+    import sys
+
+    from kit.script import failed_bootstrap
+
+    script = getattr(sys.modules.get("__main__"), "__file__", None)
+    if script:  # a bootstrap for another job failed since this script was written: it must not train instead
+        failed_bootstrap.check(script)
+
+    name = os.path.basename(script) if script else "train_ddp.py"  # `-o t8b.py` wrote t8b.py: its --help says so
+    parser = Parser(prog=name, description=f"Train as configured in {config_path}.")
     config.add_config_arguments(parser)
     parser.set_defaults(config=None)
     parser.add_argument("--smoke", action="store_true", help="one optimizer step, then check that training works")
@@ -28,14 +38,41 @@ def parse(argv: list[str], config_path: str) -> argparse.Namespace:
 
 
 def settings(embedded: dict, embedded_plan: dict, args: argparse.Namespace) -> tuple[config.RunConfig, dict]:
-    """(config, plan): the embedded ones with overrides, or `--config FILE` planned for this machine."""
+    """(config, plan): the embedded ones with overrides, or `--config FILE` planned for this machine.
+
+    Checked here, before any model loads: the settings' values, and the tracker report_to names
+    (installed here; rank 0: its key, kit.train.tracking).
+    """
     if not args.config:
         cfg = config.from_dict(embedded, source="train_ddp.py SETTINGS")
         for key, value in config.parse_overrides(args.overrides or ()):
             config.set_value(cfg, key, value, source="command line")
-        return cfg, embedded_plan
-    cfg = config.load(args.config, args.overrides or ())
-    return cfg, replan(cfg, args.config)
+        same_trainer(cfg, embedded)
+        planned = embedded_plan
+    else:
+        cfg = config.load(args.config, args.overrides or ())
+        same_trainer(cfg, embedded)
+        planned = replan(cfg, args.config)
+    _settle_tracker(cfg)
+    return cfg, planned
+
+
+def _settle_tracker(cfg: config.RunConfig) -> None:
+    from kit.train import tracking
+    from kit.train.dist import env_int
+
+    tracking.settle(cfg, env_int("RANK", 0))
+
+
+def same_trainer(cfg: config.RunConfig, embedded: dict) -> None:
+    """The script builds the trainer it was rendered for (SFTTrainer, DPOTrainer…): another one is refused."""
+    from kit.errors import UsageError
+
+    rendered = embedded.get("trainer", "sft")
+    if cfg.trainer != rendered:
+        raise UsageError(f"this script was rendered for trainer={rendered}, and the settings ask for "
+                         f"trainer={cfg.trainer}: render a script for it (python -m kit render --config FILE "
+                         f"trainer={cfg.trainer} -o train_{cfg.trainer}.py)")
 
 
 def steps_given(args: argparse.Namespace) -> bool:

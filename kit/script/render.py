@@ -10,15 +10,26 @@ from pathlib import Path
 from string import Template
 
 from kit import __version__
-from kit.machine.command import launch_command
+from kit.machine.command import launch_command, shell_word
 from kit.planning import config
-from kit.errors import UsageError
+from kit.script import failed_bootstrap
+from kit.errors import UsageError, shown
 from kit.files import check_output, same_content, write_atomic
 
 TEMPLATE = Path(__file__).parent / "templates" / "train_ddp.py.tmpl"
 PLAN_KEYS = ("precision", "strategy", "device", "nproc", "per_device_batch", "grad_accum", "global_batch",
              "gradient_checkpointing", "backend", "optimizer", "batching", "kernels", "activation_offloading",
              "compile_layers")
+# The trainer seam: each trainer is its TRL config and trainer classes, the config's own arguments
+# (templates/trainer_args/<name>.py.tmpl, spliced into the one SFTConfig/DPOConfig/… call of the
+# template) and any line after the trainer is built. A new trainer is one row and one arguments file.
+TRAINERS = {
+    "sft": ("SFTConfig", "SFTTrainer", ""),
+    "dpo": ("DPOConfig", "DPOTrainer", "        modeling.reference_is_base(trainer.model)  # the base, adapter off: no copy of "
+                                       "the fresh adapter\n"),
+    "kto": ("KTOConfig", "KTOTrainer", "        modeling.reference_is_base(trainer.model)  # the base, adapter off: no copy of "
+                                       "the fresh adapter\n"),
+}
 METHOD_WORDS = {"lora": "LoRA", "qlora": "QLoRA (4-bit nf4 base + LoRA)", "full": "full fine-tuning"}
 
 
@@ -47,33 +58,39 @@ def _strategy_words(plan: dict) -> str:
     return f"{plan.get('strategy')} on {n} {where}, {plan.get('precision')}"
 
 
-def _launch_line(plan: dict) -> str:
+def _launch_line(plan: dict, script: str = "train_ddp.py") -> str:
     """The plan's command, as `kit.machine.command` writes it (one process drives all GPUs for model parallel)."""
     strategy, n = plan.get("strategy"), plan.get("nproc", 1)
     if strategy == "model_parallel":
-        return launch_command(1)
-    return launch_command(n, torchrun=strategy == "fsdp" or n > 1)
+        return launch_command(1, script=script)
+    return launch_command(n, torchrun=strategy == "fsdp" or n > 1, script=script)
 
 
 def rerender_command(config_path: str, machine_args=(), overrides=(), output: str = "train_ddp.py") -> str:
     """The `kit render` command that writes this same file again: same config, machine, overrides, -o."""
-    import shlex
-
     args = ["--config", Path(config_path).as_posix(), *machine_args, *overrides, "-o", Path(output).as_posix(),
             "--force"]
-    return "python -m kit render " + shlex.join(args)
+    # The value after a path flag is a path: `./-x.yaml`, never read as an option.
+    words = [shell_word(a, path=i > 0 and args[i - 1] in ("--config", "-o", "--facts")) for i, a in enumerate(args)]
+    return "python -m kit render " + " ".join(words)
 
 
-def render(cfg: config.RunConfig, plan: dict, config_path: str, machine: str, rerender: str | None = None) -> str:
+def render(cfg: config.RunConfig, plan: dict, config_path: str, machine: str, rerender: str | None = None,
+           script: str = "train_ddp.py") -> str:
     """The text of train_ddp.py for `cfg` planned as `plan` on `machine` (words).
 
     `rerender` is the command printed at the top that reproduces the file; by default the one for
-    this machine, no overrides, `-o train_ddp.py`.
+    this machine, no overrides, `-o train_ddp.py`. `script` is where the file goes (`-o` as given):
+    the commands its docstring shows run that file.
     """
+    import shlex
+
+    script = shlex.quote(_in_docstring(Path(script).as_posix()))
     kept = {k: plan[k] for k in PLAN_KEYS if k in plan}
     backend = kept.get("backend")
     unsloth_import = ("    import unsloth  # noqa: F401  (first: Unsloth patches transformers and trl on import)\n\n"
                       if backend == "unsloth" else "")
+    config_class, trainer_class, after = TRAINERS[cfg.trainer]
     words = {  # text from the user (paths, names, overrides) that lands in the docstring and comments
         "model": cfg.model, "method_words": METHOD_WORDS[cfg.method], "config_path": Path(config_path).as_posix(),
         "strategy_words": _strategy_words(plan), "plan_machine": machine,
@@ -83,33 +100,76 @@ def render(cfg: config.RunConfig, plan: dict, config_path: str, machine: str, re
         {k: _in_docstring(v) for k, v in words.items()},
         config_path_literal=repr(Path(config_path).as_posix()),
         nproc=kept.get("nproc", 1),
-        launch=f"{_launch_line(kept):<52} ",
-        launch_bare=_launch_line(kept),
+        launch=f"{_launch_line(kept, script):<52} ",
+        launch_bare=_launch_line(kept, script),
+        run_one=f"{'python ' + script:<52} ",
+        run_smoke=f"{'python ' + script + ' --smoke':<52} ",
+        run_config=f"{'python ' + script + ' --config other.yaml':<52} ",
         unsloth_import=unsloth_import,
+        config_class=config_class, trainer_class=trainer_class, trainer_after=after,
+        trainer_args=(TEMPLATE.parent / "trainer_args" / f"{cfg.trainer}.py.tmpl").read_text(),
+        report_to=cfg.report_to,
         kit_version=__version__,
-        settings=_literal(config.to_dict(cfg)),
+        settings=_literal(_settings(cfg)),
         plan=_literal(kept),
     )
 
 
+def _settings(cfg) -> dict:
+    """The config as the script's SETTINGS: the sections of other trainers (their defaults) left out."""
+    out = config.to_dict(cfg)
+    for name in TRAINERS:
+        if name != cfg.trainer:
+            out.pop(name, None)
+    return out
+
+
 def _in_docstring(text: str) -> str:
-    """`text` as it may stand in the script's docstring or a comment: a backslash, a quote or a newline
-    in a path (`we"ird\\N.yaml`) shown escaped, so the script still parses and reads the same."""
-    text = str(text).replace("\\", "\\\\").replace('"', '\\"')
-    return "".join(c if ord(c) >= 32 else repr(c)[1:-1] for c in text)
+    """`text` as it may stand in the script's docstring or a comment: a backslash, a quote, a newline
+    or a bidi override in a path (`we"ird\\N.yaml`) shown escaped (`kit.errors.shown`), so the script
+    still parses, no line of it is forged, and its source and its docstring read the same."""
+    return shown(str(text), limit=None).replace("\\", "\\\\").replace('"', '\\"')
 
 
-def write(text: str, out: Path, force: bool) -> None:
-    """Write `text` to `out` atomically; an existing different file needs `force`."""
+def write(text: str, out: Path, force: bool = False) -> Path | None:
+    """Write `text` to `out` atomically; an existing different file is kept as a numbered backup.
+
+    The one rule of `kit render` and `kit bootstrap`: nothing a user may have edited is lost, and
+    no flag is needed to replace it. Returns the backup's path (`train_ddp.py.prev`, else `.prev.2`,
+    `.prev.3`, … — never an earlier backup overwritten), or None when nothing was replaced. `force`
+    is accepted for older commands and changes nothing.
+    """
     from kit.auth import refuse_token
 
     out = Path(out)
     # The last gate before disk: whatever put it there (a setting, a --config path), no token is written.
     refuse_token(text, f"the script for {out}")
     check_output(out, "-o", "train_ddp.py")
-    if not force and same_content(out, text, "-o") is False:
-        raise UsageError(f"{out} exists and differs; pass --force to overwrite it")
+    backup = None
+    if same_content(out, text, "-o") is False:
+        backup = free_backup_name(out)
+        out.replace(backup)
     try:
         write_atomic(out, text, mode=0o644)
     except OSError as e:
+        if backup is not None:  # put the user's script back: a failed write must lose nothing
+            backup.replace(out)
         raise UsageError(f"cannot write {out}: {e.strerror or e}") from None
+    failed_bootstrap.clear(out)  # the script there now is the one asked for
+    return backup
+
+
+def free_backup_name(out: Path) -> Path:
+    """`train_ddp.py.prev`, else `.prev.2`, `.prev.3`, …: the first name not taken."""
+    import os
+
+    candidate, n = out.with_name(out.name + ".prev"), 1
+    while os.path.lexists(candidate):  # a dangling symlink is taken too: replacing it would lose it
+        n += 1
+        candidate = out.with_name(f"{out.name}.prev.{n}")
+    return candidate
+
+
+def kept_words(backup: Path | None) -> str:
+    """What the output says about a replaced file: ` (the previous one is now train_ddp.py.prev)`."""
+    return f" (the previous one is now {backup.name})" if backup is not None else ""

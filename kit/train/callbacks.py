@@ -8,7 +8,6 @@ next gradient all-reduce forever.
 from __future__ import annotations
 
 import contextlib
-import signal
 import statistics
 import sys
 import time
@@ -17,34 +16,11 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from kit.train import dist, divergence
+from kit.train.signals import StopSignals
 from kit.checkpoints import manifest, rotation
 from kit.planning import save_cadence
+from kit.errors import StoreError
 from kit.files import GIB
-
-
-class StopSignals:
-    """The first SIGTERM/SIGINT asks for a clean stop (save, push, exit 0); a second one kills."""
-
-    def __init__(self):
-        self.received: str | None = None
-        self._previous = {}
-
-    def install(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                self._previous[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread (a notebook's worker): keep the defaults
-                return
-
-    def _handle(self, signum, frame):
-        self.received = signal.Signals(signum).name
-        for sig, prev in self._previous.items():  # the next one acts at once
-            signal.signal(sig, prev)
-
-    def uninstall(self) -> None:
-        for sig, prev in self._previous.items():
-            signal.signal(sig, prev)
-        self._previous.clear()
 
 
 class AtTarget(Exception):
@@ -66,8 +42,9 @@ class Control(TrainerCallback):
     """Save by wall time, always save the last step, and stop before the deadline or on a signal."""
 
     def __init__(self, ctx, deadline, save_every_minutes: float | str, signals: StopSignals, save_cost_s,
-                 say=None, halt=None):
+                 say=None, halt=None, room=None):
         self.ctx, self.deadline, self.signals = ctx, deadline, signals
+        self.room = room  # kit.train.disk.Room: what the next checkpoint needs on this rank's disk
         self.auto = save_every_minutes == "auto"  # from the measured save cost (kit.planning.save_cadence)
         self.save_every_s = save_cadence.CEILING_S if self.auto else save_every_minutes * 60
         self.say = say
@@ -102,7 +79,7 @@ class Control(TrainerCallback):
         halt = self.halt() if self.halt else None
         diverged = self.watch.reason(kwargs["model"], state.global_step, fp16=bool(args.fp16))
         stop, save, halted, any_diverged = dist.any_true(
-            [near or self.signals.received is not None, now - self.last_save >= self._every_s(), halt is not None,
+            [near or self.signals.reason is not None, now - self.last_save >= self._every_s(), halt is not None,
              diverged is not None],
             self.ctx.device)
         if any_diverged:  # before this step's save: no checkpoint holds NaN weights
@@ -120,8 +97,12 @@ class Control(TrainerCallback):
         if stop and state.global_step < state.max_steps:
             control.should_save = True
             control.should_training_stop = True
-            self.stop_reason = (f"signal {self.signals.received}" if self.signals.received
-                                else f"deadline ({self.deadline.source})")
+            self.stop_reason = self.signals.reason or f"deadline ({self.deadline.source})"
+        if control.should_save and self.room is not None:  # every rank knows should_save alike: one more reduce
+            short = self.room.short(args.output_dir)
+            if dist.any_true([short is not None], self.ctx.device)[0]:  # before a byte of it is written
+                raise StoreError(short or "another process's disk has no room for the next checkpoint (its line "
+                                 "says where): the checkpoints saved so far are kept")
         return control
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
@@ -152,11 +133,40 @@ class Control(TrainerCallback):
         return self.save_every_s
 
 
+class ResumedBatch(TrainerCallback):
+    """Says, before transformers does, that a resumed run's micro-batch differs from the checkpoint's.
+
+    After a change of processes (2 → 1) kit keeps the global batch by changing the micro-batch and
+    the accumulation (and packing may fold them again), and transformers then warns, unexplained,
+    "per_device_train_batch_size: 4 (from args) != 8 (from trainer_state.json)". This note comes first.
+    """
+
+    def __init__(self, checkpoint: str | None, say):
+        self.checkpoint, self.say = checkpoint, say
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        import json
+
+        if not self.checkpoint:
+            return
+        try:
+            saved = json.loads((Path(self.checkpoint) / "trainer_state.json").read_text()).get("train_batch_size")
+        except (OSError, ValueError, AttributeError):
+            return  # resume itself reports an unreadable checkpoint
+        if not isinstance(saved, int) or saved // max(1, args.n_gpu) == args.per_device_train_batch_size:
+            return
+        self.say(f"micro-batch {args.per_device_train_batch_size} × accumulation {args.gradient_accumulation_steps} "
+                 f"per process now, {saved // max(1, args.n_gpu)} when the checkpoint was written (another number of "
+                 "processes, or rows packed into fuller sequences): the global batch is kept, so transformers' warning "
+                 "that per_device_train_batch_size does not match trainer_state.json is expected")
+
+
 class Checkpoints(TrainerCallback):
     """Seal each checkpoint with a manifest, then hand it to the background uploader (rank 0)."""
 
-    def __init__(self, ctx, fingerprint: dict, sync=None, extra: dict | None = None, keep: int = 0):
+    def __init__(self, ctx, fingerprint: dict, sync=None, extra: dict | None = None, keep: int = 0, room=None):
         self.ctx, self.fingerprint, self.sync = ctx, fingerprint, sync
+        self.room = room  # told each checkpoint's size on this rank's disk (kit.train.disk.Room)
         self.keep = keep  # local checkpoint-<step> folders kept (kit.checkpoints.rotation); 0: all
         self.extra = extra  # run id and base revision, kept in each manifest
         self.last_seal_s = 0.0
@@ -164,10 +174,12 @@ class Checkpoints(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         # Every rank has written its rng_state_{rank}.pth once all are here; one barrier per save.
         dist.barrier()
+        path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if self.room is not None:
+            self.room.saved(path)
         if not self.ctx.is_main:
             return
         started = time.monotonic()
-        path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         manifest.write_manifest(path, state.global_step, self.ctx.world_size, self.fingerprint, self.extra)
         self.last_seal_s = time.monotonic() - started
         if self.sync is not None:

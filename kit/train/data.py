@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from kit.errors import UsageError
 from kit.train.data_checks import as_messages, as_turns, row_problem
 from kit.train.data_source import load_located
+from kit.train import preference_data
 
 FORMATS = {
     "messages": ("messages",),
@@ -75,7 +76,8 @@ def detect_format(columns: list[str], data_cfg) -> tuple[str, dict[str, str]]:
         raise UsageError(f"data.format={data_cfg.format} needs columns {', '.join(FORMATS[data_cfg.format])}, but "
                          f"{has}{also}")
     expected = "; ".join(f"{f}: {', '.join(c)}" for f, c in FORMATS.items())
-    raise UsageError(f"columns {sorted(columns)} of {data_cfg.path} match no format; expected {expected} "
+    pairs = " (preference pairs: set trainer=dpo)" if {"chosen", "rejected"} <= set(columns) else ""
+    raise UsageError(f"columns {sorted(columns)} of {data_cfg.path} match no format{pairs}; expected {expected} "
                      f"(map yours with data.columns)")
 
 
@@ -162,7 +164,10 @@ def prepare(cfg, tokenizer, pack: bool = False) -> Prepared:
     collator restarts position_ids at every row, so rows stay apart in attention. Eval rows are not
     packed: eval loss stays per row, comparable with an unpacked run.
     """
-    ds, locate = load_located(cfg.data)
+    if cfg.trainer != "sft":  # preference rows stay text: TRL's DPO/KTO trainers tokenize them
+        train, evald, fmt, dups, mean = preference_data.prepare(cfg, tokenizer)
+        return Prepared(train, evald, fmt, 0, dups, mean)
+    ds, locate = load_located(cfg.data, cfg.seq_len)
     fmt, names = detect_format(ds.column_names, cfg.data)
     if fmt == "messages" and not tokenizer.chat_template:
         raise UsageError(f"{cfg.data.path} is chat data but the tokenizer of {cfg.model} has no chat template; "

@@ -3,6 +3,8 @@ row, and the shape that was expected.
 
 - `scan_json_lines(path)`: every line of a JSONL file is a JSON object (or the line is named).
 - `scan_csv_rows(path)`: every CSV row has the header's number of fields (or the row is named).
+- `scan_parquet_rows(path)`: no parquet row is over the row limit.
+Each scan also refuses a row over `kit.train.data_limits.row_limit(seq_len)` bytes, reading no more of it.
 - `explain_mixed_types(path, lines)`: which line's fields have another type than the first row's,
   when Arrow cannot build one table from the file.
 - `row_problem(row, fmt, names)`: what is wrong with one row for its format, or None.
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from kit.errors import UsageError
 from kit.files import read_text, regular_file
+from kit.train.data_limits import row_limit, row_too_long
 
 ROLES = ("system", "user", "assistant", "tool")
 # ShareGPT's speaker names (FastChat, axolotl's sharegpt loader) onto chat-template roles.
@@ -33,7 +36,7 @@ def _unusable(e: Exception) -> str:
     return f"a value kit cannot read ({str(e).splitlines()[0][:100]})"
 
 
-def scan_json_lines(path: Path) -> list[int] | None:
+def scan_json_lines(path: Path, seq_len: int | None = None) -> list[int] | None:
     """The 1-based line number of each row of a JSON Lines file; UsageError naming the first bad line.
 
     A `.json` file that holds one JSON array (not lines) is checked as a whole and gets None. Lines
@@ -41,8 +44,9 @@ def scan_json_lines(path: Path) -> list[int] | None:
     never held whole, and a U+2028 or U+0085 inside a JSON string (valid, and common in scraped text
     written with ensure_ascii=False) does not cut its row in two.
     """
-    if path.suffix == ".json" and _first_char(path) == "[":
-        text = read_text(path, "data file", max_bytes=None)
+    limit = row_limit(seq_len)
+    if path.suffix == ".json" and first_char(path) == "[":
+        text = read_text(path, "data file", max_bytes=None)  # its size was checked against memory first
         try:
             rows = json.loads(text)
         except json.JSONDecodeError as e:
@@ -55,9 +59,14 @@ def scan_json_lines(path: Path) -> list[int] | None:
         if bad is not None:
             raise UsageError(f"data file {path}: item {bad + 1} of its JSON array is a {type(rows[bad]).__name__}, "
                              "not an object of named fields")
+        if len(text) > limit:  # else no row can be over it
+            for i, row in enumerate(rows):
+                size = len(json.dumps(row, ensure_ascii=False).encode("utf-8"))
+                if size > limit:
+                    raise row_too_long(f"data file {path} item {i + 1} of its JSON array", size, limit, seq_len)
         return None
     lines, seen = [], {}
-    for n, line in _text_lines(path):
+    for n, line in _text_lines(path, limit, seq_len):
         if not line.strip():
             continue
         try:
@@ -84,14 +93,18 @@ def scan_json_lines(path: Path) -> list[int] | None:
     return lines
 
 
-def _text_lines(path: Path):
+def _text_lines(path: Path, limit: int | None = None, seq_len: int | None = None):
     """(line number, text) of each "\\n"-ended line, decoded one at a time; UsageError naming the
-    file, or the line that is not UTF-8."""
+    file, or the line that is not UTF-8, or one longer than `limit` bytes (of which no more is read)."""
     if regular_file(path, f"cannot read data file {path}") is None:
         raise UsageError(f"cannot read data file {path}: no such file")
     try:
         with open(path, "rb") as f:
-            for n, raw in enumerate(f, 1):
+            n = 0
+            while raw := (f.readline() if limit is None else f.readline(limit + 1)):
+                n += 1
+                if limit is not None and len(raw.rstrip(b"\r\n")) > limit:
+                    raise row_too_long(f"data file {path} line {n}", None, limit, seq_len)
                 try:
                     yield n, raw.decode("utf-8")
                 except UnicodeDecodeError as e:
@@ -101,11 +114,19 @@ def _text_lines(path: Path):
         raise UsageError(f"cannot read data file {path}: {e.strerror or e}") from None
 
 
-def _first_char(path: Path) -> str:
-    """The first character that is not whitespace, read from the file's start ("" when there is none)."""
-    for _, line in _text_lines(path):
-        if line.strip():
-            return line.lstrip()[0]
+def first_char(path: Path) -> str:
+    """The first character that is not whitespace, read from the file's start ("" when there is none);
+    read a block at a time, so a file of one long line is not read whole."""
+    if regular_file(path, f"cannot read data file {path}") is None:
+        raise UsageError(f"cannot read data file {path}: no such file")
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(1 << 16):
+                text = block.lstrip()
+                if text:
+                    return chr(text[0]) if text[0] < 128 else text[:4].decode("utf-8", "replace")[0]
+    except OSError as e:
+        raise UsageError(f"cannot read data file {path}: {e.strerror or e}") from None
     return ""
 
 
@@ -127,41 +148,91 @@ def _shape(row: dict) -> dict[str, str]:
     return out
 
 
-def scan_csv_rows(path: Path) -> None:
+def scan_csv_rows(path: Path, seq_len: int | None = None) -> None:
     """UsageError naming the first CSV row whose field count differs from the header's: `datasets`
     would read a longer row's first field as an index and shift every column by one, silently."""
     import csv
 
     # Streamed (a quoted field may hold newlines, so rows, not lines, are counted); never held whole.
-    # csv's default field limit (128 KiB) is lifted for the scan: pandas, which datasets uses, has none.
+    # csv's field limit is the row limit, so a longer field is never read whole.
     if regular_file(path, f"cannot read data file {path}") is None:
         raise UsageError(f"cannot read data file {path}: no such file")
-    limit = csv.field_size_limit(2**31 - 1)
-    rows = None
+    most = row_limit(seq_len)
+    limit = csv.field_size_limit(most)
+    rows, done = None, 0  # done: the rows read whole, the header included
     try:
         with open(path, encoding="utf-8", newline="") as f:
             rows = csv.reader(f)
             header = next(rows, None)
+            done = 1
             if not header:
                 raise UsageError(f"data file {path} has no header row (the column names, e.g. prompt,completion)")
             count = 0
             for n, row in enumerate(rows, 2):
+                done = n
                 if row and len(row) != len(header):
                     raise UsageError(f"data file {path} row {n}: {len(row)} fields, the header has {len(header)} "
                                      f"({','.join(header)}); quote fields that hold a comma")
+                chars = sum(map(len, row))
+                if chars * 4 > most and (size := sum(len(v.encode("utf-8")) for v in row)) > most:
+                    raise row_too_long(f"data file {path} row {n}", size, most, seq_len)
                 count += bool(row)
             if not count:
                 raise UsageError(f"data file {path} has a header ({','.join(header)}) but no rows under it")
     except UnicodeDecodeError:  # decoded in blocks, so the reader's place is not the line: find it
-        for _ in _text_lines(path):  # raises, naming the first line that is not UTF-8
+        for _ in _text_lines(path, most, seq_len):  # raises, naming the first line that is not UTF-8
             pass
         raise UsageError(f"data file {path} is not UTF-8 text: save it as UTF-8") from None
-    except csv.Error as e:  # a NUL byte, say
+    except csv.Error as e:  # a NUL byte, say, or a field over the row limit
+        if "field larger than field limit" in str(e):
+            raise row_too_long(f"data file {path} row {done + 1}", None, most, seq_len) from None
         raise UsageError(f"data file {path} line {rows.line_num if rows else 1}: not readable as CSV ({e})") from None
     except OSError as e:
         raise UsageError(f"cannot read data file {path}: {e.strerror or e}") from None
     finally:
         csv.field_size_limit(limit)
+
+
+def scan_parquet_rows(path: Path, seq_len: int | None = None) -> None:
+    """UsageError naming the first parquet row over the row limit. The file's metadata gives each row
+    group's uncompressed size: a group within the limit holds no such row and is not read; one whose rows
+    average over it holds one and is not read either; the rest are read a few rows at a time."""
+    import pyarrow.parquet as pq
+
+    most = row_limit(seq_len)
+    try:
+        pf = pq.ParquetFile(path)
+        first = 0
+        for g in range(pf.metadata.num_row_groups):
+            group = pf.metadata.row_group(g)
+            rows, size = group.num_rows, group.total_byte_size
+            if rows and size > most:
+                if size / rows > most:
+                    where = f"row {first + 1}" if rows == 1 else f"a row among rows {first + 1}-{first + rows}"
+                    raise row_too_long(f"data file {path} {where}", size if rows == 1 else None, most, seq_len)
+                at = first
+                for batch in pf.iter_batches(batch_size=16, row_groups=[g]):
+                    if batch.nbytes > most:
+                        for i in range(batch.num_rows):
+                            row_size = batch.slice(i, 1).nbytes
+                            if row_size > most:
+                                raise row_too_long(f"data file {path} row {at + i + 1}", row_size, most, seq_len)
+                    at += batch.num_rows
+            first += rows
+    except (OSError, ValueError) as e:  # not parquet, damaged: the load's own error says it (data_source)
+        if getattr(e, "errno", None) is not None:
+            raise UsageError(f"cannot read data file {path}: {e.strerror or e}") from None
+
+
+def parquet_bytes(path: Path) -> int:
+    """The uncompressed size of a parquet file's data (its file size where the footer cannot be read)."""
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.read_metadata(path)
+        return sum(meta.row_group(g).total_byte_size for g in range(meta.num_row_groups))
+    except (OSError, ValueError):
+        return Path(path).stat().st_size
 
 
 def explain_mixed_types(path: Path, lines: list[int] | None) -> str | None:

@@ -11,12 +11,35 @@ from pathlib import Path
 from kit.errors import UsageError
 from kit.files import regular_file
 from kit.planning.names import LOCAL_TYPES  # the planner checks data.path with them too
-from kit.train.data_checks import explain_mixed_types, scan_csv_rows, scan_json_lines
+from kit.train import data_limits
+from kit.train.data_checks import (explain_mixed_types, first_char, parquet_bytes, scan_csv_rows, scan_json_lines,
+                                   scan_parquet_rows)
 
 
-def load_rows(data_cfg):
+def load_rows(data_cfg, seq_len: int | None = None):
     """The raw dataset named by `data.path`: a local file or folder, or a Hub dataset id."""
-    return load_located(data_cfg)[0]
+    return load_located(data_cfg, seq_len)[0]
+
+
+def _scan(files: list[Path], what: str, data_cfg, seq_len: int | None) -> list[int] | None:
+    """kit's own checks of local files, before `datasets` reads them: the memory loading them takes, then
+    every line or row (its JSON, its fields, its size). Returns the JSONL line numbers of a single file."""
+    sizes = {}
+    for f in files:
+        kind = LOCAL_TYPES[f.suffix]
+        size = parquet_bytes(f) if kind == "parquet" else f.stat().st_size
+        sizes[f] = (size, "json_array" if f.suffix == ".json" and first_char(f) == "[" else "rows")
+    data_limits.check_memory(what, sizes, data_cfg.split)
+    lines = None
+    for f in files:  # a bad line or row is named here, not deep inside Arrow (or shifted silently)
+        kind = LOCAL_TYPES[f.suffix]
+        if kind == "json":
+            lines = scan_json_lines(f, seq_len)
+        elif kind == "csv":
+            scan_csv_rows(f, seq_len)
+        else:
+            scan_parquet_rows(f, seq_len)
+    return lines
 
 
 def _cache_words(e: OSError, source) -> str:
@@ -43,8 +66,11 @@ def _quiet_datasets():
         logger.setLevel(level)
 
 
-def load_located(data_cfg):
-    """(dataset, locate): `locate(i)` names row i where a user finds it ("data.jsonl line 7")."""
+def load_located(data_cfg, seq_len: int | None = None):
+    """(dataset, locate): `locate(i)` names row i where a user finds it ("data.jsonl line 7").
+
+    `seq_len`: rows are refused over `kit.train.data_limits.row_limit(seq_len)` bytes (None: its cap).
+    """
     import datasets
 
     datasets.disable_progress_bars()  # one summary line instead of a bar per map, per rank
@@ -57,11 +83,7 @@ def load_located(data_cfg):
         kinds = {LOCAL_TYPES[Path(f).suffix] for f in files}
         if len(kinds) > 1:
             raise UsageError(f"data folder {path} mixes file types {sorted(kinds)}; keep one type")
-        for f in files:  # a bad line or row is named here, not deep inside Arrow (or shifted silently)
-            if LOCAL_TYPES[Path(f).suffix] == "json":
-                scan_json_lines(Path(f))
-            elif LOCAL_TYPES[Path(f).suffix] == "csv":
-                scan_csv_rows(Path(f))
+        _scan([Path(f) for f in files], f"data folder {path}", data_cfg, seq_len)
         try:
             with _quiet_datasets():
                 ds = datasets.load_dataset(kinds.pop(), data_files=files, split=_local_split(data_cfg))
@@ -78,9 +100,7 @@ def load_located(data_cfg):
             raise UsageError(f"data file {path}: unknown type {path.suffix!r}; use {', '.join(LOCAL_TYPES)}")
         if path.stat().st_size == 0:
             raise UsageError(f"data file {path} is empty")
-        lines = scan_json_lines(path) if LOCAL_TYPES[path.suffix] == "json" else None
-        if LOCAL_TYPES[path.suffix] == "csv":
-            scan_csv_rows(path)
+        lines = _scan([path], f"data file {path}", data_cfg, seq_len)
         try:
             with _quiet_datasets():
                 ds = datasets.load_dataset(LOCAL_TYPES[path.suffix], data_files=str(path),

@@ -132,12 +132,12 @@ def _bounded_rendezvous(rank: int, world_size: int, address: str):
     """End the process (one line, exit 2) if the group has not formed within RENDEZVOUS_S."""
     import threading
 
-    from kit.errors import EXIT_USAGE
+    from kit.errors import EXIT_USAGE, shown
 
     wait_s = env_seconds("KIT_RENDEZVOUS_S", RENDEZVOUS_S)
 
     def give_up():
-        print(f"error: rank {rank} of WORLD_SIZE {world_size} waited {wait_s:.0f} s at {address} for the "
+        print(f"error: rank {rank} of WORLD_SIZE {world_size} waited {wait_s:.0f} s at {shown(address)} for the "
               "other ranks, which never came: launch with torchrun (it starts every rank), or unset WORLD_SIZE "
               "and RANK to run one process", file=sys.stderr, flush=True)
         sys.stdout.flush()

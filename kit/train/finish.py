@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from kit.errors import EXIT_CANNOT_TRAIN, EXIT_STORE, CannotTrain, under_torchrun
+from kit.errors import EXIT_CANNOT_TRAIN, EXIT_STORE, CannotTrain, shown, under_torchrun
 from kit.train.callbacks import meter_words
 
 FINAL_UPLOAD_TIMEOUT_S = 600.0
@@ -24,7 +24,7 @@ def finish(job, trainer) -> int:
         if ok:
             return 0
         if job.ctx.is_main:  # a check failed, not kit: exit 3 (this config cannot train here), one error line
-            print(f"error: {lines[-1]}", file=sys.stderr, flush=True)
+            print(f"error: {shown(lines[-1], limit=None)}", file=sys.stderr, flush=True)
         return EXIT_CANNOT_TRAIN
     step = trainer.state.global_step
     if job._control.halted:  # another session took the store over: leave it to that one
@@ -33,9 +33,11 @@ def finish(job, trainer) -> int:
                 job.sync.drop_pending()
                 job.sync.close(timeout=FINAL_UPLOAD_TIMEOUT_S)
             job.lease = None  # not ours: nothing to release
-            print(f"error: stopped at step {step}: {job._control.stop_reason}; this session writes "
+        job.signals.finished(EXIT_STORE)
+        if job.ctx.is_main:
+            print(f"error: stopped at step {step}: {shown(job._control.stop_reason, limit=None)}; this session writes "
                   "nothing more to the store", file=sys.stderr, flush=True)
-        return 4
+        return EXIT_STORE
     if job._control.diverged:  # NaN/inf: nothing to deliver; the checkpoints before it stay
         if job.ctx.is_main:
             if job.sync is not None:
@@ -61,6 +63,10 @@ def finish(job, trainer) -> int:
             measured = {**measured, **delivered}
         job._record(step, outcome, measured)
         job._release()
+        if behind:
+            code = EXIT_STORE
+    job.signals.finished(code)  # every rank: the outcome is decided, and said next; a late signal keeps the code
+    if job.ctx.is_main:
         if paused:
             after = ""
             signalled = job._control.stop_reason.startswith("signal") and under_torchrun()
@@ -84,8 +90,7 @@ def finish(job, trainer) -> int:
         if behind:  # the next session, on a fresh machine, would resume from the store's older step
             from kit.redaction import redact
 
-            print(f"error: {redact(behind)}", file=sys.stderr, flush=True)
-            code = EXIT_STORE
+            print(f"error: {shown(redact(behind), limit=None)}", file=sys.stderr, flush=True)
     return code
 
 

@@ -16,8 +16,10 @@ import os
 from kit.train import dist, sessions
 from kit.checkpoints import fingerprint, resume
 from kit.train.output_dir import check_output_dir, lock as lock_output_dir
-from kit.train.callbacks import Checkpoints, Control, Meter, StopSignals
+from kit.train.callbacks import Checkpoints, Control, Meter, ResumedBatch
 from kit.train.deadline import session_deadline
+from kit.train.disk import Room
+from kit.train.signals import StopSignals
 from kit.errors import KitError
 from kit.evaluation import stage
 
@@ -43,9 +45,11 @@ class Job:
     # -- words ------------------------------------------------------------------------------
     def log(self, message: str) -> None:
         if self.ctx.is_main:
+            from kit.errors import shown
             from kit.redaction import redact
 
-            print(f"[kit] {redact(message)}", flush=True)
+            # Notes name paths, models and data values: shown escaped (kit.errors.shown), never raw.
+            print(f"[kit] {shown(redact(message), limit=None, keep=chr(10) + chr(9))}", flush=True)
 
     # -- start ------------------------------------------------------------------------------
     @property
@@ -68,6 +72,10 @@ class Job:
         if self.ctx.is_main:
             try:
                 check_output_dir(self.cfg.output_dir)  # before any model, data or store is touched
+                if self.cfg.trainer != "sft":  # a wrong shape for the trainer: one line, before any model loads
+                    from kit.train.preference_data import load
+
+                    load(self.cfg)
                 self._dir_lock = lock_output_dir(self.cfg.output_dir)  # held until this process ends
                 self._open_store()
                 decision = resume.choose(self.cfg, self.store, self.ctx.world_size, self.force, self.steps_given)
@@ -96,7 +104,9 @@ class Job:
                 self._push_final_if_missing()
                 self._record(self.decision.step, "already complete")
             self._release()
-        elif self.decision.resume_from:
+            self.signals.finished(self.exit_code)  # the outcome is said: a late signal keeps its exit code
+            return
+        if self.decision.resume_from:
             self.log(f"resuming from step {self.decision.step} ({self.decision.source}: {self.decision.resume_from})")
         self.signals.install()
 
@@ -212,17 +222,19 @@ class Job:
         return upload + seal
 
     def callbacks(self, model, dataset) -> list:
+        room = Room(model)  # the next checkpoint's size, checked against the disk before each save
         self._control = Control(self.ctx, self.deadline, self.cfg.save_every_minutes, self.signals,
-                                self._save_cost_s, say=self.log, halt=self._lease_lost)
+                                self._save_cost_s, say=self.log, halt=self._lease_lost, room=room)
         self._checkpoints = Checkpoints(self.ctx, fingerprint.of_job(self.cfg), self.sync,
                                         extra={k: self.run.get(k) for k in ("run_id", "base_revision")},
-                                        keep=self.cfg.keep_checkpoints)
+                                        keep=self.cfg.keep_checkpoints, room=room)
         self._meter = Meter(self.ctx.device, self.plan.global_batch * dataset.mean_tokens, self._on_step)
         if self.ctx.is_main and not self.smoke:
             # A session that dies once training began (an exception, not kill -9) is recorded too.
             # Registered after the lease's release, so it runs first, while the lease is still held.
             atexit.register(self._record_if_unfinished)
-        out = [self._control, self._checkpoints, self._meter]
+        out = [self._control, self._checkpoints, self._meter,
+               ResumedBatch(self.resume_from, self.log)]
         if self.smoke:
             from kit.train.smoke import Smoke
 

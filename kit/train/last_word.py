@@ -60,9 +60,18 @@ def say_error(err) -> None:
 
     if under_torchrun() and os.environ.get("RANK", "0") != "0":  # rank 0 speaks for the job; alone, a process speaks
         return
+    _end_progress_bars()
     print(f"error: {err}{exit_words(err.exit_code)}", file=sys.stderr, flush=True)
     repeat_after_torchrun(f"error: {err} [kit exit {err.exit_code}; torchrun's exit 1 and its ChildFailedError "
                           f"report above pass it on]", stream="stderr")
+
+
+def _end_progress_bars() -> None:
+    """Close the progress bars still drawn (Trainer's, when an error stops training mid-step), so the error
+    line starts a line of its own instead of trailing a bar."""
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ()) or ()):
+        bar.close()
 
 
 def repeat_after_torchrun(line: str, stream: str = "stdout") -> bool:
@@ -73,8 +82,9 @@ def repeat_after_torchrun(line: str, stream: str = "stdout") -> bool:
     it holds the rank's stdout open, so a reader of the pipe (a notebook's `!torchrun`, papermill,
     subprocess) sees the line before end of file.
     """
-    from kit.errors import under_torchrun
+    from kit.errors import shown, under_torchrun
 
+    line = shown(line, limit=None)  # it may name output_dir: no raw control or bidi character
     agent = os.getppid()
     if not under_torchrun() or agent <= 1:
         return False

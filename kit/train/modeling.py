@@ -224,6 +224,19 @@ def add_lora(model, cfg, plan, lora):
     return get_peft_model(model, lora)
 
 
+def reference_is_base(model) -> None:
+    """Score the reference of DPO/KTO with the adapter disabled, not through TRL's copy of it.
+
+    Given a PeftModel, TRL's DPOTrainer and KTOTrainer copy its adapter as "ref" and score the
+    reference through that copy, for an adapter that was trained before. kit's adapter is fresh (LoRA's
+    B is zero: the base's own outputs), so the base is the same reference; without the copy TRL
+    disables the adapter instead, and checkpoints and final/ hold the trained adapter alone.
+    """
+    if "ref" in getattr(model, "peft_config", {}):
+        model.delete_adapter("ref")
+        model.set_adapter("default")
+
+
 def _load_unsloth(cfg, plan, ctx):
     from unsloth import FastLanguageModel
 

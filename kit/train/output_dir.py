@@ -9,6 +9,7 @@ from pathlib import Path
 from kit.checkpoints.resume import STEP_DIR
 from kit.deliver.final import FINAL_DIR
 from kit.errors import UsageError
+from kit.files import refuse_shared_folder
 from kit.evaluation.identity import RUN_LOCAL
 from kit.evaluation.results import BASELINE_LOCAL
 from kit.train.sessions import LOCAL as SESSIONS_LOCAL
@@ -16,6 +17,7 @@ from kit.train.sessions import LOCAL as SESSIONS_LOCAL
 # The files kit writes at output_dir's top: the run record, the baseline, the session records.
 # (The model card is final/README.md; TRL's own card at the top is not written: keep_users_files.)
 FILES = (RUN_LOCAL, BASELINE_LOCAL, SESSIONS_LOCAL)
+KIT_FINAL_FILES = ("eval_results.json", "kit_config.yaml")  # in every final/ kit writes (kit.deliver.final)
 
 
 def check_output_dir(path: str) -> None:
@@ -25,6 +27,7 @@ def check_output_dir(path: str) -> None:
     folder is created (Trainer would create it anyway) and a file is written into it and removed:
     permission bits say little when running as root or on a read-only mount.
     """
+    refuse_shared_folder(path)  # again at launch: the script may run from another folder than it was rendered in
     out = Path(path)
     blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
     if blocker is not None:
@@ -83,6 +86,12 @@ def _check_entries(out: Path) -> None:
     if final.is_symlink() or final.exists() and not final.is_dir():
         raise UsageError(f"output_dir {out} holds {FINAL_DIR}, which is not a folder (kit writes the finished "
                          "adapter there): move it away or choose another output_dir")
+    if final.is_dir() and not any((final / name).is_file() for name in KIT_FINAL_FILES) and any(final.iterdir()):
+        # Anything else of a folder that is not kit's is left alone (kit adds only its own names);
+        # a final/ would be replaced by the job's own.
+        raise UsageError(f"output_dir {out} holds a {FINAL_DIR}/ folder that kit did not write (no "
+                         f"{' or '.join(KIT_FINAL_FILES)} in it), which the finished job would replace: move it "
+                         "away or choose another output_dir")
     for path in out.iterdir():
         if STEP_DIR.fullmatch(path.name) and (path.is_symlink() or not path.is_dir()):
             raise UsageError(f"output_dir {out} holds {path.name}, which is not a checkpoint folder (a file or a "

@@ -20,13 +20,13 @@ from kit.errors import StoreError
 from kit.files import parse_json
 from kit.retry import retry
 from kit.checkpoints.leftovers import owned_name
-from kit.checkpoints.manifest import MANIFEST_NAME, parse_manifest, read_manifest, verify_files
+from kit.checkpoints.manifest import MANIFEST_NAME, bad_entry, parse_manifest, read_manifest, verify_files
 from kit.checkpoints.store.leasing import LEASE_NAME
 from kit.checkpoints.store.pacing import NO_LIMIT, CommitPacer
 # The store's vocabulary lives in layout.py; importing it here keeps `store.base.X` working.
 from kit.checkpoints.store.layout import (  # noqa: F401
-    CKPT_DIR, CKPT_RE, RECORDS_DIR, VANILLA_DIR, Candidate, Snapshot, StaleHead, TransientStoreError, Verdict,
-    check_vanilla, local_files, record_path,
+    CKPT_DIR, CKPT_RE, FINAL, RECORDS_DIR, VANILLA_DIR, Candidate, Snapshot, StaleHead, TransientStoreError, Verdict,
+    check_vanilla, final_step_of, kept_final_name, local_files, record_path,
 )
 
 log = logging.getLogger("kit.checkpoints.store")
@@ -74,13 +74,16 @@ class Store(ABC):
     @abstractmethod
     def describe(self) -> str: ...
 
-    def publish_final(self, local_dir: Path) -> str:
-        """Put a finished job's ``final/`` folder into the store in one step; returns where it is."""
+    def publish_final(self, local_dir: Path) -> tuple[str, str | None]:
+        """Put a finished job's ``final/`` folder into the store in one step; returns where it is, and
+        the folder (``final-step-N``, `layout.kept_final_name`) that now holds the store's earlier
+        final/ of another step (an earlier target), or None: a deliverable is never replaced by
+        one of another step; one of the same step is."""
         raise StoreError(f"{self.describe()} cannot hold a final/ folder")
 
-    def final_step(self) -> int | None:
+    def final_step(self, snap: Snapshot | None = None) -> int | None:
         """The step of the ``final/`` folder the store holds, or None when it holds none."""
-        raw = self._read_bytes("final/eval_results.json", self._snapshot())
+        raw = self._read_bytes("final/eval_results.json", snap or self._snapshot())
         try:
             return int(parse_json(raw)["step"]) if raw else None
         except (ValueError, KeyError, TypeError):
@@ -177,6 +180,8 @@ class Store(ABC):
         manifest = parse_manifest(raw)
         if manifest is None:
             return False, f"{MANIFEST_NAME} is not a valid kit manifest"
+        if bad := bad_entry(manifest):
+            return False, bad
         if int(manifest["step"]) != cand.step:
             return False, f"manifest says step {manifest['step']}"
         for rel, want in sorted(manifest["files"].items()):

@@ -21,11 +21,14 @@ from kit.files import write_atomic
 from kit.checkpoints.manifest import verify_files
 from kit.checkpoints.store.base import (
     CKPT_DIR,
+    FINAL,
     RECORDS_DIR,
     Candidate,
     Snapshot,
     Store,
     _swap_into,
+    final_step_of,
+    kept_final_name,
     local_files,
     record_path,
 )
@@ -140,18 +143,24 @@ class DirStore(Store):
             shutil.rmtree(trash, ignore_errors=True)
             log.info("%s: removed checkpoint-%d (keeping the newest %d that verify)", self.describe(), old, keep)
 
-    def publish_final(self, local_dir: Path) -> str:
-        """Copy ``local_dir`` in as ``final/``, renamed into place once whole."""
+    def publish_final(self, local_dir: Path) -> tuple[str, str | None]:
+        """Copy ``local_dir`` in as ``final/``, renamed into place once whole; an earlier final/ of
+        another step is renamed to ``final-step-N`` first (Store.publish_final)."""
         root = self._writable_dir(self.root)
         tmp = root / f".tmp-final-{uuid.uuid4().hex[:8]}"
+        kept = None
         try:
             shutil.copytree(local_dir, tmp)
-            _swap_into(tmp, root / "final")
+            earlier = self.final_step()
+            if (root / FINAL).exists() and earlier != final_step_of(local_dir):
+                kept = kept_final_name(earlier, {p.name for p in root.iterdir()})
+                os.rename(root / FINAL, root / kept)
+            _swap_into(tmp, root / FINAL)
         except OSError as err:
             raise StoreError(f"publishing final/ to {self.describe()} failed: {err}") from err
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        return str(root / "final")
+        return str(root / FINAL), kept
 
     def read_text(self, name: str) -> str | None:
         try:

@@ -14,7 +14,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, constants
+from huggingface_hub import CommitOperationAdd, CommitOperationCopy, CommitOperationDelete, HfApi, constants
 from huggingface_hub.errors import HfHubHTTPError
 
 from kit.auth import find_token
@@ -24,10 +24,13 @@ from kit.checkpoints.store.reuse import DownloadReuse
 from kit.checkpoints.manifest import sha256_file
 from kit.checkpoints.store.base import (
     CKPT_DIR,
+    FINAL,
     Snapshot,
     StaleHead,
     Store,
     TransientStoreError,
+    final_step_of,
+    kept_final_name,
     local_files,
     record_path,
 )
@@ -218,18 +221,40 @@ class HubStore(Store):
                          self.describe(), step, attempt + 1)
         raise TransientStoreError(f"{self.describe()} kept changing under us; step {step} not published yet")
 
-    def publish_final(self, local_dir: Path) -> str:
-        """Upload ``local_dir`` as ``final/`` plus its README.md (the model card) at the root, in ONE commit."""
-        return self.publish_folder(local_dir, "final/", "kit: final (adapter, eval results, model card)",
-                                   card_at_root=True)
+    def publish_final(self, local_dir: Path) -> tuple[str, str | None]:
+        """Upload ``local_dir`` as ``final/`` plus its README.md (the model card) at the root, in ONE commit.
 
-    def publish_folder(self, local_dir: Path, prefix: str, message: str, card_at_root: bool = False) -> str:
-        """Upload every file of ``local_dir`` under ``prefix`` in one commit; returns the folder's URL."""
+        The same commit removes what an earlier final/ held that this one does not, and copies an
+        earlier final/ of another step to ``final-step-N/`` first (Store.publish_final): the Hub copies
+        LFS files by reference; small regular ones are fetched and uploaded again by the client.
+        """
+        self._need_token()
+        self.ensure_repo()
+        snap = self._snapshot()
+        earlier = [p for p in snap.files if p.startswith(f"{FINAL}/")]
+        ops, kept = [], None
+        if earlier and self.final_step(snap) != final_step_of(local_dir):
+            kept = kept_final_name(self.final_step(snap), {p.split("/", 1)[0] for p in snap.files})
+            ops += [CommitOperationCopy(p, f"{kept}/{p[len(FINAL) + 1:]}", src_revision=snap.version)
+                    for p in sorted(earlier)]
+        where = self.publish_folder(local_dir, f"{FINAL}/", "kit: final (adapter, eval results, model card)",
+                                    card_at_root=True, also=ops, replacing=earlier)
+        return where, kept
+
+    def publish_folder(self, local_dir: Path, prefix: str, message: str, card_at_root: bool = False,
+                       also: list | None = None, replacing: list[str] | None = None) -> str:
+        """Upload every file of ``local_dir`` under ``prefix`` in one commit; returns the folder's URL.
+
+        `also`: more operations for the same commit (done first); `replacing`: the paths under `prefix`
+        now, of which those `local_dir` lacks are deleted in it.
+        """
         self._need_token()
         self.ensure_repo()
         local_dir = Path(local_dir)
-        ops = [CommitOperationAdd(f"{prefix}{p.relative_to(local_dir).as_posix()}", str(p))
-               for p in sorted(local_dir.rglob("*")) if p.is_file()]
+        adds = [CommitOperationAdd(f"{prefix}{p.relative_to(local_dir).as_posix()}", str(p))
+                for p in sorted(local_dir.rglob("*")) if p.is_file()]
+        new = {op.path_in_repo for op in adds}
+        ops = [*(also or []), *adds, *(CommitOperationDelete(p) for p in sorted(replacing or ()) if p not in new)]
         if card_at_root and (local_dir / "README.md").is_file():
             ops.append(CommitOperationAdd("README.md", str(local_dir / "README.md")))
         with self._errors(f"publishing {prefix or 'the folder'}"):

@@ -13,13 +13,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.errors import StoreError, UsageError
-from kit.checkpoints.manifest import MANIFEST_NAME, read_manifest
+from kit.checkpoints.manifest import MANIFEST_NAME, bad_entry, read_manifest
 
 CKPT_DIR = "checkpoints"
+FINAL = "final"  # a finished job's deliverable; one of an earlier target is kept as final-step-N (kept_final_name)
 VANILLA_DIR = "last-checkpoint"
 RECORDS_DIR = "kit"
 CKPT_RE = re.compile(r"^checkpoints/checkpoint-(\d+)/(.+)$")
 _WEIGHTS_RE = re.compile(r"^(adapter_model|model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)$")
+
+
+def final_step_of(folder) -> int | None:
+    """The step of a final/ folder (its eval_results.json), None without a readable one."""
+    from kit.files import parse_json
+
+    try:
+        results = parse_json((Path(folder) / "eval_results.json").read_bytes())
+    except (OSError, ValueError):
+        return None
+    step = results.get("step") if isinstance(results, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def kept_final_name(step: int | None, taken) -> str:
+    """Where a `final/` of an earlier target (step `step`) is kept when a job's final/ of another step
+    replaces it, beside it, locally and in a store: final-step-4, or final-step-4-2 when taken holds that."""
+    base = f"{FINAL}-step-{step}" if step is not None else f"{FINAL}-earlier"
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        name = f"{base}-{n}"
+    return name
 
 
 class TransientStoreError(StoreError):
@@ -89,6 +113,8 @@ def local_files(local_ckpt_dir: Path, step: int) -> tuple[dict, list[str]]:
                          "before publishing")
     if int(manifest["step"]) != step:
         raise StoreError(f"{local_ckpt_dir}/{MANIFEST_NAME} says step {manifest['step']}, not {step}")
+    if bad := bad_entry(manifest):  # a file outside the checkpoint would be sent to the store
+        raise StoreError(f"{local_ckpt_dir}: {bad}")
     for rel, want in manifest["files"].items():
         path = local_ckpt_dir / rel
         if not path.is_file() or path.stat().st_size != want["size"]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ast
 import re
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,7 +36,7 @@ from kit.notebooks.convert.ports import Ports
 from kit.notebooks.convert.ranks import (Guard, barrier_statement, rank0_block, shown_result, side_effect,
                                          split_statements, writes_file)
 from kit.notebooks.convert.refusals import check_convertible, check_launched, check_written_script
-from kit.machine.command import launch_command
+from kit.machine.command import launch_command, shell_word
 from kit.notebooks.convert.script import (DOCSTRING, DRY_NOTE, OWN_TOKEN, RANK_BLOCK, TOKEN_CHECK, TRY_TEMPLATE,
                                           BlankLines, docstring, dropped_note, is_future_import, merge_main_blocks,
                                           split_dropped, training_end)
@@ -177,9 +176,11 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
     body = cst.Module(body=[flag, try_stmt]).visit(BlankLines()).code
     flags = "".join([f" --precision {precision}" if precision != "auto" else "",
                      " --keep-global-batch" if keep_global_batch else "", " --dry-run" if dry_run else ""])
-    notebook, script = shlex.quote(Path(path).name), shlex.quote(script_name)  # shell words in the commands shown
+    # shell words in the commands shown (launch_command quotes the script itself)
+    notebook, script = shell_word(Path(path).name, path=True), shell_word(script_name, path=True)
     head = docstring(DOCSTRING.format(notebook=notebook, script=script, flags=flags,
-                                      multi=launch_command(2, script=script), single=launch_command(1, script=script),
+                                      multi=launch_command(2, script=script_name),
+                                      single=launch_command(1, script=script_name),
                                       dry=DRY_NOTE if dry_run else "", dropped=dropped_note(dropped_before, dropped_after)))
     if future:
         head += "\n" + "".join(cst.Module(body=[]).code_for_node(s).lstrip("\n") for s in future)

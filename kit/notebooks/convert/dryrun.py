@@ -43,7 +43,7 @@ SCHEMAS = [("conversations", "sharegpt"), ("instruction", "alpaca"), ("question"
            ("completion", "prompt_completion"), ("messages", "messages"), ("text", "text")]
 # What a trainer needs its rows to be, whatever columns the notebook names.
 TRAINER_SCHEMAS = {"DPOTrainer": "preference", "ORPOTrainer": "preference", "CPOTrainer": "preference",
-                   "RewardTrainer": "preference", "KTOTrainer": "kto", "GRPOTrainer": "prompt", "RLOOTrainer": "prompt",
+                   "RewardTrainer": "preference", "KTOTrainer": "unpaired_preference", "GRPOTrainer": "prompt", "RLOOTrainer": "prompt",
                    "OnlineDPOTrainer": "prompt"}
 # Arguments a TRL reward function gets that are no dataset column.
 REWARD_ARGS = {"prompts", "completions", "completion_ids", "trainer_state", "kwargs", "log_extra", "log_metric",

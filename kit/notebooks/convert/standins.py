@@ -52,8 +52,10 @@ def _shape(schema: str, rows: list[tuple[str, str, str]]) -> dict[str, list]:
         return {"question": user, "answer": assistant}
     if schema == "preference":
         return {"prompt": user, "chosen": assistant, "rejected": assistant[1:] + assistant[:1]}
-    if schema == "kto":  # KTO: one completion per row, and whether it is a good one
-        return {"prompt": user, "completion": assistant, "label": [i % 2 == 0 for i in range(len(rows))]}
+    if schema == "unpaired_preference":  # KTO: every other row another request's answer, labelled undesirable
+        wrong = assistant[1:] + assistant[:1]
+        return {"prompt": user, "completion": [a if i % 2 == 0 else w for i, (a, w) in enumerate(zip(assistant, wrong))],
+                "label": [i % 2 == 0 for i in range(len(rows))]}
     if schema == "prompt":  # GRPO & co: prompts only, the trainer generates the completions
         return {"prompt": [[{"role": "user", "content": u}] for u in user]}
     if schema == "prompt_completion":

@@ -88,7 +88,8 @@ def _api():
     try:
         from kaggle.api.kaggle_api_extended import KaggleApi
     except ImportError as err:
-        raise UsageError(f"the kaggle package is not usable here ({err}): pip install 'kit[kaggle]'") from None
+        raise UsageError(f"the kaggle package is not usable here ({err}): run `pip install -e \".[kaggle]\"` in the "
+                         "kit checkout") from None
 
     api = KaggleApi()
     api.authenticate()

@@ -21,28 +21,30 @@ import time
 from pathlib import Path
 
 from kit import auth
-from kit.errors import UsageError
+from kit.errors import UsageError, shown
 from kit.files import json_problem, parse_json, read_text, regular_file
-from kit.redaction import redact
+from kit.redaction import holds_token, redact
 from kit.notebooks.schedule.papermill_run import Plan, execute, is_done, is_failure
 from kit.notebooks.schedule.runs_lock import RunsLock
 
 PARAMETERS = ("config", "time_budget_minutes", "store", "nproc", "overrides")
 _TOKEN_VALUE_RE = re.compile(r"\bhf_[A-Za-z0-9]{20,}\b")
+_SECRET_KEY_RE = re.compile(r"(?i)token|key|secret|passw")  # the name of a parameter that holds one
 
 
 # -- checks before anything runs --------------------------------------------------------------
 def refuse_tokens(values: list[str]) -> None:
-    """Raise UsageError when any parameter looks like, names or contains a token (never echoing it)."""
+    """Raise UsageError when any parameter looks like, names or contains a token or a tracker's key
+    (WANDB_API_KEY's value in the environment, a `wandb_api_key=` override), never echoing it."""
     known = auth.find_token()
     for value in values:
         key = value.split("=", 1)[0] if "=" in value else ""
-        if ("token" in key.lower() or _TOKEN_VALUE_RE.search(value)
+        if (_SECRET_KEY_RE.search(key) or _TOKEN_VALUE_RE.search(value) or holds_token(value)
                 or (known and len(known) >= 8 and known in value)):
             shown = f"{key}=…" if key else "a parameter"
             raise UsageError(f"refusing to pass a token as a parameter ({shown}): papermill writes every "
-                             "parameter into the run notebook; set HF_TOKEN in the environment or a "
-                             "Kaggle/Colab secret named HF_TOKEN instead")
+                             "parameter into the run notebook; set HF_TOKEN (or a tracker's key, WANDB_API_KEY) in "
+                             "the environment or a Kaggle/Colab secret of that name instead")
 
 
 def check_notebook(path: Path) -> Path:
@@ -99,16 +101,18 @@ def loop(plan: Plan, *, repeat: bool, every_minutes: float, max_runs: int | None
         while True:
             n += 1
             outcome, out = execute(plan, n, verbose)
-            say(f"run {n}: outcome: {outcome}  ({out})", flush=True)
+            # The outcome is the notebook's own words and the paths the user's: one line each, escaped.
+            say(shown(f"run {n}: outcome: {outcome}  ({out})", limit=None), flush=True)
             if is_failure(outcome):  # the reason once more, as kit's one error line on stderr
                 said = outcome.split("error: ", 1)[1] if "error: " in outcome else outcome
-                print(redact(f"error: run {n} failed: {said} (its notebook: {out})"), file=sys.stderr, flush=True)
+                print(shown(redact(f"error: run {n} failed: {said} (its notebook: {out})"), limit=None),
+                      file=sys.stderr, flush=True)
                 return failure_code(outcome)
             after = stops.step_of(outcome)
             decision = stops.decide(stops.Session(outcome, before, after), used_hours=0.0)
             if isinstance(decision, stops.Stop) and not decision.ok:
-                say(f"stopped: {decision.reason}", flush=True)
-                print(f"error: stopped after run {n}: {decision.reason}", file=sys.stderr, flush=True)
+                say(shown(f"stopped: {decision.reason}", limit=None), flush=True)
+                print(shown(f"error: stopped after run {n}: {decision.reason}", limit=None), file=sys.stderr, flush=True)
                 return 1
             before = after
             if is_done(outcome) or not repeat or (max_runs is not None and n >= max_runs):

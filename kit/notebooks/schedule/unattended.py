@@ -8,11 +8,11 @@ line at all. `--print-cron` with such an interval is refused, naming the nearest
 
 from __future__ import annotations
 
-import shlex
 import sys
 from pathlib import Path
 
 from kit.errors import UsageError
+from kit.machine.command import shell_join, shell_word
 
 CRON_MINUTES = (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30)  # `*/N * * * *`: N divides 60
 CRON_HOURS = (1, 2, 3, 4, 6, 8, 12, 24)  # `0 */H * * *`: H divides 24 (24: `0 0 * * *`)
@@ -53,13 +53,13 @@ def unattended(command: list[str], cwd: Path, every_minutes: float, runs_dir: Pa
     """
     every = f"{every_minutes:g}"
     env_file = "~/.config/kit/hf.env"
-    cmd = shlex.join(command)
-    log = shlex.quote(str(Path(runs_dir).resolve() / "schedule.log"))
+    cmd = shell_join(command)
+    log = shell_word(str(Path(runs_dir).resolve() / "schedule.log"))
     when = cron_when(every_minutes)
     lines = [f"# Unattended: every {every} min (the runs folder's lock skips a run while one is going).",
              f"# Put HF_TOKEN=... in {env_file} (chmod 600); it is never a parameter."]
     if when:
-        line = f"cd {shlex.quote(str(cwd))} && set -a && . {env_file} && set +a && {cmd} >> {log} 2>&1"
+        line = f"cd {shell_word(str(cwd))} && set -a && . {env_file} && set +a && {cmd} >> {log} 2>&1"
         lines += ["# crontab -e:", f"{when} {line.replace('%', chr(92) + '%')}"]  # cron reads a bare % as a newline
     else:
         near = " or ".join(map(str, nearest_intervals(every_minutes)))

@@ -1,0 +1,129 @@
+"""What each trainer asks of a plan: sequences per example, the reference model, the batching it allows.
+
+    of(cfg).sequences     # sequences one example puts through the policy with gradients: sft 1, dpo 2, kto 1
+    reference(cfg)        # ("adapter_disabled" | "precomputed" | "model_copy", why)
+
+The one place these are decided: the planner (memory, reasons) and the generated script
+(`precompute_ref_log_probs`) both ask here. Adding a trainer is a row in TRAINERS.
+
+The reference of DPO and KTO is the starting model. With LoRA it is the base itself with the
+adapter disabled: TRL runs the reference forward under `use_adapter(model, None)`, so no second
+model is loaded and nothing is precomputed (kit drops the copy of its fresh adapter that TRL adds
+for a given PeftModel: a fresh adapter is the identity, so the base is the same reference). With
+full fine-tuning the weights themselves move, so the reference is a second, frozen model copy on
+every GPU ("auto"), or its log-probabilities computed once before training
+(`precompute_ref_log_probs=on`). TRL hands the precomputed values from rank 0 to the others
+through a datasets cache file, which kit's in-memory data keeps in a per-process temporary folder:
+on several processes rank 1 finds no file, so "on" is refused there (`one_process_precompute`).
+
+ORPO is not a trainer here: TRL 1.x keeps ORPOTrainer under `trl.experimental` (no stability
+promise between releases, and the GPU machines' TRL is older than this one's), and kit's script
+must run on both. It needs no reference (a row with sequences=2, reference=False) once TRL
+promotes it, as it promoted KTO.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Trainer:
+    name: str
+    sequences: int            # sequences per example through the policy with gradients (DPO: chosen + rejected)
+    no_grad_sequences: int    # sequences per example through a forward without gradients (KTO's KL pairs)
+    reference: bool           # a reference model (the starting one) scores every example
+    min_batch: int            # smallest micro-batch the trainer works with
+    batchings: tuple          # batchings its TRL trainer supports
+
+
+TRAINERS = {
+    "sft": Trainer("sft", 1, 0, False, 1, ("padded", "grouped", "padding_free", "packed")),
+    # TRL 1.x's DPOTrainer concatenates chosen and rejected into one batch of 2 × micro-batch rows;
+    # its padding_free falls back to padding, so batches are padded.
+    "dpo": Trainer("dpo", 2, 0, True, 1, ("padded",)),
+    # KTOTrainer also scores each completion against another row's prompt (the KL term) without
+    # gradients, which needs a micro-batch of 2 or more and sequential sampling.
+    "kto": Trainer("kto", 1, 1, True, 2, ("padded",)),
+}
+
+
+def of(cfg) -> Trainer:
+    return TRAINERS[getattr(cfg, "trainer", "sft")]
+
+
+def settings(cfg):
+    """The trainer's own settings section of the config (cfg.dpo, cfg.kto), None for sft."""
+    return getattr(cfg, of(cfg).name, None) if of(cfg).reference else None
+
+
+def reference(cfg) -> tuple[str | None, str]:
+    """How the reference model is had: (kind, why). kind None for a trainer without one."""
+    t = of(cfg)
+    if not t.reference:
+        return None, ""
+    asked = settings(cfg).precompute_ref_log_probs
+    if asked == "on":
+        return "precomputed", (f"reference: its log-probabilities computed once before training "
+                               f"({t.name}.precompute_ref_log_probs=on; one process only)")
+    if cfg.method != "full":
+        return "adapter_disabled", ("reference: the base with the LoRA adapter disabled, in the same model (no "
+                                    "second copy, nothing precomputed: one extra forward without gradients per step)")
+    return "model_copy", ("reference: full fine-tuning moves the weights, so a second, frozen copy of the starting "
+                          "model scores the answers (precompute_ref_log_probs=on saves its memory, one process only)")
+
+
+
+def check(cfg) -> None:
+    """Settings the trainer's TRL trainer cannot run, refused (UsageError, exit 2) before anything loads."""
+    from kit.errors import UsageError
+
+    t = of(cfg)
+    if t.name == "sft":
+        return
+    if cfg.batching not in ("auto", *t.batchings):
+        raise UsageError(f"batching={cfg.batching} is for trainer sft: TRL's {t.name.upper()}Trainer pads its "
+                         f"{'pairs' if t.sequences == 2 else 'rows'}; use batching=auto or padded")
+    if cfg.compile == "on":
+        raise UsageError(f"compile=on is for trainer sft: TRL's {t.name.upper()}Trainer patches the model's forward "
+                         "with its fused log-probability head, which kit has not measured compiled; use compile=auto")
+    if cfg.per_device_batch is not None and cfg.per_device_batch < t.min_batch:
+        raise UsageError(f"trainer={t.name} needs per_device_batch of at least {t.min_batch} (its KL term pairs each "
+                         f"row with another of the same micro-batch), got {cfg.per_device_batch}")
+
+
+def backend(cfg, chosen: str, reasons: list) -> str:
+    """The backend for this trainer: kit runs DPO and KTO on the plain stack only (kit has not wired and
+    measured Unsloth's preference patches), said in the reasons."""
+    if chosen != "unsloth" or of(cfg).name == "sft":
+        return chosen
+    reasons.append(f"backend transformers for trainer {of(cfg).name}: kit runs Unsloth for sft only (its DPO/KTO "
+                   "patches are not wired into kit's script yet).")
+    return "transformers"
+
+
+def plan_rules(cfg, plan, reasons: list) -> None:
+    """The planner's choices a trainer overrides, each with its reason: padded batches, no compiled layers."""
+    t = of(cfg)
+    if t.name == "sft":
+        return
+    if plan.batching not in t.batchings:
+        reasons.append(f"batching padded for trainer {t.name}: TRL's {t.name.upper()}Trainer pads its batches "
+                       "(its padding_free falls back to padding).")
+        plan.batching = "padded"
+    if plan.compile_layers:
+        reasons.append(f"compile off for trainer {t.name}: its fused log-probability head patches the forward; "
+                       "compiled layers were measured for sft only.")
+        plan.compile_layers = False
+    kind, why = reference(cfg)
+    reasons.append(why + ".")
+
+
+def one_process_precompute(cfg, world_size: int) -> None:
+    """Refuse precomputed reference log-probabilities on several processes (see the module docstring)."""
+    from kit.errors import UsageError
+
+    if world_size > 1 and reference(cfg)[0] == "precomputed":
+        raise UsageError(f"{cfg.trainer}.precompute_ref_log_probs=on runs in one process only: TRL shares the "
+                         f"values through a dataset cache file the other {world_size - 1} process(es) cannot read; "
+                         f"set {cfg.trainer}.precompute_ref_log_probs=auto, or start one process")
