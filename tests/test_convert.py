@@ -198,8 +198,11 @@ def test_magics_dropped_and_line_numbers_kept(tmp_path):
     nb = make_nb(tmp_path, ["%%bash\necho hi", "import os\nif os.environ.get('X'):\n    !pip install a \\\n      b\n",
                             *TRAIN])
     conv = convert_notebook(nb)
-    assert "echo hi" not in conv.source and "pip" not in conv.source.split(TRIPLE, 2)[2]
-    assert any(c.startswith("cell 1: dropped the whole cell: `%%bash`") for c in texts(conv))
+    code = conv.source.split(TRIPLE, 2)[2]
+    assert "echo hi" not in code and "pip" not in code
+    # the %%bash cell's lines are listed to run before launching, as shell lines are
+    assert "    echo hi\n" in ast.get_docstring(ast.parse(conv.source))
+    assert any(c.startswith("cell 1: dropped `echo hi`: shell commands") for c in texts(conv))
     # %env and %cd change the state the code below runs in: they become their Python equivalents.
     env = convert_notebook(make_nb(tmp_path, ["%env WANDB_PROJECT=ha\n%cd /kaggle/working", *TRAIN], "env.ipynb"))
     assert "os.environ['WANDB_PROJECT'] = 'ha'" in env.source and "os.chdir('/kaggle/working')" in env.source
@@ -288,9 +291,20 @@ def test_training_args_call_without_keywords_is_completed(tmp_path):
     (["x = 1", "x + 1", "y = _ * 2", *TRAIN], "cell 3, line 1: `_` is IPython's interactive state"),
     (["y = Out[2]", *TRAIN], "cell 1, line 1: `Out`"),
     (["ip = get_ipython()", *TRAIN], "cell 1, line 1: `get_ipython`"),
-    (["import torch\nmodel.train()\nfor b in data:\n    loss(b).backward()"], "no training code found"),
-    (["md:# only words"], "no training code found"),
-    (["x = 1"], "no training code found"),
+    (["import torch\nmodel.train()\nfor b in data:\n    loss(b).backward()"],
+     "cell 1, line 4: this notebook trains in its own PyTorch loop (`loss(b).backward()`)"),
+    (["import torch", "for b in data:\n    optimizer.zero_grad()\n    optimizer.step()"],
+     "cell 2, line 3: this notebook trains in its own PyTorch loop (`optimizer.step()`)"),
+    (["md:# only words"], "no cell holds code: no training found"),
+    (["x = 1", "md:# notes", "y = 2"], "cells 1-3: no training found (no Trainer's train() call"),
+    (["import keras", "model.fit(x, y, epochs=3)"], "cell 2, line 1: `model.fit()` trains outside a Hugging Face"),
+    (["from trl import SFTTrainer", "trainer = SFTTrainer(model=m, train_dataset=d)"],
+     "cell 2, line 1: `SFTTrainer(…)` builds a trainer, but no cell calls its train()"),
+    (["!pip install -q axolotl", "!accelerate launch -m axolotl.cli.train config.yaml"],
+     "cell 2: `!accelerate launch -m axolotl.cli.train config.yaml` trains through the module axolotl.cli.train"),
+    (["!axolotl train qwen.yaml"], "cell 1: `!axolotl train qwen.yaml` trains through `axolotl train`"),
+    (["!llamafactory-cli train examples/llama3_lora_sft.yaml"], "trains through `llamafactory-cli train`"),
+    (["!python -m pip install x", "import torch\nw = torch.zeros(1)"], "error: cell 2: no training found"),
     (["!git clone https://github.com/me/recipes", "!ACCELERATE_USE_FSDP=1 torchrun --nproc_per_node=4 ./scripts/run_fsdp_qlora.py "
       "--config llama.yaml"], "no cell trains; cell 2 launches ./scripts/run_fsdp_qlora.py"),
     (["!python scripts/run_sft.py --config qwen.yaml"], "no cell trains; cell 1 launches scripts/run_sft.py (`!python "
@@ -349,7 +363,7 @@ def test_existing_output_needs_force(tmp_path, capsys):
     assert code == 0 and out.read_text().startswith('"""Rank-aware training script')
     lines = stdout.splitlines()
     assert lines[0].startswith("kit convert: tiny_cpu_sft.ipynb -> ") and "changes, 0 to review" in lines[0]
-    assert all(line.startswith("  cell ") for line in lines[1:])
+    assert all(line.startswith("  cell ") for line in lines[1:-1]) and lines[-1].startswith("next: torchrun ")
 
 
 def _raw_nb(tmp_path: Path, edit, name: str = "raw.ipynb") -> Path:
@@ -844,7 +858,7 @@ def test_a_login_with_the_notebooks_own_token_is_kept_as_its_token(tmp_path):
                                               *TRAIN, "model.push_to_hub('me/x')"]))
     assert "set_hub_token(hf_token)" in own.source and "get_token() is None" not in own.source
     assert "if hf_token: set_hub_token(hf_token)" in own.source and " login(token=hf_token)" not in own.source
-    ns = {"os": os}
+    ns = {"_kit_os": os}
     exec(compile(own.source[own.source.index("def set_hub_token"):own.source.index("\n\n", own.source.index(
         "def set_hub_token"))], "s", "exec"), ns)
     saved = os.environ.pop("HF_TOKEN", None)
@@ -1047,3 +1061,232 @@ def test_a_dry_run_of_a_preference_notebook_trains_on_stand_in_rows(tmp_path, tr
     res = _run([torchrun, "--standalone", "--nproc_per_node=2", "train_ddp.py"], tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "train_loss" in res.stdout and (tmp_path / "out" / "final").is_dir()
+
+
+# --- what the user runs next, and one REVIEW line per construct ----------------------------------
+
+def test_convert_prints_the_next_commands(tmp_path, capsys):
+    nb = make_nb(tmp_path, TRAIN, name="my nb.ipynb")
+    out = tmp_path / "train_ddp.py"
+    code, stdout, _ = cli([str(nb), "-o", str(out)], capsys)
+    last = stdout.splitlines()[-1]
+    assert code == 0 and last.startswith(f"next: torchrun --standalone --nproc_per_node=2 {out} ")
+    dry = tmp_path / "train_ddp_dry_run.py"
+    assert f"kit convert '{nb}' -o {dry} --dry-run && torchrun --standalone --nproc_per_node=2 {dry}" in last
+    code, stdout, _ = cli([str(nb), "-o", str(dry), "--dry-run"], capsys)
+    assert code == 0 and stdout.splitlines()[-1].startswith(f"next: torchrun --standalone --nproc_per_node=2 {dry}  (the dry run")
+
+
+def test_one_review_line_per_construct_on_a_line(tmp_path):
+    nb = make_nb(tmp_path, ["import torch\nuse_bf16 = torch.cuda.is_bf16_supported() and torch.cuda.is_bf16_supported()",
+                            *TRAIN])
+    conv = convert_notebook(nb)
+    reviews = [c for c in texts(conv) if "is_bf16_supported" in c]
+    assert len(reviews) == 1 and conv.source.count("kit: REVIEW (cell 1): torch.cuda.is_bf16_supported()") == 1
+
+
+# --- a notebook that rebinds the names kit's own code uses -------------------------------------------
+
+REBINDS = [
+    "import torch as th\nclass SFTConfig(dict):\n    def __init__(self, **kw):\n        super().__init__(kw)",
+    "torch = None  # the notebook's own\ndist = 'normal'\nos = 'linux'\nsys = 0\nlocal_rank = -1\nworld_size = 'all'\n"
+    "device = 'cuda'",
+    # A Trainer stand-in: every rank meets the others in train(), as a real one does.
+    "class Trainer:\n    def __init__(self, args):\n        self.args = args\n    def train(self):\n"
+    "        if th.distributed.is_initialized():\n            th.distributed.barrier()\n"
+    "        print('use_cpu', self.args['use_cpu'], 'fp16', self.args['fp16'])\n"
+    "    def save_model(self, path):\n        open(path, 'w').write('weights')\n"
+    "trainer = Trainer(SFTConfig(output_dir='o', fp16=True))\ntrainer.train()",
+    "trainer.save_model('model.bin')\nprint('after', device)",
+]
+
+
+def test_rebound_torch_and_os_use_kits_own_names(tmp_path):
+    src = convert_notebook(make_nb(tmp_path, REBINDS)).source
+    args = keywords(src, "SFTConfig")
+    assert args["use_cpu"] == "not _kit_torch.cuda.is_available()" and "_kit_torch.cuda" in args["fp16"]
+    assert "device = \"cuda\" if _kit_torch.cuda.is_available() else \"cpu\"" in src
+    plain = convert_notebook(make_nb(tmp_path, TRAIN, "plain.ipynb")).source  # no rebinding: the plain names
+    assert keywords(plain, "SFTConfig")["use_cpu"] == "not torch.cuda.is_available()"
+
+
+@pytest.mark.slow
+def test_rebound_names_run_under_torchrun(tmp_path, capsys):
+    assert main(["convert", str(make_nb(tmp_path, REBINDS)), "-o", str(tmp_path / "train_ddp.py")]) == 0
+    capsys.readouterr()
+    res = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train_ddp.py"],
+               tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    # print() in the notebook's own class is rank 0's too, like every print before training
+    assert res.stdout.count("use_cpu True fp16 False") == 1 and res.stdout.count("after cpu") == 1
+    assert (tmp_path / "model.bin").read_text() == "weights"
+    assert "destroy_process_group() was not called" not in res.stderr
+
+
+# --- distributed or device setup outside the Trainer; side effects and barriers at any depth ----------
+
+SETUP = [
+    "import os\n%env CUDA_VISIBLE_DEVICES=0\nos.environ['WORLD_SIZE'] = '1'\nos.environ.setdefault('MASTER_PORT', '29500')\n"
+    "os.environ['WANDB_PROJECT'] = 'x'",
+    "import subprocess, sys\ndef setup():\n    os.system('pip install -q peft')\n"
+    "    subprocess.check_call([sys.executable, '-m', 'pip', 'install', 'trl==0.9'])\n    os.makedirs('out', exist_ok=True)\n"
+    "setup()",
+    "import torch\ntorch.cuda.set_device(0)\nfrom accelerate import Accelerator, FullyShardedDataParallelPlugin\n"
+    "acc = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(), mixed_precision='bf16', log_with='wandb')\n"
+    "model = acc.prepare_model(model)\nmodel, opt = acc.prepare(model, opt)",
+    *TRAIN,
+    "os.system('pip install llama-cpp-python')",
+]
+
+
+def test_setup_outside_the_trainer_is_removed_with_its_reason(tmp_path):
+    conv = convert_notebook(make_nb(tmp_path, SETUP))
+    src, changes = conv.source, texts(conv)
+    code = src.split(TRIPLE, 2)[2]
+    for gone in ("'CUDA_VISIBLE_DEVICES'", "'WORLD_SIZE'", "MASTER_PORT", "set_device(0)", "pip install -q peft",
+                 "'install', 'trl==0.9'", "fsdp_plugin", "mixed_precision", "prepare"):
+        assert gone not in code, gone
+    assert "os.environ['WANDB_PROJECT'] = 'x'" in code and "acc = Accelerator(log_with='wandb')" in code
+    assert "model = model\n" in code and "model, opt = (model, opt)" in code
+    doc = ast.get_docstring(ast.parse(src))
+    assert "    !pip install -q peft\n" in doc and "    !python -m pip install trl==0.9\n" in doc
+    assert "os.system('pip install llama-cpp-python')" in rank0_tail(src)  # after training: rank 0 alone, kept
+    assert any("CUDA_VISIBLE_DEVICES'] = '0'` removed: on every rank it would hide each rank's own GPU" in c
+               for c in changes)
+    assert any("`torch.cuda.set_device(0)` removed: the rank block already set" in c for c in changes)
+    assert any("Accelerator(): fsdp_plugin, mixed_precision removed" in c for c in changes)
+    assert any("acc.prepare_model(model) → model: the Trainer wraps the model for DDP itself" in c for c in changes)
+    assert sum("every rank would install into the same environment" in c for c in changes) == 2
+
+
+def _function(src: str, name: str) -> ast.FunctionDef:
+    return next(n for n in ast.walk(ast.parse(src)) if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == name)
+
+
+CALLBACK_AND_PHASES = [
+    "import wandb\nfrom transformers import TrainerCallback, AutoModelForCausalLM\nfrom trl import SFTTrainer, SFTConfig\n"
+    "wandb.init(project='p')",
+    "class WandbCB(TrainerCallback):\n    def on_log(self, args, state, control, logs=None, **kw):\n"
+    "        wandb.log(logs)\n        wandb.run.summary['last'] = logs\n"
+    "        if state.is_world_process_zero:\n            trainer_log_to_disk(logs)",
+    "def trainer_log_to_disk(logs):\n    with open('log.txt', 'a') as f:\n        f.write(str(logs))",
+    "def train_phase(name, data):\n    trainer = SFTTrainer(model=model, args=SFTConfig(output_dir=name), train_dataset=data,"
+    " callbacks=[WandbCB()])\n    trainer.train()\n    trainer.save_model(name)\n    trainer.push_to_hub()\n"
+    "    return AutoModelForCausalLM.from_pretrained(name)",
+    "model = train_phase('phase1', d1)\nmodel = train_phase('phase2', d2)",
+]
+
+
+def test_callbacks_and_functions_guard_side_effects_and_barriers_go_where_the_write_is(tmp_path):
+    conv = convert_notebook(make_nb(tmp_path, CALLBACK_AND_PHASES))
+    src = conv.source
+    on_log = _function(src, "on_log")
+    guarded = [ast.unparse(s) for n in ast.walk(on_log) if isinstance(n, ast.If) and ast.unparse(n.test) == "is_main"
+               for s in n.body]
+    assert "wandb.log(logs)" in guarded and "wandb.run.summary['last'] = logs" in guarded
+    phase = ast.unparse(_function(src, "train_phase"))
+    assert phase.index("trainer.push_to_hub()") < phase.index("wait_for_all()") < phase.index("from_pretrained(name)")
+    # No barrier where the def runs (it would run when the function is defined), none in a callback's helper
+    # called under a rank test (the other ranks never arrive there).
+    body = ast.parse(src).body[-1].body  # the try block
+    defs = [i for i, s in enumerate(body) if isinstance(s, ast.FunctionDef)]
+    assert defs and not any(ast.unparse(body[i + 1]).startswith("wait_for_all") for i in defs)
+    assert "wait_for_all" not in ast.unparse(_function(src, "trainer_log_to_disk"))
+    assert any("barrier (wait_for_all) inside def train_phase" in c for c in texts(conv))
+
+
+def test_a_barrier_goes_inside_a_top_level_loop_that_writes_and_reads_back(tmp_path):
+    nb = make_nb(tmp_path, ["from transformers import AutoModelForCausalLM",
+                            "for p in ['a', 'b']:\n    model.save_pretrained(p)\n"
+                            "    model = AutoModelForCausalLM.from_pretrained(p)", *TRAIN])
+    loop = next(n for n in ast.walk(ast.parse(convert_notebook(nb).source)) if isinstance(n, ast.For))
+    assert [ast.unparse(s).split("(")[0] for s in loop.body] == ["if is_main:\n    model.save_pretrained", "wait_for_all",
+                                                                "model = AutoModelForCausalLM.from_pretrained"]
+
+
+# --- shell cells after training: one rule ---------------------------------------------------------
+
+SERVICE_AFTER = [
+    "from trl import SFTTrainer, SFTConfig\ntrainer = SFTTrainer(model=m, args=SFTConfig(output_dir='o', push_to_hub=True), "
+    "train_dataset=d)\ntrainer.train()",
+    "!huggingface-cli login\n!wandb login\n!wandb login --relogin 0123\ntrainer.save_model('out')",
+    "%%bash\nnohup python -m http.server 18573 > server.log 2>&1 &\necho $! > server.pid\nhf auth login",
+    "import urllib.request\nprint(urllib.request.urlopen('http://localhost:18573').status)",
+    "%%bash\nexport HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz0123\ndocker run -d --name tgi -p 8080:80 ghcr.io/tgi",
+    "import requests\nrequests.post('http://127.0.0.1:8080/generate', json={})",
+    "!docker stop tgi",
+    "!ls out",
+]
+
+
+def test_a_service_and_its_users_are_kept_or_dropped_together_and_logins_never_run(tmp_path):
+    conv = convert_notebook(make_nb(tmp_path, SERVICE_AFTER))
+    tail, changes = rank0_tail(conv.source), texts(conv)
+    # The server cell runs (through bash, on rank 0), and so does the cell that queries it.
+    assert "nohup python -m http.server 18573" in tail and "executable='/bin/bash'" in tail
+    assert "urlopen('http://localhost:18573')" in tail
+    # The one kit cannot run (a token in it) takes its users along, and says so.
+    assert "docker run" not in tail and "8080/generate" not in tail and "docker stop" not in tail
+    assert sum("dropped with cell 5, which starts the service" in c for c in changes) == 2
+    assert "subprocess.run('ls out', shell=True)" in tail  # other shell lines still run in place
+    # Interactive logins: never run, each dropped with its reason; a login with its key still runs.
+    assert "login" not in tail.replace("wandb login --relogin 0123", "")
+    assert sum("an interactive login" in c and "the script already requires HF_TOKEN" in c for c in changes) == 3
+    assert "subprocess.run('wandb login --relogin 0123', shell=True)" in tail
+    assert not any(c.startswith("cell 3: dropped the whole cell") for c in changes)
+
+
+# --- big data literals: conversion time follows the code, not the data -------------------------------
+
+def test_a_big_data_literal_is_kept_as_written_and_lines_still_count(tmp_path, capsys):
+    rows = "ROWS = [\n" + "".join(f"    {{'q': 'question {i}', 'a': \"answer {i}\"}},\n" for i in range(3000)) + "]\n"
+    blob = "BLOB = '" + "ab" * 20000 + "'\n"
+    nb = make_nb(tmp_path, [rows + blob + "print(len(ROWS), len(BLOB))", *TRAIN])
+    conv = convert_notebook(nb)
+    assert rows in conv.source and blob.strip() in conv.source and "_kit_literal" not in conv.source
+    assert not any("_kit_literal" in c for c in texts(conv))
+    # Line numbers in messages stay the notebook's: the literal's lines still count.
+    bad = make_nb(tmp_path, [rows + "steps = input('steps? ')", *TRAIN], "bad.ipynb")
+    code, _, err = cli([str(bad), "-o", str(tmp_path / "x.py")], capsys)
+    assert code == 2 and "cell 1, line 3003: input()" in err
+    # A key inside a big literal is still never written into the script.
+    keyed = make_nb(tmp_path, [rows.replace("answer 7\"", "sk-proj-" + "a1" * 15 + "\""), *TRAIN], "keyed.ipynb")
+    code, _, err = cli([str(keyed), "-o", str(tmp_path / "y.py")], capsys)
+    assert code == 2 and "cell 1, line 9 holds what looks like an OpenAI/Anthropic API key" in err
+
+
+def test_a_big_cell_parsed_statement_by_statement_converts_as_a_whole_one_does(tmp_path, monkeypatch):
+    from kit.notebooks.convert import cells
+
+    parts = ["# settings\n\nimport os\n"]
+    for i in range(1500):
+        parts.append(f"# step {i}\nif os.environ.get('X{i}'):\n  value_{i} = [{i},\n     {i} + 1]  # two\n"
+                     f"  # inside\nelse:\n\tvalue_{i} = '''a\n  b'''\n")
+    nb = make_nb(tmp_path, ["".join(parts) + "print(value_1)\n# the end\n", *TRAIN])
+    assert len(parts) * 60 > cells.CHUNKED
+    chunked = convert_notebook(nb)
+    monkeypatch.setattr(cells, "CHUNKED", 10 ** 9)  # the whole cell to libcst at once
+    whole = convert_notebook(nb)
+    assert chunked.source == whole.source and texts(chunked) == texts(whole)
+    assert "        value_7 = [7,\n" in chunked.source and "# step 1499\n" in chunked.source
+
+
+def test_a_tracker_run_object_is_rank_0s_too(tmp_path):
+    nb = make_nb(tmp_path, ["import wandb\nrun = wandb.init(project='p')",
+                            "def log_it(x):\n    run.log({'x': x})\n    run.summary['best'] = x\nlog_it(1)", *TRAIN])
+    src = convert_notebook(nb).source
+    fn = ast.unparse(_function(src, "log_it"))
+    assert "if is_main:\n        run.log({'x': x})\n        run.summary['best'] = x" in fn
+
+
+def test_a_shell_cell_kit_does_not_run_is_listed_line_by_line(tmp_path):
+    nb = make_nb(tmp_path, ["%%bash\n# fetch the data\ngit clone https://github.com/me/data\ncd data && make", *TRAIN,
+                            "%%bash\nexport HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz0123\nhf upload me/m out"])
+    conv = convert_notebook(nb)
+    doc, changes = ast.get_docstring(ast.parse(conv.source)), texts(conv)
+    before, after = doc.split("once this script has finished")
+    assert "    git clone https://github.com/me/data\n    cd data && make\n" in before
+    assert "    hf upload me/m out\n" in after and "hf_abcdef" not in conv.source
+    assert not any("dropped the whole cell" in c for c in changes)
+    assert any(c.startswith("cell 1: dropped `git clone") for c in changes)
+    assert any(c.startswith("cell 4: REVIEW: dropped `export HF_TOKEN=***") for c in changes)

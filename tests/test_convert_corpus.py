@@ -45,9 +45,11 @@ RUNS = {
     "trl_kto_namespace_args.ipynb": 0,
     "hf_trainer_clm_full.ipynb": 1,
     "kaggle_llama3_qlora_community.ipynb": 1,
+    "kaggle_two_phase_callbacks.ipynb": 2,  # model.push_to_hub in each call of train_phase
     "peft_added_tokens.ipynb": 2,  # tokenizer.push_to_hub, model.push_to_hub
     "peft_int8_trainer.ipynb": 1,
     "seed002_kaggle_t4x2.ipynb": 1,
+    "sft_then_local_server.ipynb": 1,
     "tiny_cpu_sft.ipynb": 0,
     "trl_grpo_lora.ipynb": 1,
     "trl_qlora_sft.ipynb": 2,  # push_to_hub=True: the checkpoint at the end of training, then "End of training"
@@ -63,6 +65,8 @@ RUNS = {
 REFUSED = {
     "unsloth_qwen3_grpo_vllm.ipynb": "fast_inference=True starts a vLLM engine in every torchrun rank",
     "writefile_custom_loop.ipynb": "runs its own distributed loop (Accelerator/init_process_group)",
+    "axolotl_cli_launch.ipynb": "trains through the module axolotl.cli.train, a training program that starts",
+    "pytorch_handwritten_loop.ipynb": "cell 3, line 6: this notebook trains in its own PyTorch loop (`loss.backward()`)",
 }
 
 
@@ -113,6 +117,8 @@ def test_corpus_notebook_runs_under_torchrun(notebook, tmp_path, hub, capsys):
     except subprocess.TimeoutExpired:  # torchrun's ranks live in sessions of their own: end them too
         kill_job(proc, str(work))
         pytest.fail(f"{notebook}: no exit within 240 s under torchrun (a hang?)")
+    finally:  # and whatever a failed run left behind there (a local server a notebook started)
+        kill_job(proc, str(work))
     res = SimpleNamespace(returncode=proc.returncode, stdout=out, stderr=err)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
     events = _events(probe)

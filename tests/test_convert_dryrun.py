@@ -122,8 +122,8 @@ def test_run_needs_dry_run(tmp_path, capsys):
 def test_without_run_the_exact_command_is_printed(tmp_path, capsys):
     nb = make_nb(tmp_path, TRAIN)
     assert main(["convert", str(nb), "-o", str(tmp_path / "x.py"), "--dry-run"]) == 0
-    out = capsys.readouterr().out.splitlines()[-1]
-    assert out.startswith("dry run: CUDA_VISIBLE_DEVICES='' OMP_NUM_THREADS=1 ")
+    out = capsys.readouterr().out.splitlines()[-2]  # the last: next:
+    assert out.startswith("dry run, exactly: CUDA_VISIBLE_DEVICES='' OMP_NUM_THREADS=1 ")
     assert f"python -m torch.distributed.run --standalone --nproc_per_node=2 {tmp_path / 'x.py'}" in out
     assert "--run" in out
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from kit.errors import KitError, UsageError, shown
 from kit.files import check_output, regular_file, write_atomic
-from kit.machine.command import launch_argv
+from kit.machine.command import launch_argv, launch_command
 
 DRY_RANKS = 2  # the dry run's torchrun: two ranks on the CPU, so rank guards and barriers really run
 DRY_ENV = {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -75,11 +75,11 @@ def run(args) -> int:
     if args.dry_run:
         argv = launch_argv(DRY_RANKS, script=str(out), python="python")
         command = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in DRY_ENV.items()), *map(shlex.quote, argv)])
-        if not args.run:
-            print(f"dry run: {command}   (or convert with --run to have kit run it)")
-            return 0
-        print(f"dry run: {command}", flush=True)
-        return _run_dry(out)
+        if args.run:
+            print(f"dry run: {command}", flush=True)
+            return _run_dry(out)
+        print(f"dry run, exactly: {command}   (or convert with --run to have kit run it)")
+    print(f"next: {next_step(args.notebook, str(args.output), args.dry_run)}")
     return 0
 
 
@@ -121,6 +121,16 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait()
     except ProcessLookupError:
         pass
+
+
+def next_step(notebook: str, script: str, dry_run: bool) -> str:
+    """What to run now: the written script under torchrun; before GPU hours, the dry run of it first."""
+    run = launch_command(2, script=shlex.quote(script))
+    if dry_run:
+        return f"{run}  (the dry run: 2 ranks, on the CPU without a GPU; use your GPU count on a GPU machine)"
+    dry = str(Path(script).with_name(Path(script).stem + "_dry_run.py"))
+    return (f"{run}  (one rank per GPU); to try it first on the CPU: kit convert {shlex.quote(notebook)} -o "
+            f"{shlex.quote(dry)} --dry-run && {launch_command(2, script=shlex.quote(dry))}")
 
 
 def _write(out: Path, source: str) -> None:

@@ -330,3 +330,75 @@ def fsdp_qlora_load_bytes(model, precision: str) -> int:
     linear = model.layers * model.layer_linear_params()
     rest = max(0, model.params - linear)
     return int((linear * NF4_BYTES + rest * bp) * (1 + SLACK) + CUDA_CONTEXT)
+
+
+# What stays on the GPU between the generation pass and the training pass of a GRPO step.
+PERSISTENT_TERMS = ("weights", "weights_4bit", "lora_params", "optimizer_states", "ddp_buckets", "reference_weights")
+
+
+def kv_cache_bytes(model, sequences: int, tokens: int, bp: int) -> int:
+    """The generation KV cache: keys and values of every layer for `sequences` × `tokens` positions."""
+    return int(2 * model.layers * model.kv_heads * model.head_dim * tokens * sequences * bp)
+
+
+def grpo_estimate(model, cfg, precision: str, *, completions_per_device: int, prompt_tokens: int,
+                  completion_tokens: int, beta: float, gradient_checkpointing: bool, quantized: bool,
+                  generated_per_device: int | None = None, world_size: int = 1, optimizer: str | None = None, device: str = "cuda",
+                  qlora_bf16_adapters: bool = False) -> MemoryEstimate:
+    """Per-GPU memory of one GRPO step (TRL's GRPOTrainer, transformers generation), term by term.
+
+    A GRPO step has two phases and its peak is the larger:
+    - generation: the weights, adapters and optimizer states, plus the KV cache of the completions
+      the rank generates at once (layers × 2 × KV heads × head dim × (prompt + completion) ×
+      completions × bytes) and the sampling logits of one decoded token per completion (fp32).
+      TRL generates a rank's share of a whole generation batch in one call: per_device_train_batch_size
+      × steps_per_generation completions (the accumulation steps, unless set), and then trains on
+      them a micro-batch at a time;
+    - training: one forward/backward over the completions (prompt + completion tokens each), as
+      `estimate` counts it with TRL's tiled log-prob head (TRL ≥ 1.15 scores completions through
+      `fused_lm_head`, never holding the completion logits), under autocast.
+    The reference model counts only where beta > 0, and then only without LoRA: under LoRA TRL
+    scores the reference by disabling the adapter on the same weights, which costs one no-grad
+    forward (smaller than the training pass), no second copy.
+
+    Args:
+        completions_per_device: Completions this rank generates and trains on per micro-batch
+            (TRL's per_device_train_batch_size; num_generations of them share a prompt).
+        prompt_tokens / completion_tokens: Longest prompt and max_completion_length.
+        generated_per_device: Completions this rank generates in one call (None: completions_per_device).
+        beta: TRL's KL coefficient.
+        The rest as for `estimate`.
+    """
+    from dataclasses import replace
+
+    bp = 2 if precision in ("bf16", "fp16") else 4
+    seq = prompt_tokens + completion_tokens
+    generated = generated_per_device or completions_per_device
+    train = estimate(model, replace(cfg, seq_len=seq), precision, completions_per_device, gradient_checkpointing,
+                     quantized, world_size=world_size, optimizer=optimizer, device=device, fused_lm_head=True,
+                     autocast=True, qlora_bf16_adapters=qlora_bf16_adapters)
+    train_terms = {k: v for k, v in train.terms.items() if k not in ("allocator_slack", "cuda_context")}
+    notes = list(train.notes)
+    if beta > 0 and cfg.method == "full":
+        train_terms["reference_weights"] = model.params * bp
+        notes.append("beta > 0 without LoRA: a frozen reference copy of the model")
+    elif beta > 0:
+        notes.append("beta > 0 under LoRA: the reference is the base with the adapter disabled (no second copy)")
+    persistent = {k: v for k, v in train_terms.items() if k.startswith(PERSISTENT_TERMS)}
+    generation = {**persistent,
+                  "kv_cache": kv_cache_bytes(model, generated, seq, bp),
+                  "sampling_logits_fp32": generated * model.vocab * 4 * 2}
+    if sum(generation.values()) > sum(train_terms.values()):
+        terms = generation
+        notes.append(f"generation is the peak: the KV cache of {generated} completions of {seq} tokens "
+                     f"({_gib(generation['kv_cache'])}) outweighs the training pass")
+    else:
+        terms = train_terms
+        notes.append(f"the training pass is the peak; the generation KV cache "
+                     f"({_gib(generation['kv_cache'])}) is freed before it")
+    allocated = int(sum(terms.values()))
+    terms["allocator_slack"] = allocated * SLACK
+    if device == "cuda":
+        terms["cuda_context"] = CUDA_CONTEXT
+    terms = {k: int(v) for k, v in terms.items()}
+    return MemoryEstimate(terms=terms, total_bytes=sum(terms.values()), allocated_bytes=allocated, notes=notes)

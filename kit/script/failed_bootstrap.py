@@ -15,7 +15,7 @@ import ast
 import os
 from pathlib import Path
 
-from kit.errors import UsageError
+from kit.errors import KitError, UsageError
 
 SUFFIX = ".bootstrap-failed"
 
@@ -42,6 +42,19 @@ def settings_of(script: Path) -> dict | None:
     return None
 
 
+def same_job(written: dict | None, asked: dict) -> bool:
+    """Whether a script's SETTINGS are the `asked` job's: compared as whole configs, since a script
+    holds only its own trainer's section (an SFT script has no `dpo:`) and the rest at its defaults."""
+    if written is None:
+        return False
+    from kit.planning import config
+
+    try:
+        return config.to_dict(config.from_dict(written, source="the script's SETTINGS")) == asked
+    except KitError:  # settings this kit cannot read: not the job asked for
+        return False
+
+
 def leave_note(script: Path, asked: dict | None, why: str) -> Path | None:
     """After a failed bootstrap: the note beside `script` when it is there and is not the job asked for
     (`asked`: that job's settings, None when they could not be read). Returns the note's path, or None
@@ -50,7 +63,7 @@ def leave_note(script: Path, asked: dict | None, why: str) -> Path | None:
 
     if not os.path.lexists(script) or regular_file(script, f"-o {script}") is None:
         return None
-    if asked is not None and settings_of(script) == asked:
+    if asked is not None and same_job(settings_of(script), asked):
         return None  # the job asked for: running it is what the user wants
     note = note_path(script)
     try:

@@ -6,6 +6,8 @@ The code cells are kept in order, magics handled (`kit.notebooks.convert.cells`)
 - a rank block goes on top: LOCAL_RANK/RANK/WORLD_SIZE, `set_device`, `init_process_group`, the
   Hub token check when the notebook talks to the Hub (before any work), seeds for unseeded
   `random`/numpy data prep, and `wait_for_all()`;
+- setup that torchrun and the Trainer do themselves is removed, with the reason
+  (`kit.notebooks.convert.setup`); big data literals stay out of the trees (`kit.notebooks.convert.literals`);
 - calls are fixed where the fix is mechanical (`kit.notebooks.convert.calls`): devices follow the rank,
   platform secrets become environment lookups, logins go, TrainingArguments get what DDP needs,
   unseeded shuffles and splits get the notebook's seed;
@@ -31,7 +33,7 @@ from kit.notebooks.convert.calls import CellRewriter
 from kit.notebooks.convert.kinds import uses_every_parameter
 from kit.notebooks.convert.cells import is_comment_only, parse_cell, read_cells, read_code_cells, without_launch
 from kit.notebooks.convert.dryrun import DryRun
-from kit.notebooks.convert.facts import Facts, gather
+from kit.notebooks.convert.facts import Facts, gather, rebound_modules
 from kit.notebooks.convert.ports import Ports
 from kit.notebooks.convert.ranks import (Guard, barrier_statement, rank0_block, shown_result, side_effect,
                                          split_statements, writes_file)
@@ -40,7 +42,7 @@ from kit.machine.command import launch_command, shell_word
 from kit.notebooks.convert.script import (DOCSTRING, DRY_NOTE, OWN_TOKEN, RANK_BLOCK, TOKEN_CHECK, TRY_TEMPLATE,
                                           BlankLines, docstring, dropped_note, is_future_import, merge_main_blocks,
                                           split_dropped, training_end)
-from kit.notebooks.convert import literal_secrets
+from kit.notebooks.convert import literal_secrets, literals
 from kit.notebooks.convert.shell_after import port_after
 from kit.notebooks.convert.syntax import Change, call_name, clip, code, comments
 from kit.errors import KitError, UsageError
@@ -111,11 +113,22 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
     """
     if precision not in PRECISION_CHOICES:
         raise UsageError(f"--precision {precision!r}: choose one of {', '.join(PRECISION_CHOICES)}")
+    with literals.kept() as table:  # big data literals stay out of the trees (kit.notebooks.convert.literals)
+        conversion = _convert(path, precision, script_name, keep_global_batch, dry_run, dry_run_model, dry_run_data,
+                              dry_run_push)
+        source = table.restore(conversion.source)
+        literal_secrets.refuse(source, read_code_cells(path), parsed=conversion.source)  # a key never lands in it
+        return Conversion(source, [Change(c.cell, table.shown(c.text), c.review) for c in conversion.changes])
+
+
+def _convert(path, precision, script_name, keep_global_batch, dry_run, dry_run_model, dry_run_data,
+             dry_run_push) -> Conversion:
+    """`convert_notebook`, with big literals as placeholders in the script it returns."""
     changes: list[Change] = []
     parsed, facts, dropped = _code_cells(path, changes)
     trees = [(c, t) for c, t, _, _ in parsed]
     check_convertible(trees, facts)
-    parsed, dropped = port_after(path, parsed, dropped, training_end(trees, facts), changes)
+    parsed, dropped = port_after(path, parsed, dropped, training_end(trees, facts), changes, facts.uses_hub)
     trees = [(c, t) for c, t, _, _ in parsed]
     facts = gather(trees)
     dropped_before, dropped_after = split_dropped(dropped, trees, facts, changes)
@@ -124,6 +137,10 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
                or (isinstance(n, ast.Attribute) and n.attr == "get_peft_model") for _, t in trees for n in ast.walk(t))
     called = {ast.unparse(n.func) for _, t in trees for n in ast.walk(t) if isinstance(n, ast.Call)}
     rewriter = CellRewriter(precision, facts.seed, keep_global_batch, peft=peft, secret_names=facts.secret_names,
+                            rebound=rebound_modules(trees), accelerators=frozenset(
+                                t.id for _, tree in trees for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                                and isinstance(n.value, ast.Call) and ast.unparse(n.value.func).endswith("Accelerator")
+                                for t in n.targets if isinstance(t, ast.Name)),
                             dense=uses_every_parameter(called, peft), true_names=frozenset(
                                 t.id for _, tree in trees for n in ast.walk(tree) if isinstance(n, ast.Assign)
                                 and isinstance(n.value, ast.Constant) and n.value.value is True
@@ -157,6 +174,7 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
                                         "train/evaluate call): the other ranks leave the process group first, so "
                                         "saves, pushes, exports, generation and prints run exactly once"))
 
+    dropped_before = [*dropped_before, *(f"!{c}" for c in dict.fromkeys(rewriter.installs))]
     future = [s for _, s in items if is_future_import(s)]
     items = [(c, s) for c, s in items if not is_future_import(s)]
     first_cell, last_cell = items[0][0], items[-1][0]
@@ -187,13 +205,14 @@ def convert_notebook(path: str | Path, precision: str = "auto", script_name: str
     rank_block = RANK_BLOCK.format(imports=imports, seeds=seeds,
                                    token=OWN_TOKEN if rewriter.own_token else TOKEN_CHECK if facts.uses_hub and (dry_run_push or not dry_run) else "")
     source = f"{head}\n{rank_block}{body}"
-    literal_secrets.refuse(source, read_code_cells(path))  # an API key in a cell never lands in the script
     try:  # compile, not just parse: `await` or `return` where Python refuses them fails here too
         compile(source, script_name, "exec", dont_inherit=True)
     except SyntaxError as e:  # a bug in kit, not in the notebook
         raise KitError(f"kit convert produced invalid Python (line {e.lineno}: {e.msg}); please report it "
                        "with the notebook") from None
     changes.sort(key=lambda c: c.cell)  # stable: keeps each cell's changes in the order they were made
+    seen = set()
+    changes = [c for c in changes if (c.cell, c.text, c.review) not in seen and not seen.add((c.cell, c.text, c.review))]
     return Conversion(source, changes)
 
 
@@ -219,6 +238,7 @@ def _rewrite_cell(cell: int, module: cst.Module, facts: Facts, rewriter: CellRew
             dry.notes = []
             new = new.visit(dry)
             notes += [(False, f"dry run: {n}") for n in dry.notes]
+        notes = list(dict.fromkeys(notes))  # one construct used twice on a line: one note, one REVIEW line
         changes.extend(Change(cell, t, r) for r, t in notes)
         if not isinstance(new, cst.BaseStatement):
             continue  # removed (a platform import, a login, drive.mount)
@@ -232,12 +252,17 @@ def _rewrite_cell(cell: int, module: cst.Module, facts: Facts, rewriter: CellRew
         if facts.after_training((cell, i)):
             post.append(new)
             continue
-        whole = side_effect(new) is not None or writes_file(new)
+        whole = side_effect(new, facts.trackers) is not None or writes_file(new)
         if barrier_due and not whole:
             out.append(barrier_statement())
             barrier_due = False
-        guard = Guard(lambda call: facts.is_collective(call_name(call), ast.parse(code(call), mode="eval").body))
+        guard = Guard(lambda call: facts.is_collective(call_name(call), ast.parse(code(call), mode="eval").body),
+                      barrier_funcs=facts.together, read_back=bool(facts.reads), trackers=facts.trackers)
         out.extend(guard.body([new]))
+        if guard.barriers_in:
+            changes.append(Change(cell, f"barrier (wait_for_all) inside {', '.join(dict.fromkeys(guard.barriers_in))}"
+                                        ", right after rank 0's writes: every rank gets there together, and code "
+                                        "after it may read back what was written"))
         guarded += guard.guarded
         if guard.hoisted:
             changes.append(Change(cell, f"{', '.join(dict.fromkeys(guard.hoisted))} taken out of the line that shows its result, "

@@ -13,6 +13,7 @@ from kit.notebooks.convert.precision import PRECISIONS, follow_precision
 from kit.notebooks.convert.logins import HUB_LOGINS, PLATFORM_MODULES, secret_lookup, token_arg
 from kit.notebooks.convert.kinds import (TRL_CONFIGS, UNSLOTH_LOADERS, find_unused_why, is_training_args,
                                          shown_text, shows_media)
+from kit.notebooks.convert.setup import install_command, plain_accelerator, removed_setup, unprepared
 from kit.notebooks.convert.syntax import call_name, code, kwarg, set_kwarg, short_name
 
 # device_map values that split one model over several GPUs (accelerate's "big model" placement).
@@ -50,8 +51,13 @@ class CellRewriter(cst.CSTTransformer):
 
     def __init__(self, precision: str, seed: int, keep_global_batch: bool = False, peft: bool = True,
                  secret_names: frozenset[str] = frozenset(), dense: bool = True,
-                 true_names: frozenset[str] = frozenset()):
+                 true_names: frozenset[str] = frozenset(), rebound: frozenset[str] = frozenset(),
+                 accelerators: frozenset[str] = frozenset()):
         super().__init__()
+        self.accelerators = accelerators  # names the notebook assigns an Accelerator(...) to
+        self.installs: list[str] = []  # installs run from Python that kit removed: to run before launching
+        # The notebook rebinds `torch` or `os` somewhere: kit's code uses the rank block's own names.
+        self.torch, self.os = ("_kit_torch" if "torch" in rebound else "torch"), ("_kit_os" if "os" in rebound else "os")
         self.precision, self.seed, self.keep_global_batch, self.peft = precision, seed, keep_global_batch, peft
         self.secret_names = secret_names  # names the notebook assigns from a Kaggle/Colab secret
         self.dense = dense
@@ -92,6 +98,16 @@ class CellRewriter(cst.CSTTransformer):
         return updated
 
     def _removed(self, small: cst.BaseSmallStatement) -> bool:
+        if not self.after_training and (why := removed_setup(small)) is not None:
+            self.note(why)
+            return True
+        value = getattr(small, "value", None)
+        if not self.after_training and isinstance(small, cst.Expr) and isinstance(value, cst.Call) \
+                and (command := install_command(value)) is not None:
+            self.installs.append(command)
+            self.note(f"`{code(value)[:60]}` removed: every rank would install into the same environment at once; "
+                      "it is listed at the top of the script with the installs to run before launching")
+            return True
         if isinstance(small, cst.ImportFrom) and small.module is not None:
             module = code(small.module)
             if module.startswith(PLATFORM_MODULES):
@@ -140,9 +156,9 @@ class CellRewriter(cst.CSTTransformer):
         if isinstance(value, cst.IfExp) and _is_cuda(value.body):
             return updated
         if _is_cuda(value):
-            self.note(f"{code(value)} → \"cuda\" if torch.cuda.is_available() else \"cpu\": \"cuda\" is each "
+            self.note(f"{code(value)} → \"cuda\" if {self.torch}.cuda.is_available() else \"cpu\": \"cuda\" is each "
                       "rank's own GPU (set_device), and a CPU run has none")
-            return updated.with_changes(value=cst.parse_expression('"cuda" if torch.cuda.is_available() else "cpu"'))
+            return updated.with_changes(value=cst.parse_expression(f'"cuda" if {self.torch}.cuda.is_available() else "cpu"'))
         return updated.with_changes(value=self._device(value))
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
@@ -153,6 +169,12 @@ class CellRewriter(cst.CSTTransformer):
                       "token, so every rank takes it from there (login() prompts, which hangs under torchrun, "
                       "when it is empty), and the script does not ask for HF_TOKEN up front")
             return cst.Call(func=cst.Name("set_hub_token"), args=[cst.Arg(token)])
+        if not self.after_training and (prepared := unprepared(updated, self.accelerators)) is not None:
+            self.note(prepared[1])
+            return prepared[0]
+        if not self.after_training and (plain := plain_accelerator(updated)) is not None:
+            self.note(plain[1])
+            updated = plain[0]
         updated, notes = follow_precision(updated, name, self.precision)
         for note in notes:
             self.note(note)
@@ -182,7 +204,7 @@ class CellRewriter(cst.CSTTransformer):
             return updated.with_changes(func=updated.func.with_changes(attr=cst.Name("to")),
                                         args=[cst.Arg(cst.Name("rank_device"))])
         if (short == "get_secret" or name.endswith("userdata.get")) and updated.args:
-            lookup = secret_lookup(updated.args[0].value)
+            lookup = secret_lookup(updated.args[0].value, self.os)
             self.needs_hub_import |= lookup.startswith("huggingface_hub")
             self.note(f"{name}({code(updated.args[0].value)}) → {lookup}: platform secrets exist only in the "
                       "notebook kernel; torchrun's processes read the environment (set it from the secret)")
@@ -249,12 +271,12 @@ class CellRewriter(cst.CSTTransformer):
                       "--precision fp16 for those GPUs", review=True)
         if (a := kwarg(call, "fp16")) is not None and code(a.value) not in ("False", "None") \
                 and "cuda.is_available" not in code(a.value):
-            gpu = "torch.cuda.is_available()"
+            gpu = f"{self.torch}.cuda.is_available()"
             call = set_kwarg(call, "fp16", gpu if code(a.value) == "True" else f"({code(a.value)}) and {gpu}")
             self.note(f"{short}: fp16 only with a GPU: fp16 mixed precision needs CUDA")
         if kwarg(call, "use_cpu") is None:
-            call = set_kwarg(call, "use_cpu", "not torch.cuda.is_available()")
-            self.note(f"{short}: use_cpu=not torch.cuda.is_available(): without it a CPU run is not DDP "
+            call = set_kwarg(call, "use_cpu", f"not {self.torch}.cuda.is_available()")
+            self.note(f"{short}: use_cpu=not {self.torch}.cuda.is_available(): without it a CPU run is not DDP "
                       "(each rank trains alone on all the data)")
         call = self._global_batch(call, short)
         # transformers 5 renames gradient_* to activation_*; follow whichever name the notebook uses.

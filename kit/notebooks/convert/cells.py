@@ -24,6 +24,7 @@ from pathlib import Path
 
 import libcst as cst
 
+from kit.notebooks.convert.literals import NEWLINE_LINES, set_aside
 from kit.notebooks.convert.magics import (PYTHON_ARG_MAGICS, PYTHON_BODY_MAGICS, captured, python_for,
                                          shell_line_python)
 from kit.notebooks.convert.syntax import Change, clip
@@ -33,7 +34,13 @@ from kit.files import json_problem, parse_json, read_text, regular_file
 
 # IPython's `lhs = !cmd` / `lhs = %magic args` (its assign_from_system/assign_from_magic transforms).
 ASSIGNED = re.compile(r"(?P<lhs>[A-Za-z_][\w.]*(?:\s*,\s*[A-Za-z_][\w.]*)*)\s*=\s*(?P<rhs>[!%].*)")
+CHUNKED = 64_000  # characters: a cell this big is given to libcst one statement at a time (`_cst_module`)
 INSTALLERS = {"pip", "pip3", "apt", "apt-get", "conda", "mamba", "micromamba"}
+# Training programs with a CLI of their own: the subcommands that train.
+TRAINING_CLIS = {"axolotl": ("train",), "llamafactory-cli": ("train",), "tune": ("run",), "autotrain": ("llm", "train"),
+                 "trl": ("sft", "dpo", "grpo", "kto", "reward", "ppo", "orpo"), "litgpt": ("finetune", "finetune_lora",
+                                                                                        "pretrain")}
+TRAINING_WORDS = re.compile(r"(?i)train|sft|dpo|orpo|grpo|fine.?tun|run_")
 LAUNCHERS = ("accelerate launch", "torchrun", "python -m torch.distributed.run", "python", "python3",
              "deepspeed")
 
@@ -117,15 +124,22 @@ def is_install(line: str) -> bool:
 
 
 def _launched_script(line: str) -> str | None:
-    """The .py file a shell line launches (`!accelerate launch --multi_gpu train.py`), if any."""
+    """What a shell line launches, if any: the .py file (`!accelerate launch --multi_gpu train.py`), a
+    training module (`-m axolotl.cli.train`, as `-m NAME`) or a training program's CLI (`axolotl train …`)."""
     body = re.sub(r"^(?:[A-Za-z_]\w*=\S*\s+)+", "", line.lstrip("!%").strip())  # `ACCELERATE_USE_FSDP=1 torchrun …`
-    if not any(body.startswith(launcher) for launcher in LAUNCHERS):
-        return None
     try:
         words = shlex.split(body)
     except ValueError:
         return None
-    return next((w for w in words if w.endswith(".py")), None)
+    if len(words) > 1 and TRAINING_CLIS.get(words[0], ()) and words[1] in TRAINING_CLIS[words[0]]:
+        return f"{words[0]} {words[1]}"
+    if not any(body.startswith(launcher) for launcher in LAUNCHERS):
+        return None
+    script = next((w for w in words if w.endswith(".py")), None)
+    module = next((b for a, b in zip(words, words[1:]) if a == "-m"), None)
+    if script is None and module is not None and (not words[0].startswith("python") or TRAINING_WORDS.search(module)):
+        return f"-m {module}"  # `python -m pip` is no launch; `accelerate launch -m …` and `python -m …train` are
+    return script
 
 
 def strip_magics(source: str, cell: int, changes: list[Change], cells: Cells | None = None,
@@ -208,6 +222,9 @@ def parse_cell(source: str, cell: int) -> tuple[ast.Module, cst.Module]:
     except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
         raise UsageError(f"cell {cell}{_where(e)}: {_reason(e)} (after removing magics): fix that line in the "
                          "notebook and convert again") from None
+    reduced = set_aside(source, tree)  # big data literals: placeholders from here on (kit.notebooks.convert.literals)
+    if reduced is not source:
+        source, tree = reduced, ast.parse(reduced)
     try:  # what only the compiler checks: `await`, `return` or `break` where a script cannot have them
         compile(tree, f"cell {cell}", "exec", dont_inherit=True)
     except SyntaxError as e:
@@ -218,12 +235,55 @@ def parse_cell(source: str, cell: int) -> tuple[ast.Module, cst.Module]:
                              "convert again") from None
         raise UsageError(f"cell {cell}{_where(e)}: {msg}: fix that line in the notebook and convert again") from None
     try:
-        return tree, cst.parse_module(source)
+        return tree, _cst_module(source, tree)
     except (cst.ParserSyntaxError, RecursionError) as e:
-        line = f", line {e.raw_line}" if isinstance(e, cst.ParserSyntaxError) else ""
+        line = f", line {e.raw_line + getattr(e, 'kit_offset', 0)}" if isinstance(e, cst.ParserSyntaxError) else ""
         why = clip(e.message if isinstance(e, cst.ParserSyntaxError) else "nested too deeply")
         raise UsageError(f"cell {cell}{line}: libcst cannot parse this cell ({why}): simplify that line and "
                          "convert again") from None
+
+
+def _cst_module(source: str, tree: ast.Module) -> cst.Module:
+    """libcst's tree of a cell. libcst's parser takes time that grows faster than the cell's size (4× the
+    statements, 8× the time), so a big cell is parsed one top-level statement at a time (each with the
+    comment lines above it) and the statements put back together in one module."""
+    if len(source) < CHUNKED or len(tree.body) < 2:
+        return cst.parse_module(source)
+    lines = NEWLINE_LINES.findall(source)
+    cuts = [0] + [s.end_lineno for s in tree.body[:-1]] + [len(lines)]
+    body, header, module, indent = [], [], None, None
+    for i, (a, b) in enumerate(zip(cuts, cuts[1:])):
+        try:
+            part = cst.parse_module("".join(lines[a:b]))
+        except cst.ParserSyntaxError as e:
+            e.kit_offset = a  # the line in the cell, not in the part
+            raise
+        stmt = tree.body[i]
+        if indent is None and getattr(stmt, "body", None) and isinstance(stmt.body, list) \
+                and stmt.body[0].lineno > stmt.lineno:
+            indent = part.default_indent  # libcst's default: the first indented block's indentation
+        elif part.default_indent != indent and indent is not None:  # its blocks keep their own indentation
+            part = part.visit(_OwnIndent(part.default_indent))
+        if module is None:
+            module, header = part, list(part.header)
+        elif part.body:
+            first = part.body[0]
+            part = part.with_changes(body=[first.with_changes(leading_lines=[*part.header, *first.leading_lines]),
+                                           *part.body[1:]])
+        body.extend(part.body)
+        footer = part.footer
+    return module.with_changes(header=header, body=body, footer=footer, default_indent=indent or module.default_indent)
+
+
+class _OwnIndent(cst.CSTTransformer):
+    """Blocks that follow their module's default indentation, given it explicitly (for another module)."""
+
+    def __init__(self, indent: str):
+        super().__init__()
+        self.indent = indent
+
+    def leave_IndentedBlock(self, original, updated):
+        return updated if updated.indent is not None else updated.with_changes(indent=self.indent)
 
 
 def _where(e: Exception) -> str:

@@ -8,6 +8,7 @@ evaluate, the notebook's own seed, whether it talks to the Hub, and what it writ
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass, field
 
 from kit.notebooks.convert.logins import HF_SECRET_WORDS
@@ -20,6 +21,7 @@ HUB_WRITES = {"push_to_hub", "push_to_hub_merged", "push_to_hub_gguf", "upload_f
               "create_repo"}
 SECRET_GETTERS = {"get_secret", "userdata.get"}
 VLLM_ONLY = {"fast_generate", "load_lora", "save_lora"}
+TRACKERS = ("wandb.", "trackio.", "mlflow.", "comet_ml.")  # tracker calls: rank 0's, like prints
 
 
 def calls_of(node: ast.AST):
@@ -48,6 +50,8 @@ class Facts:
     uses_hub: bool = False  # pushes, logs in or reads a Hub token
     secret_names: frozenset[str] = frozenset()  # names assigned from a Kaggle/Colab secret getter
     reads: list[Where] = field(default_factory=list)  # statements that load something back
+    together: frozenset[str] = frozenset()  # functions every rank calls together (`together_functions`)
+    trackers: tuple[str, ...] = TRACKERS  # and `run.` where the notebook set `run = wandb.init(...)`
 
     def is_training(self, func: str, call: ast.Call) -> bool:
         if func == "unsloth_train" or func in self.train_funcs:
@@ -106,12 +110,125 @@ def gather(trees: list[tuple[int, ast.Module]]) -> Facts:
             facts.last_collective = where
         if any(f.rsplit(".", 1)[-1] in READERS for f, _ in calls):
             facts.reads.append(where)
+    facts.together = together_functions(trees)
+    facts.trackers = TRACKERS + tuple(dict.fromkeys(
+        f"{ast.unparse(t)}." for _, tree in trees for n in ast.walk(tree) if isinstance(n, ast.Assign)
+        and isinstance(n.value, ast.Call) and ast.unparse(n.value.func).startswith(TRACKERS)
+        for t in n.targets if isinstance(t, (ast.Name, ast.Attribute))))
     facts.seed, facts.seed_from = _seed([t for _, t in trees])
     facts.uses_hub = _uses_hub([t for _, t in trees])
     facts.secret_names = frozenset(
         t.id for _, tree in trees for n in ast.walk(tree) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
         and ast.unparse(n.value.func).endswith(tuple(SECRET_GETTERS)) for t in n.targets if isinstance(t, ast.Name))
     return facts
+
+
+KIT_MODULES = {"torch": "torch", "os": "os"}  # names kit's rewrites inside the cells use, and their module
+
+
+def rebound_modules(trees: list[tuple[int, ast.Module]]) -> frozenset[str]:
+    """Of `KIT_MODULES`, the names the notebook binds to something else somewhere (`torch = None`,
+    `import torch as th; torch = ...`, `def f(torch)`, `for os in ...`): there kit's rewrites use
+    the rank block's `_kit_torch`/`_kit_os` instead."""
+    found = set()
+    for _, tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+                found.add(node.id)
+            elif isinstance(node, ast.arg):
+                found.add(node.arg)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                found.add(node.name)
+            elif isinstance(node, ast.Import):
+                found |= {a.asname for a in node.names if a.asname and a.name != KIT_MODULES.get(a.asname)}
+            elif isinstance(node, ast.ImportFrom):
+                found |= {a.asname or a.name for a in node.names}
+    return frozenset(found & set(KIT_MODULES))
+
+
+RANK_WORDS = re.compile(r"(?i)rank|is_main|process_zero|main_process|process_index")
+
+
+def rank_dependent(test: str) -> bool:
+    """A condition that may differ between ranks (`is_main`, `trainer.is_world_process_zero()`, RANK)."""
+    return bool(RANK_WORDS.search(test))
+
+
+def together_functions(trees: list[tuple[int, ast.Module]]) -> frozenset[str]:
+    """The notebook's top-level functions that every rank calls together, and only so: each use of the
+    name is a direct call (`f(...)`, `x = f(...)`, `notebook_launcher(f, ...)`) in a top-level
+    statement, or in a block of one that every rank enters (no `if` on the rank, no `while`, no
+    `except`), or in another such function. A barrier inside one is reached by every rank; in a
+    function passed as a value (a callback), called under a rank test or inside `print(f())`, it may not be."""
+    defs = {s.name: s for _, t in trees for s in t.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    calls: dict[str, list[str | None]] = {name: [] for name in defs}  # name -> the function each call is in
+
+    def direct(stmt: ast.stmt) -> str | None:
+        value = stmt.value if isinstance(stmt, (ast.Expr, ast.Assign, ast.AnnAssign)) else None
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+            if value.func.id == "notebook_launcher" and value.args and isinstance(value.args[0], ast.Name):
+                return value.args[0].id
+            return value.func.id
+        return None
+
+    def block(stmts: list[ast.stmt], where: str | None, together: bool) -> None:
+        for stmt in stmts:
+            name = direct(stmt)
+            skip = None
+            if name in calls:
+                calls[name].append(where if together else "")
+                skip = stmt.value.args[0] if name != getattr(stmt.value.func, "id", "") else stmt.value.func
+            for part in _own_parts(stmt):  # any other use of the name: not a call every rank makes together
+                for node in ast.walk(part):
+                    if isinstance(node, ast.Name) and node.id in calls and node is not skip \
+                            and isinstance(node.ctx, ast.Load):
+                        calls[node.id].append("")
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                block(stmt.body, stmt.name if where is None and stmt.name in defs else "", True)
+            elif isinstance(stmt, ast.ClassDef):
+                block(stmt.body, "", True)
+            elif isinstance(stmt, ast.If):
+                here = together and not rank_dependent(ast.unparse(stmt.test))
+                block(stmt.body, where, here)
+                block(stmt.orelse, where, here)
+            elif isinstance(stmt, (ast.For, ast.AsyncFor, ast.With, ast.AsyncWith)):
+                block(stmt.body, where, together)
+                block(getattr(stmt, "orelse", []), where, together)
+            elif isinstance(stmt, ast.While):
+                block(stmt.body, where, False)
+                block(stmt.orelse, where, False)
+            elif isinstance(stmt, ast.Try):
+                block(stmt.body, where, together)
+                block(stmt.orelse, where, together)
+                for h in stmt.handlers:
+                    block(h.body, where, False)
+                block(stmt.finalbody, where, False)
+
+    for _, tree in trees:
+        block(tree.body, None, True)
+    found: set[str] = set()
+    while True:  # a call from inside another such function counts once that function does
+        new = {n for n, ws in calls.items() if n not in found and ws and all(w is None or w in found for w in ws)}
+        if not new:
+            return frozenset(found)
+        found |= new
+
+
+def _own_parts(stmt: ast.stmt) -> list[ast.AST]:
+    """The expressions of `stmt` itself, without the statements in its blocks (walked on their own)."""
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return [*stmt.decorator_list, stmt.args] + ([stmt.returns] if stmt.returns else [])
+    if isinstance(stmt, ast.ClassDef):
+        return [*stmt.decorator_list, *stmt.bases, *stmt.keywords]
+    if isinstance(stmt, (ast.If, ast.While)):
+        return [stmt.test]
+    if isinstance(stmt, (ast.For, ast.AsyncFor)):
+        return [stmt.target, stmt.iter]
+    if isinstance(stmt, (ast.With, ast.AsyncWith)):
+        return list(stmt.items)
+    if isinstance(stmt, ast.Try):
+        return [h.type for h in stmt.handlers if h.type is not None]
+    return [stmt]
 
 
 def _seed(trees: list[ast.Module]) -> tuple[int, str]:

@@ -46,9 +46,12 @@ def _named(tree: ast.AST):
 
 
 def _joined(tree: ast.AST):
-    """String literals added together (`'hf_' + 'abc…'`), joined: a token split in two is still one."""
+    """String literals added together (`'hf_' + 'abc…'`), joined: a token split in two is still one.
+    Each chain once, from its top: a chain of n parts is walked in n steps, not n²."""
+    inner = {id(side) for node in ast.walk(tree) if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add)
+             for side in (node.left, node.right)}
     for node in ast.walk(tree):
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and id(node) not in inner:
             parts, todo = [], [node]
             while todo:
                 n = todo.pop()
@@ -62,24 +65,26 @@ def _joined(tree: ast.AST):
                 yield "".join(parts), parts[-1]
 
 
-def find(script: str) -> tuple[str, str] | None:
-    """(value, what) of the first secret in the converted script's text; None without one."""
+def find(script: str, parsed: str | None = None) -> tuple[str, str] | None:
+    """(value, what) of the first secret in the converted script's text; None without one.
+    `parsed`: the same script with its big data literals set aside, to walk as a tree."""
     for shape, what in SHAPES[1:]:  # Hugging Face tokens: kit.auth.refuse_token, on every generated file
         if m := shape.search(script):
             return m.group(0), what
-    for joined, last in _joined(ast.parse(script)):
+    tree = ast.parse(script if parsed is None else parsed)
+    for joined, last in _joined(tree):
         for shape, what in SHAPES:
             if shape.search(joined):
                 return last, what
-    for name, value, _ in _named(ast.parse(script)):
+    for name, value, _ in _named(tree):
         if SECRET_NAME.search(name) and SECRET_VALUE.fullmatch(value):
             return value, f"a secret ({name}=\"…\")"
     return None
 
 
-def refuse(script: str, cells: list[tuple[int, str]]) -> None:
+def refuse(script: str, cells: list[tuple[int, str]], parsed: str | None = None) -> None:
     """UsageError naming the notebook's cell and line (never the value) when `script` holds a secret."""
-    hit = find(script)
+    hit = find(script, parsed)
     if hit is None:
         return
     value, what = hit

@@ -18,11 +18,12 @@ def token_arg(call: cst.Call) -> cst.BaseExpression | None:
     return None if arg is None else arg.value
 
 
-def secret_lookup(name_node: cst.BaseExpression) -> str:
-    """An HF token through huggingface_hub's own resolution; any other secret from the environment."""
+def secret_lookup(name_node: cst.BaseExpression, os_name: str = "os") -> str:
+    """An HF token through huggingface_hub's own resolution; any other secret from the environment
+    (`os_name`: what the os module is called where the lookup runs)."""
     label = name_node.evaluated_value.upper() if isinstance(name_node, cst.SimpleString) else ""
     if any(w in label for w in HF_SECRET_WORDS):
         return "huggingface_hub.get_token()"
     if "WANDB" in label:
-        return 'os.environ.get("WANDB_API_KEY")'  # the name the W&B client itself reads
-    return f"os.environ.get({code(name_node)})"
+        return f'{os_name}.environ.get("WANDB_API_KEY")'  # the name the W&B client itself reads
+    return f"{os_name}.environ.get({code(name_node)})"

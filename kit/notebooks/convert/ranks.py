@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 
 import libcst as cst
 
+from kit.notebooks.convert.facts import TRACKERS, rank_dependent
 from kit.notebooks.convert.syntax import call_name, calls_in, code, comments, short_name
 
 WRITE_METHODS = {"save_model", "save_pretrained", "save_pretrained_merged", "save_pretrained_gguf", "save_lora",
@@ -38,18 +39,17 @@ EFFECT_METHODS = {"empty_cache", "set_format", "set_seed", "manual_seed", "seed"
                   "append", "extend", "update", "clear", "remove", "to", "cuda", "cpu", "eval", "train", "half",
                   "float", "set_device", "synchronize", "reset_peak_memory_stats", "set_verbosity",
                   "disable_progress_bar", "enable_progress_bar", "filterwarnings", "mkdir", "makedirs", "chdir"}
-EFFECT_MODULES = ("os.", "gc.", "warnings.", "logging.", "shutil.", "time.", "random.", "torch.cuda.")
+EFFECT_MODULES = ("os.", "gc.", "warnings.", "logging.", "shutil.", "time.", "random.", "torch.cuda.", "subprocess.")
 PLOT_MODULES = ("plt.", "sns.", "matplotlib.", "seaborn.", "px.")
-TRACKERS = ("wandb.", "trackio.", "mlflow.", "comet_ml.")
 GENERATION = {"generate", "fast_generate"}
 WRITE_MODES = ("w", "a", "x")
 
 SPLIT = '''\
 # kit: training is over on every rank. From here rank 0 alone runs the rest of the notebook:
 # the others leave the process group now, so a long export or evaluation cannot time them out.
-if dist.is_initialized():
+if _kit_dist.is_initialized():
     wait_for_all()
-    dist.destroy_process_group()
+    _kit_dist.destroy_process_group()
 '''
 BARRIER = "wait_for_all()  # kit: later code reads what rank 0 wrote above; the other ranks wait for it\n"
 
@@ -59,12 +59,17 @@ def _value_call(small: cst.BaseSmallStatement) -> cst.Call | None:
     return value if isinstance(value, cst.Call) else None
 
 
-def side_effect(stmt: cst.BaseStatement) -> str | None:
-    """'write' or 'show' for a line rank 0 alone should run, else None."""
+def side_effect(stmt: cst.BaseStatement, trackers: tuple[str, ...] = TRACKERS) -> str | None:
+    """'write' or 'show' for a line rank 0 alone should run, else None. `trackers`: the prefixes of
+    tracker calls (`wandb.`, and `run.` where the notebook set `run = wandb.init()`)."""
     if not isinstance(stmt, cst.SimpleStatementLine):
         return None
     kinds = set()
     for small in stmt.body:
+        targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else \
+            [small.target] if isinstance(small, (cst.AugAssign, cst.AnnAssign)) else []
+        if any(code(t).startswith(trackers) for t in targets):  # `wandb.run.summary["acc"] = acc`
+            kinds.add("show")
         call = _value_call(small)
         if call is None:
             continue
@@ -74,7 +79,7 @@ def side_effect(stmt: cst.BaseStatement) -> str | None:
                                                   for t in small.targets))
         if (short in WRITE_METHODS and isinstance(call.func, cst.Attribute)) or name in WRITE_FUNCTIONS:
             kinds.add("write")
-        elif name.startswith(TRACKERS):
+        elif name.startswith(trackers):
             kinds.add("show")
         elif is_expr and (name in SHOW_FUNCTIONS or name.startswith(PLOT_MODULES) or
                           (short in SHOW_METHODS | GENERATION and isinstance(call.func, cst.Attribute))):
@@ -103,25 +108,48 @@ class Guard:
     rank 0 would wait in evaluate()'s gather for ranks that never come (an NCCL hang).
     """
 
-    def __init__(self, collective: Callable[[cst.Call], bool] = lambda call: False):
+    def __init__(self, collective: Callable[[cst.Call], bool] = lambda call: False,
+                 barrier_funcs: frozenset[str] = frozenset(), read_back: bool = False,
+                 trackers: tuple[str, ...] = TRACKERS):
         self.guarded: list[str] = []  # what went under `if is_main:`, for the change list
         self.hoisted: list[str] = []  # collective calls taken out of a guarded line, for the change list
-        self.wrote = False
+        self.wrote = False  # rank 0 wrote when the statement ran, and no barrier inside it waits for that
         self.collective = collective
+        self.barrier_funcs = barrier_funcs  # the notebook's functions every rank calls together
+        self.read_back = read_back  # the notebook reads files or Hub repos back somewhere
+        self.barriers_in: list[str] = []  # where a barrier went inside the statement, for the change list
+        self.trackers = trackers
 
-    def body(self, stmts: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    def body(self, stmts: Sequence[cst.BaseStatement], reach: str | None = "", live: bool = True,
+             top: bool = True) -> list[cst.BaseStatement]:
+        """`stmts` with their side effects under `if is_main:`.
+
+        reach: where every rank arrives together (a function every rank calls, a loop at the top level):
+            a barrier may go right after rank 0's writes there; None where a rank might not arrive.
+        live: the block runs when the top-level statement does (not the body of a def or class).
+        top: the top-level statement itself, whose barrier the caller places after it.
+        """
         out: list[cst.BaseStatement] = []
         group: list[cst.BaseStatement] = []
+        wrote = False
 
         def flush():
+            nonlocal wrote
             if group:
                 lead = group[0].leading_lines
                 block = [group[0].with_changes(leading_lines=()), *group[1:]]
                 out.append(cst.If(test=cst.Name("is_main"), body=cst.IndentedBlock(body=block), leading_lines=lead))
                 group.clear()
+                if wrote and not top and reach is not None and self.read_back:
+                    out.append(barrier_statement())  # where the write happens, and every rank gets here
+                    self.barriers_in.append(reach)
+                elif wrote and live:
+                    self.wrote = True
+                wrote = False
 
         for stmt in stmts:
-            kind = side_effect(stmt) or ("write" if writes_file(stmt) else None) or _one_line_block(stmt)
+            kind = side_effect(stmt, self.trackers) or ("write" if writes_file(stmt) else None) or \
+                _one_line_block(stmt, self.trackers)
             found = [c for c in calls_in(stmt) if self.collective(c)] if kind is not None else []
             if found and not isinstance(stmt, cst.SimpleStatementLine):
                 kind = None  # a block around the collective: every rank runs it (and prints, twice at worst)
@@ -130,32 +158,48 @@ class Guard:
                 hoisted, stmt = self._hoist(stmt, found)
                 out.extend(hoisted)
             if kind is not None:
-                self.wrote |= kind == "write"
+                wrote |= kind == "write"
                 self.guarded.extend(self._names(stmt))
                 group.append(stmt)
                 continue
             flush()
-            out.append(self.compound(stmt))
+            out.append(self.compound(stmt, reach, live, top))
         flush()
         return out
 
-    def compound(self, stmt: cst.BaseStatement) -> cst.BaseStatement:
-        """Recurse into the blocks of if/for/while/with/try/def; other statements as they are."""
+    def compound(self, stmt: cst.BaseStatement, reach: str | None = "", live: bool = True,
+                 top: bool = True) -> cst.BaseStatement:
+        """Recurse into the blocks of if/for/while/with/try/def/class; other statements as they are."""
         if isinstance(stmt, cst.If) and _is_main_test(stmt):
             return stmt  # already guarded
-        if isinstance(stmt, (cst.If, cst.For, cst.While, cst.With, cst.FunctionDef, cst.Try, cst.Else,
-                             cst.ExceptHandler, cst.Finally)):
-            changes = {}
-            if isinstance(stmt.body, cst.IndentedBlock):
-                changes["body"] = stmt.body.with_changes(body=self.body(stmt.body.body))
-            for part in ("orelse", "finalbody"):
-                child = getattr(stmt, part, None)
-                if child is not None:
-                    changes[part] = self.compound(child)
-            if isinstance(stmt, cst.Try):
-                changes["handlers"] = [self.compound(h) for h in stmt.handlers]
-            return stmt.with_changes(**changes)
-        return stmt
+        if not isinstance(stmt, (cst.If, cst.For, cst.While, cst.With, cst.FunctionDef, cst.ClassDef, cst.Try,
+                                 cst.Else, cst.ExceptHandler, cst.Finally)):
+            return stmt
+        inner = reach
+        if isinstance(stmt, cst.FunctionDef):
+            # Inside a function every rank calls together, barriers go where its writes are; in a method
+            # (a TrainerCallback's, which the Trainer calls) or a function called elsewhere, none can.
+            name = stmt.name.value
+            inner, live = (f"def {name}" if top and name in self.barrier_funcs else None), False
+        elif isinstance(stmt, cst.ClassDef):
+            inner, live = None, False
+        elif isinstance(stmt, (cst.While, cst.ExceptHandler, cst.Finally)):
+            inner = None  # a loop whose passes may differ between ranks; an exception one rank alone may see
+        elif isinstance(stmt, cst.If) and rank_dependent(code(stmt.test)):
+            inner = None  # `if trainer.is_world_process_zero():` — the other ranks never arrive
+        elif top and inner is not None:
+            inner = {cst.For: "the loop", cst.With: "the with block", cst.If: "the if block",
+                     cst.Try: "the try block", cst.Else: "the block"}.get(type(stmt), "the block")
+        changes = {}
+        if isinstance(stmt.body, cst.IndentedBlock):
+            changes["body"] = stmt.body.with_changes(body=self.body(stmt.body.body, inner, live, top=False))
+        for part in ("orelse", "finalbody"):
+            child = getattr(stmt, part, None)
+            if child is not None:
+                changes[part] = self.compound(child, None if part == "finalbody" else inner, live, top=False)
+        if isinstance(stmt, cst.Try):
+            changes["handlers"] = [self.compound(h, None, live, top=False) for h in stmt.handlers]
+        return stmt.with_changes(**changes)
 
     def _hoist(self, stmt: cst.SimpleStatementLine, found: list[cst.Call]):
         """(`kit_result = <call>` for each outermost collective call, `stmt` reading kit_result instead)."""
@@ -184,11 +228,11 @@ class Guard:
         return [f"{call_name(c)}()" for s in body if (c := _value_call(s)) is not None and call_name(c)]
 
 
-def _one_line_block(stmt: cst.BaseStatement) -> str | None:
+def _one_line_block(stmt: cst.BaseStatement, trackers: tuple[str, ...] = TRACKERS) -> str | None:
     """`if False: model.save_pretrained_merged(…)` on one line: guard the whole statement."""
     body = getattr(stmt, "body", None)
     if isinstance(stmt, (cst.If, cst.For, cst.While, cst.With)) and isinstance(body, cst.SimpleStatementSuite):
-        return side_effect(cst.SimpleStatementLine(body=body.body))
+        return side_effect(cst.SimpleStatementLine(body=body.body), trackers)
     return None
 
 

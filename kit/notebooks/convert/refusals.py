@@ -7,8 +7,8 @@ nothing written).
 from __future__ import annotations
 
 import ast
-import re
 
+from kit.notebooks.convert.cells import TRAINING_WORDS
 from kit.notebooks.convert.facts import Facts, vllm_refusal
 from kit.errors import UsageError
 from kit.notebooks.convert.syntax import clip
@@ -48,8 +48,46 @@ def check_convertible(trees: list[tuple[int, ast.Module]], facts: Facts) -> None
                          "Accelerator, which is already a multi-GPU program: put that function in a .py file and "
                          "run `accelerate launch --num_processes 2 FILE.py` (kit converts Trainer code only)")
     if facts.last_train is None:
-        raise UsageError("no training code found: kit convert needs a Trainer's `trainer.train()` call "
-                         "(a hand-written loop needs DistributedDataParallel, which kit does not add)")
+        raise UsageError(_why_no_training(trees))
+
+
+def _why_no_training(trees: list[tuple[int, ast.Module]]) -> str:
+    """The refusal of a notebook that does not train through a Trainer: which cell, and what it does instead."""
+    found: dict[str, tuple[int, int, str]] = {}
+    for cell, tree in trees:
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            func = ast.unparse(node.func)
+            short = func.rsplit(".", 1)[-1]
+            where = (cell, node.lineno, clip(func, 40))
+            if short == "backward" and isinstance(node.func, ast.Attribute):
+                found.setdefault("loop", where)
+            elif short == "step" and "optim" in func.lower():
+                found.setdefault("step", where)
+            elif short == "fit" and isinstance(node.func, ast.Attribute):
+                found.setdefault("fit", where)
+            elif short.endswith("Trainer"):
+                found.setdefault("trainer", where)
+    if "loop" in found or "step" in found:
+        cell, line, func = found.get("loop") or found["step"]
+        return (f"cell {cell}, line {line}: this notebook trains in its own PyTorch loop (`{func}()`), not through "
+                "a Hugging Face Trainer: under torchrun each rank would train its own copy on all the data, and "
+                "kit does not add DistributedDataParallel or a DistributedSampler to a hand-written loop: port the "
+                "loop to transformers' Trainer, or to accelerate and run `accelerate launch`")
+    if "fit" in found:
+        cell, line, func = found["fit"]
+        return (f"cell {cell}, line {line}: `{func}()` trains outside a Hugging Face Trainer (Keras, Lightning, "
+                "scikit-learn…), which kit does not convert: Lightning runs DDP itself (Trainer(strategy=\"ddp\")); "
+                "kit converts Trainer code only")
+    if "trainer" in found:
+        cell, line, func = found["trainer"]
+        return (f"cell {cell}, line {line}: `{func}(…)` builds a trainer, but no cell calls its train(): add "
+                "`trainer.train()` where the notebook trains, and convert again")
+    code = [cell for cell, tree in trees if tree.body]
+    cells = f"cells {code[0]}-{code[-1]}" if len(code) > 1 else f"cell {code[0]}" if code else "no cell holds code"
+    return (f"{cells}: no training found (no Trainer's train() call, no training loop): kit convert turns a "
+            "notebook that trains into a torchrun script")
 
 
 def check_launched(launches: list[tuple[int, str, str]], written: dict) -> None:
@@ -57,10 +95,17 @@ def check_launched(launches: list[tuple[int, str, str]], written: dict) -> None:
     trains, and it is a script already (its cells hold nothing to convert)."""
     outside = [(cell, line, script) for cell, line, script in launches if script not in written]
     if outside:
-        trains = [x for x in outside if re.search(r"(?i)train|sft|dpo|orpo|grpo|fine.?tun|run_", x[2])]
+        trains = [x for x in outside if TRAINING_WORDS.search(x[2])]
         cell, line, script = (trains or outside)[0]  # the training launch, before a merge or an eval
-        raise UsageError(f"no cell trains; cell {cell} launches {script} (`{clip(line, 60)}`): a script that trains "
-                         "is one already, so run that command in a terminal (kit converts training done in cells)")
+        if script.endswith(".py"):
+            raise UsageError(f"no cell trains; cell {cell} launches {script} (`{clip(line, 60)}`): a script that "
+                             "trains is one already, so run that command in a terminal (kit converts training "
+                             "done in cells)")
+        what = f"the module {script[3:]}" if script.startswith("-m ") else f"`{script}`"
+        raise UsageError(f"cell {cell}: `{clip(line, 60)}` trains through {what}, a training program that starts "
+                         "and distributes its own processes from its config; no cell of the notebook trains, so "
+                         "there is nothing for kit to convert: run that command in a terminal, with the number "
+                         "of GPUs in its config or launcher")
 
 
 def check_written_script(name: str, cell: int, launch: tuple[int, str] | None, tree: ast.Module) -> None:

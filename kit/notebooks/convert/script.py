@@ -49,6 +49,9 @@ import sys
 import torch
 import torch.distributed as dist
 {imports}
+# kit's own code below and at the end uses these names, which the notebook's code cannot rebind
+# (`torch = None`, a variable called `dist` or `world_size`)
+_kit_os, _kit_sys, _kit_torch, _kit_dist = os, sys, torch, dist
 local_rank = int(os.environ.get("LOCAL_RANK", 0))
 rank = int(os.environ.get("RANK", 0))
 world_size = int(os.environ.get("WORLD_SIZE", 1))
@@ -60,12 +63,13 @@ else:
     rank_device = "cpu"
 if world_size > 1 and not dist.is_initialized():
     dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
-{seeds}
+{seeds}_kit_local_rank, _kit_world_size, _kit_is_main = local_rank, world_size, is_main
+
 
 def wait_for_all():
     """Every rank waits here until all have arrived (nothing to wait for in one process)."""
-    if dist.is_initialized():
-        dist.barrier(device_ids=[local_rank] if torch.cuda.is_available() else None)
+    if _kit_dist.is_initialized():
+        _kit_dist.barrier(device_ids=[_kit_local_rank] if _kit_torch.cuda.is_available() else None)
 
 '''
 
@@ -82,7 +86,7 @@ def set_hub_token(token):
     """The notebook's login(token=...): its token for the Hub client in this process. login() itself
     would prompt when the token is empty, and nobody can answer a prompt under torchrun."""
     if token:
-        os.environ["HF_TOKEN"] = token
+        _kit_os.environ["HF_TOKEN"] = token
 
 '''
 
@@ -92,17 +96,17 @@ try:
 finally:
     # Always tear down, so no rank exits with a live process group (that is how NCCL hangs start).
     # The barrier runs only after success: after a failure the other ranks may never arrive.
-    if dist.is_initialized():
+    if _kit_dist.is_initialized():
         if training_ok:
             wait_for_all()
-        dist.destroy_process_group()
-    if training_ok and world_size > 1 and not is_main:
+        _kit_dist.destroy_process_group()
+    if training_ok and _kit_world_size > 1 and not _kit_is_main:
         # Done (its group may have been left earlier, where rank 0's tail begins): end here, without
         # the interpreter's teardown, which can abort a rank whose process group is gone
         # (pytorch/pytorch#75097). Rank 0 exits normally, so an upload it left running still finishes.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        _kit_sys.stdout.flush()
+        _kit_sys.stderr.flush()
+        _kit_os._exit(0)
 '''
 
 
