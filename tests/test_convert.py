@@ -150,7 +150,7 @@ def test_fp16_precision_follows_into_load_dtypes(tmp_path):
                             *TRAIN])
     conv = convert_notebook(nb, "fp16")
     assert keywords(conv.source, "BitsAndBytesConfig")["bnb_4bit_compute_dtype"] == "torch.float16"
-    assert keywords(conv.source, "AutoModelForCausalLM.from_pretrained")["torch_dtype"] == "torch.float16"
+    assert keywords(conv.source, "AutoModelForCausalLM.from_pretrained")["dtype"] == "torch.float16"
     assert any(c.startswith("cell 1: BitsAndBytesConfig: bnb_4bit_compute_dtype=torch.bfloat16 → torch.float16")
                for c in texts(conv))
     auto = convert_notebook(nb)  # auto leaves the dtypes alone
@@ -744,10 +744,11 @@ def test_dry_run_swaps_hub_ids_but_not_the_notebooks_own(tmp_path):
                             "trainer.save_model()\nm2 = AutoPeftModelForCausalLM.from_pretrained('out')"])
     src = convert_notebook(nb, dry_run=True).source
     load = keywords(src, "AutoModelForCausalLM.from_pretrained")
-    assert "quantization_config" not in load and load["load_in_4bit"] == "False" and load["dtype"] == "torch.float32"
+    assert "quantization_config" not in load and "load_in_4bit" not in load and load["dtype"] == "torch.float32"
     assert src.count(repr(str(TINY_MODEL))) == 2 and "from_pretrained('out')" in src
-    assert f"dry_run_dataset('alpaca', split='train[:10]', path={str(TINY_DATA)!r})" in src
-    assert "load_dataset('json', data_files='x')" in src
+    assert "kit_dry_run.load_dataset('yahma/alpaca-cleaned', split='train[:10]')" in src
+    assert "schema='alpaca'" in src and f"data={str(TINY_DATA)!r}" in src
+    assert "kit_dry_run.load_dataset('json', data_files='x')" in src  # 'x' is not here: the run time decides
     args = keywords(src, "SFTConfig")
     assert args["max_steps"] == "2" and args["optim"] == "'adamw_torch'" and args["report_to"] == "'none'"
     assert "DRY RUN" in ast.get_docstring(ast.parse(src))
@@ -782,7 +783,8 @@ def test_a_dry_run_writes_nothing_to_the_hub(tmp_path):
     assert (tmp_path / "merged" / "config.json").is_file()  # saved locally, not pushed
 
 
-@pytest.mark.parametrize("loader, refused", [("AutoModelForMaskedLM", True), ("WhisperForConditionalGeneration", True),
+@pytest.mark.parametrize("loader, refused", [("AutoModelForMaskedLM", False), ("WhisperForConditionalGeneration", True),
+                                             ("AutoModelForAudioClassification", True), ("AutoModelForSeq2SeqLM", False),
                                              ("AutoModelForSequenceClassification", False),
                                              ("AutoModelForCausalLM", False)])
 def test_dry_run_refuses_a_head_its_stand_in_has_not(tmp_path, capsys, loader, refused):
@@ -994,7 +996,7 @@ def test_dry_run_data_has_the_columns_the_notebook_names(tmp_path):
                             "ds = load_dataset('HuggingFaceH4/Multilingual-Thinking', split='train')\n"
                             "ds = ds.remove_columns(column_names=['developer', 'user'])\nm = row['messages']", *TRAIN])
     src = convert_notebook(nb, dry_run=True).source
-    assert src.count("extra=['developer', 'quote', 'user']") == 2
+    assert src.count("extra=['developer', 'quote', 'user']") == 1  # StandIns(...) at the top
     rows = dry_run_dataset("messages", split="train", extra=["developer", "quote", "user"])
     assert {"messages", "quote", "developer", "user"} <= set(rows.column_names)
     assert rows.remove_columns(column_names=["developer", "user"]).column_names == ["messages", "quote"]
@@ -1054,7 +1056,7 @@ def test_a_dry_run_of_a_preference_notebook_trains_on_stand_in_rows(tmp_path, tr
                             "train_dataset=train_dataset)\ntrainer.train()", "trainer.save_model('out/final')"])
     assert main(["convert", str(nb), "-o", str(tmp_path / "train_ddp.py"), "--dry-run"]) == 0
     schema = "preference" if trainer == "DPO" else "unpaired_preference"
-    assert f"dry_run_dataset({schema!r}" in (tmp_path / "train_ddp.py").read_text()
+    assert f"StandIns(schema={schema!r}" in (tmp_path / "train_ddp.py").read_text()
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     res = _run([torchrun, "--standalone", "--nproc_per_node=2", "train_ddp.py"], tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]

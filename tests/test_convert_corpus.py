@@ -7,8 +7,8 @@ For each, the test asserts what a user relies on: exit 0 within the timeout (no 
 did run), the expected number of pushes reached the Hub (`--dry-run-push`: by default a dry run
 skips them, tests/test_convert.py), and no rank exited with a live process group. Refused notebooks exit 2 with one line naming the cell and the reason.
 
-Unsloth, vLLM and wandb are stood in for by tests/fixtures/shims/ (they need a GPU or a server);
-the probe there records what each rank did. See that folder's README.
+vLLM and wandb are stood in for by tests/fixtures/shims/ (they need a GPU or a server), Unsloth by
+the dry run's own CPU stand-in; the probe in that folder records what each rank did. See its README.
 """
 
 from __future__ import annotations
@@ -35,6 +35,14 @@ TOKEN = "hf_corpus_write"
 RUNS = {
     "accelerate_notebook_launcher.ipynb": 1,
     "blog2024_trl_colab_drive.ipynb": 1,
+    "hf_mlm_distilbert_imdb.ipynb": 2,  # push_to_hub=True: the checkpoint at the end of training, then save_model()
+    "hf_t5_summarize_seq2seq.ipynb": 0,
+    "kaggle_csv_sentiment_classifier.ipynb": 0,
+    "kaggle_faq_json_dict_config.ipynb": 0,
+    "sft_streaming_function_args.ipynb": 0,
+    "trl_dpo_dataclass_config.ipynb": 1,
+    "trl_grpo_gsm8k_rewards.ipynb": 0,
+    "trl_kto_namespace_args.ipynb": 0,
     "hf_trainer_clm_full.ipynb": 1,
     "kaggle_llama3_qlora_community.ipynb": 1,
     "kaggle_two_phase_callbacks.ipynb": 2,  # model.push_to_hub in each call of train_phase

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import shlex
+import signal
+import subprocess
 from pathlib import Path
 
-from kit.errors import UsageError, shown
+from kit.errors import KitError, UsageError, shown
 from kit.files import check_output, regular_file, write_atomic
-from kit.machine.command import launch_command
+from kit.machine.command import launch_argv, launch_command
+
+DRY_RANKS = 2  # the dry run's torchrun: two ranks on the CPU, so rank guards and barriers really run
+DRY_ENV = {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+DRY_TIMEOUT_S = 1200  # two steps of a tiny model take a minute or two; a dry run past this is stuck
 
 
 def add_arguments(parser) -> None:
@@ -26,6 +33,9 @@ def add_arguments(parser) -> None:
                         help="with --dry-run: the local model to use (default: models/tiny-qwen3)")
     parser.add_argument("--dry-run-data", type=Path, default=None, metavar="FILE",
                         help="with --dry-run: a chat-format JSONL file like data/ha_commands.jsonl")
+    parser.add_argument("--run", action="store_true",
+                        help="with --dry-run: run the converted script at once under torchrun, 2 ranks on the CPU, "
+                             "and exit with its result (without it, kit prints that command)")
     parser.add_argument("--dry-run-push", action="store_true",
                         help="with --dry-run: let its Hub writes through, to the Hub HF_ENDPOINT names (a test "
                              "server); by default a dry run skips them, so it never overwrites your real repos")
@@ -39,8 +49,8 @@ def run(args) -> int:
         raise UsageError(f"-o {out}: that is the notebook itself: write the script to another file")
     if out.exists() and not args.force:
         raise UsageError(f"-o {out}: exists: pass --force to overwrite it, or choose another -o")
-    if (args.dry_run_model or args.dry_run_data or args.dry_run_push) and not args.dry_run:
-        raise UsageError("--dry-run-model/--dry-run-data/--dry-run-push only make sense with --dry-run: add it")
+    if (args.dry_run_model or args.dry_run_data or args.dry_run_push or args.run) and not args.dry_run:
+        raise UsageError("--dry-run-model/--dry-run-data/--dry-run-push/--run only make sense with --dry-run: add it")
     if args.dry_run_model is not None and not (args.dry_run_model / "config.json").is_file():
         raise UsageError(f"--dry-run-model {args.dry_run_model}: no config.json there: give a local model folder")
     if args.dry_run_data is not None and regular_file(args.dry_run_data, f"--dry-run-data {args.dry_run_data}") is None:
@@ -62,8 +72,55 @@ def run(args) -> int:
     # Temp file + rename in the same folder: a crash never leaves half a script behind.
     _write(out, conversion.source)
     print(format_changes(conversion, shown(Path(args.notebook).name), shown(str(out))))
+    if args.dry_run:
+        argv = launch_argv(DRY_RANKS, script=str(out), python="python")
+        command = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in DRY_ENV.items()), *map(shlex.quote, argv)])
+        if args.run:
+            print(f"dry run: {command}", flush=True)
+            return _run_dry(out)
+        print(f"dry run, exactly: {command}   (or convert with --run to have kit run it)")
     print(f"next: {next_step(args.notebook, str(args.output), args.dry_run)}")
     return 0
+
+
+def _run_dry(out: Path) -> int:
+    """The converted script under torchrun, 2 ranks on the CPU, its output passed through; 0 when it
+    exits 0, else one error line with its exit code (it is stopped after DRY_TIMEOUT_S)."""
+    import sys
+
+    import kit
+
+    env = dict(os.environ, **DRY_ENV)
+    here = str(Path(kit.__file__).resolve().parent.parent)  # the script imports kit's stand-ins
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
+    argv = launch_argv(DRY_RANKS, script=str(out), python=sys.executable)
+    proc = subprocess.Popen(argv, env=env, start_new_session=True)
+    try:
+        code = proc.wait(timeout=DRY_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        raise KitError(f"the dry run of {out} ran past {DRY_TIMEOUT_S} s and was stopped: a rank is waiting for "
+                       "another (its output above shows where)") from None
+    except KeyboardInterrupt:
+        _stop(proc)
+        raise
+    if code != 0:
+        raise KitError(f"the dry run of {out} exited {code}: its traceback is above; fix the notebook (or the "
+                       "script) and convert again")
+    print(f"dry run: {out} ran to the end on {DRY_RANKS} CPU ranks (exit 0)")
+    return 0
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """torchrun forwards SIGTERM to its ranks; whatever is left after a grace period is killed."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
 
 
 def next_step(notebook: str, script: str, dry_run: bool) -> str:

@@ -34,6 +34,7 @@ from kit.notebooks.convert.kinds import uses_every_parameter
 from kit.notebooks.convert.cells import is_comment_only, parse_cell, read_cells, read_code_cells, without_launch
 from kit.notebooks.convert.dryrun import DryRun
 from kit.notebooks.convert.facts import Facts, gather, rebound_modules
+from kit.notebooks.convert.ports import Ports
 from kit.notebooks.convert.ranks import (Guard, barrier_statement, rank0_block, shown_result, side_effect,
                                          split_statements, writes_file)
 from kit.notebooks.convert.refusals import check_convertible, check_launched, check_written_script
@@ -144,6 +145,7 @@ def _convert(path, precision, script_name, keep_global_batch, dry_run, dry_run_m
                                 t.id for _, tree in trees for n in ast.walk(tree) if isinstance(n, ast.Assign)
                                 and isinstance(n.value, ast.Constant) and n.value.value is True
                                 for t in n.targets if isinstance(t, ast.Name)))
+    ports = Ports([t for _, t in trees])
     dry = None
     if dry_run:
         extra = {k: v for k, v in (("model", dry_run_model), ("data", dry_run_data)) if v is not None}
@@ -152,7 +154,7 @@ def _convert(path, precision, script_name, keep_global_batch, dry_run, dry_run_m
     items, pending, found_args = [], [], False
     split_at = None
     for cell, _tree, module, comment_only in parsed:
-        stmts = _rewrite_cell(cell, module, facts, rewriter, dry, changes)
+        stmts = _rewrite_cell(cell, module, facts, rewriter, dry, changes, ports)
         if stmts and split_at is None and any(facts.after_training((cell, i)) for i in range(len(module.body))):
             split_at = cell
         found_args |= rewriter.found_training_args
@@ -182,6 +184,7 @@ def _convert(path, precision, script_name, keep_global_batch, dry_run, dry_run_m
     changes.append(Change(first_cell, f"cells {first_cell}-{last_cell} wrapped in try/finally, imports included: "
                                       "barrier after success, destroy_process_group() always"))
     imports, seeds = _rank_block_parts(trees, facts, rewriter, dry, changes, first_cell)
+    imports += "".join(f"{line}  # kit: port\n" for line in ports.imports)
 
     done = cst.parse_statement("training_ok = True  # reached only when every cell above ran\n")
     done = done.with_changes(leading_lines=(*pending, cst.EmptyLine()))
@@ -214,7 +217,7 @@ def _convert(path, precision, script_name, keep_global_batch, dry_run, dry_run_m
 
 
 def _rewrite_cell(cell: int, module: cst.Module, facts: Facts, rewriter: CellRewriter, dry: DryRun | None,
-                  changes: list[Change]) -> list[cst.BaseStatement]:
+                  changes: list[Change], ports: Ports) -> list[cst.BaseStatement]:
     """One cell's statements, rewritten and guarded by the rule in `kit.notebooks.convert.ranks`."""
     out: list[cst.BaseStatement] = []
     post: list[cst.BaseStatement] = []
@@ -222,10 +225,15 @@ def _rewrite_cell(cell: int, module: cst.Module, facts: Facts, rewriter: CellRew
     barrier_due = barrier_said = False
     rewriter.found_training_args = False
     for i, stmt in enumerate(module.body):
+        ports.notes = []
+        stmt = stmt.visit(ports)  # old library APIs first: the rules below read the new spellings
+        if not isinstance(stmt, cst.BaseStatement):
+            changes.extend(Change(cell, f"port: {t}", r) for r, t in ports.notes)
+            continue
         rewriter.notes = []
         rewriter.after_training = facts.after_training((cell, i))
         new = stmt.visit(rewriter)
-        notes = list(rewriter.notes)
+        notes = [(r, f"port: {t}") for r, t in ports.notes] + list(rewriter.notes)
         if dry is not None and isinstance(new, cst.CSTNode):
             dry.notes = []
             new = new.visit(dry)
@@ -288,8 +296,8 @@ def _rank_block_parts(trees, facts: Facts, rewriter: CellRewriter, dry: DryRun |
     imports, seeds = [], []
     if facts.uses_hub or rewriter.needs_hub_import:
         imports.append("import huggingface_hub")
-    if dry is not None and dry.used_helpers:
-        imports.append("from kit.notebooks.convert.dryrun import device_properties, dry_run_dataset  # kit: --dry-run")
+    if dry is not None:
+        imports.append(dry.setup().rstrip("\n"))
     # `numpy.random.rand()` and `np.random.rand()` alike
     funcs = [re.sub(r"^numpy\.", "np.", ast.unparse(n.func)) for _, t in trees for n in ast.walk(t)
              if isinstance(n, ast.Call)]

@@ -11,27 +11,29 @@ a tiny one (`--dry-run-push` lets them through, to the Hub HF_ENDPOINT names: ki
 test Hub). Everything else — rank guards, barriers — is exactly what the real conversion does.
 What the notebook itself writes and reads back (its output folders) is left alone.
 
-The second half of this module runs inside the dry-run script: `dry_run_dataset` and
-`device_properties`.
+Where the notebook passes an id or a path through a variable, a function argument or a config
+object, the script asks `kit.notebooks.convert.standins` at run time (`kit_dry_run.model(x)`,
+`kit_dry_run.load_dataset(...)`, `kit_dry_run.path(p)`), which swaps what is not on this machine.
+GPU-only calls (`torch.cuda.get_device_capability()`, `assert torch.cuda.is_available()`, flash
+attention, bitsandbytes) are neutralised here, in the dry run only. Masked-LM and seq2seq notebooks
+get a tiny BERT or T5 (models/tiny-bert, models/tiny-t5) instead of the causal LM.
 """
 
 from __future__ import annotations
 
 import ast
-import json
 import re
 from pathlib import Path
 
 import libcst as cst
 
-import kit
 from kit.errors import UsageError
 from kit.notebooks.convert.kinds import is_model_loader, is_training_args
 from kit.notebooks.convert.syntax import call_name, code, drop_kwarg, kwarg, normal, set_kwarg, short_name
 
-ROOT = Path(kit.CHECKOUT)
-TINY_MODEL = ROOT / "models" / "tiny-qwen3"
-TINY_DATA = ROOT / "data" / "ha_commands.jsonl"
+from kit.notebooks.convert.standins import (BUILDERS, FAMILIES, GPU_PACKAGES, TINY_DATA, TINY_MODEL,  # noqa: F401
+                                            dry_run_dataset)
+
 DRY_RUN_STEPS = 2
 MAX_NEW_TOKENS = 8
 TOKENIZERS = ("AutoTokenizer", "AutoProcessor", "PreTrainedTokenizerFast")
@@ -39,10 +41,31 @@ PRODUCERS = {"save_pretrained", "save_model", "push_to_hub", "save_pretrained_me
 # Schemas by the column that gives them away, most specific first.
 SCHEMAS = [("conversations", "sharegpt"), ("instruction", "alpaca"), ("question", "qa"), ("chosen", "preference"),
            ("completion", "prompt_completion"), ("messages", "messages"), ("text", "text")]
-# A notebook that trains with one of these reads rows of its kind whatever columns it names (a DPO
-# notebook passes `load_dataset("trl-lib/ultrafeedback_binarized")` straight to the trainer).
+# What a trainer needs its rows to be, whatever columns the notebook names.
 TRAINER_SCHEMAS = {"DPOTrainer": "preference", "ORPOTrainer": "preference", "CPOTrainer": "preference",
-                   "KTOTrainer": "unpaired_preference"}
+                   "RewardTrainer": "preference", "KTOTrainer": "unpaired_preference", "GRPOTrainer": "prompt", "RLOOTrainer": "prompt",
+                   "OnlineDPOTrainer": "prompt"}
+# Arguments a TRL reward function gets that are no dataset column.
+REWARD_ARGS = {"prompts", "completions", "completion_ids", "trainer_state", "kwargs", "log_extra", "log_metric",
+               "environments"}
+# Heads each stand-in family has; a loader's head picks the family (the first that has it).
+FAMILY_HEADS = {"causal": {"CausalLM", "SequenceClassification", "TokenClassification", "QuestionAnswering"},
+                "masked": {"MaskedLM", "SequenceClassification", "TokenClassification", "QuestionAnswering",
+                           "MultipleChoice", "PreTraining", "NextSentencePrediction"},
+                "seq2seq": {"Seq2SeqLM", "ConditionalGeneration", "SequenceClassification", "TokenClassification",
+                            "QuestionAnswering"}}
+SEQ2SEQ_MODELS = ("T5", "MT5", "Bart", "MBart", "Pegasus", "Marian", "LongT5", "UMT5", "FSMT", "Blenderbot")
+SPLIT_NAME = re.compile(r"^(train|test|valid|validation|val|dev|eval|evaluation)(_\w+)?$")
+# torch.cuda calls a CPU cannot answer (see standins.CPU_ANSWERS).
+CUDA_CALLS = {"get_device_properties", "get_device_name", "get_device_capability", "mem_get_info",
+              "max_memory_allocated", "max_memory_reserved", "memory_allocated", "memory_reserved",
+              "reset_peak_memory_stats", "synchronize", "current_device", "is_bf16_supported", "memory_summary",
+              "ipc_collect"}
+FLASH = {"flash_attention_2", "flash_attention_3"}
+DICT_METHODS = {"map", "filter", "shuffle", "remove_columns", "rename_column", "rename_columns", "select_columns",
+                "cast", "cast_column", "with_format", "flatten", "sort"}
+READERS = {"read_csv", "read_json", "read_parquet", "read_table", "read_excel", "from_csv", "from_json",
+           "from_parquet", "from_text"}
 
 
 # Calls that write to the Hub: a dry run prints that it skipped them (by the method's name).
@@ -51,16 +74,12 @@ HUB_WRITES = {"push_to_hub", "push_to_hub_merged", "push_to_hub_gguf", "upload_f
               "delete_folder", "move_repo", "update_repo_settings", "add_space_secret"}
 # Names a notebook subscripts that are no extra data column: another schema's columns (TRL would
 # read the rows as that format), tokenizer outputs, chat-turn keys.
-NOT_EXTRA = {c for c, _ in SCHEMAS} | {"input", "output", "answer", "prompt", "rejected", "label", "images", "image",
-                                       "audio",
-                                       "input_ids", "attention_mask", "labels", "token_type_ids", "role", "content",
-                                       "from", "value", "train", "test", "validation", "completion_mask",
-                                       "assistant_masks", "position_ids", "pixel_values"}
+TOKEN_KEYS = {"images", "image", "audio", "input_ids", "attention_mask", "labels", "token_type_ids", "role", "content",
+              "from", "value", "completion_mask", "assistant_masks", "position_ids", "pixel_values"}
+NOT_EXTRA = {c for c, _ in SCHEMAS} | {"input", "output", "answer", "prompt", "rejected"} | TOKEN_KEYS
 # Training arguments that need a GPU, off in a dry run (which runs on a CPU too).
 GPU_ONLY_ARGS = {"use_liger_kernel": "Liger's Triton kernels need a GPU",
                  "activation_offloading": "it offloads to the CPU from a GPU", "tf32": "TF32 is an Ampere GPU's"}
-QWEN3_HEADS = {"CausalLM", "SequenceClassification", "TokenClassification", "QuestionAnswering"}
-BUILDERS = {"json", "csv", "parquet", "text", "arrow", "imagefolder", "audiofolder", "webdataset", "pandas"}
 
 
 def _hub_id(value: object) -> bool:
@@ -69,64 +88,149 @@ def _hub_id(value: object) -> bool:
         and not value.startswith((".", "/", "~")) and value not in BUILDERS and not Path(value).exists()
 
 
-def _plan(trees: list[ast.Module]) -> tuple[set[str], dict[str, str], str, list[str]]:
-    """(what the notebook produces, NAME -> literal for top-level string settings, dataset schema, the
-    other columns it names: `row["quote"]` in a function given to .map/.filter, `remove_columns([...])`)."""
-    produced, literals, columns, extra, mapped, trainers = set(), {}, set(), set(), [], []
-    for tree in trees:
-        for node in tree.body:
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) \
-                    and isinstance(node.value.value, str):
-                literals |= {t.id: node.value.value for t in node.targets if isinstance(t, ast.Name)}
-            elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Tuple):  # `model_id, out = "a", "b"`
-                for target in node.targets:
-                    if isinstance(target, ast.Tuple) and len(target.elts) == len(node.value.elts):
-                        literals |= {t.id: v.value for t, v in zip(target.elts, node.value.elts)
-                                     if isinstance(t, ast.Name) and isinstance(v, ast.Constant)
-                                     and isinstance(v.value, str)}
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Call):
-                func = ast.unparse(node.func)
-                if func.rsplit(".", 1)[-1] in TRAINER_SCHEMAS:
-                    trainers.append(TRAINER_SCHEMAS[func.rsplit(".", 1)[-1]])
-                if func.rsplit(".", 1)[-1] in PRODUCERS and node.args:
-                    produced.add(normal(ast.unparse(node.args[0])))
-                for k in node.keywords:
-                    if k.arg in ("hub_model_id", "output_dir", "repo_id", "save_directory"):
-                        produced.add(normal(ast.unparse(k.value)))
-                    if k.arg == "dataset_text_field" and isinstance(k.value, ast.Constant):
-                        columns.add(k.value.value)
-                if func.endswith("remove_columns"):  # remove_columns(["a", "b"]): they must exist
-                    for arg in [*node.args, *(k.value for k in node.keywords)]:
-                        extra |= {e.value for e in getattr(arg, "elts", [arg])
-                                  if isinstance(e, ast.Constant) and isinstance(e.value, str)}
-                if func.endswith((".map", ".filter")):  # its function reads rows' columns
-                    mapped += [*node.args[:1], *(k.value for k in node.keywords if k.arg == "function")]
-            elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) \
-                    and isinstance(node.slice.value, str):
-                columns.add(node.slice.value)
-    schema = trainers[0] if trainers else next((s for col, s in SCHEMAS if col in columns), "messages")
-    functions = {f.name: f for tree in trees for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)}
-    for fn in mapped:  # `lambda row: tok(row["quote"])` or `def fmt(example): …example["quote"]…`
-        fn = functions.get(fn.id) if isinstance(fn, ast.Name) else fn
-        if isinstance(fn, (ast.Lambda, ast.FunctionDef)) and fn.args.args:
-            row = fn.args.args[0].arg
-            extra |= {n.slice.value for n in ast.walk(fn) if isinstance(n, ast.Subscript)
-                      and isinstance(n.value, ast.Name) and n.value.id == row and isinstance(n.slice, ast.Constant)
-                      and isinstance(n.slice.value, str)}
-    return produced, literals, schema, sorted(c for c in extra if c.isidentifier() and c not in NOT_EXTRA)
+
+class Plan:
+    """What conversion learns from the whole notebook for its stand-ins."""
+
+    def __init__(self, trees: list[ast.Module]):
+        self.produced: set[str] = set()  # what the notebook saves or pushes itself (never swapped)
+        self.literals: dict[str, str] = {}  # NAME -> literal, for top-level string settings
+        self.splits: set[str] = set()  # split names it reads (`ds["validation"]`, `ds["train_sft"]`)
+        self.objects: set[str] = set()  # names bound to what a call returns (a model, not an id)
+        columns, extra, reward_funcs = set(), set(), []
+        calls = [n for t in trees for n in ast.walk(t) if isinstance(n, ast.Call)]
+        for tree in trees:
+            for node in tree.body:
+                self._literals(node)
+        for node in calls:
+            func = ast.unparse(node.func)
+            short = func.rsplit(".", 1)[-1]
+            if short in PRODUCERS and node.args:
+                self.produced.add(normal(ast.unparse(node.args[0])))
+            for k in node.keywords:
+                if k.arg in ("hub_model_id", "output_dir", "repo_id", "save_directory"):
+                    self.produced.add(normal(ast.unparse(k.value)))
+                if k.arg in ("dataset_text_field", "text_column", "label_column") and isinstance(k.value, ast.Constant):
+                    columns.add(k.value.value)
+                if k.arg == "reward_funcs":
+                    reward_funcs += getattr(k.value, "elts", [k.value])
+            if short in ("remove_columns", "select_columns", "rename_column", "rename_columns", "cast_column"):
+                for arg in [*node.args[:1], *(k.value for k in node.keywords if k.arg != "new_column_name")]:
+                    extra |= _strings(arg)  # they must exist
+        dicts = _dataset_dicts(trees)
+        for tree in trees:
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                    self.objects |= {n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+                if isinstance(node, ast.Call):  # `.map(…, remove_columns=["text", "label"])`, `dropna(subset=[…])`
+                    for k in node.keywords:
+                        if k.arg in ("remove_columns", "input_columns", "subset", "columns", "column_names"):
+                            extra |= _strings(k.value)
+                if not isinstance(node, ast.Subscript) or not isinstance(node.ctx, ast.Load):
+                    continue
+                keys = _strings(node.slice) if isinstance(node.slice, (ast.Constant, ast.List, ast.Tuple)) else set()
+                owner = ast.unparse(node.value)
+                for key in keys:
+                    if owner in dicts or SPLIT_NAME.match(key):  # `imdb["unsupervised"]`, `ds["validation"]`
+                        self.splits.add(key)
+                    elif not owner.endswith(("environ", "kwargs")):
+                        columns.add(key)
+        self.schema = next((s for col, s in SCHEMAS if col in columns), "messages")
+        trainers = {ast.unparse(n.func).rsplit(".", 1)[-1] for n in calls}
+        by_trainer = next((TRAINER_SCHEMAS[t] for t in sorted(trainers) if t in TRAINER_SCHEMAS), None)
+        self.schema = by_trainer or self.schema
+        functions = {f.name: f for tree in trees for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)}
+        for fn in reward_funcs:  # a GRPO reward function's own arguments are dataset columns
+            fn = functions.get(fn.id) if isinstance(fn, ast.Name) else None
+            if fn is not None:
+                extra |= {a.arg for a in [*fn.args.args, *fn.args.kwonlyargs] if a.arg not in REWARD_ARGS}
+        extra |= columns  # every key the notebook reads, other than another schema's columns (below)
+        taken = set(_schema_columns(self.schema))
+        # With the rows' format fixed by the trainer (DPO, KTO, GRPO), other formats' columns the notebook
+        # reads (`x["question"]` to build its prompts) are plain text columns; else they would change the format.
+        skip = TOKEN_KEYS if by_trainer else NOT_EXTRA
+        self.extra = sorted(c for c in extra if c.isidentifier() and c not in skip and c not in taken)
+        self.family = _family(trainers | {ast.unparse(n.func).rsplit(".", 1)[0].rsplit(".", 1)[-1] for n in calls})
+        self.packages = sorted({(a.name if isinstance(n, ast.Import) else n.module or "").split(".")[0]
+                                for t in trees for n in ast.walk(t) if isinstance(n, (ast.Import, ast.ImportFrom))
+                                for a in n.names} & GPU_PACKAGES)
+
+    def _literals(self, node: ast.stmt) -> None:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            self.literals |= {t.id: node.value.value for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Tuple):  # `model_id, out = "a", "b"`
+            for target in node.targets:
+                if isinstance(target, ast.Tuple) and len(target.elts) == len(node.value.elts):
+                    self.literals |= {t.id: v.value for t, v in zip(target.elts, node.value.elts)
+                                      if isinstance(t, ast.Name) and isinstance(v, ast.Constant)
+                                      and isinstance(v.value, str)}
+
+
+def _dataset_dicts(trees: list[ast.Module]) -> set[str]:
+    """Names bound to a DatasetDict: `load_dataset(...)` without a split, and what `.map`, `.filter`…
+    or a DatasetDict(...) of them return; their string subscripts are split names."""
+    dicts: set[str] = set()
+    assigns = [n for t in trees for n in ast.walk(t) if isinstance(n, ast.Assign) and len(n.targets) == 1
+               and isinstance(n.targets[0], ast.Name) and isinstance(n.value, ast.Call)]
+    for _ in range(4):  # a few rounds reach names derived from names derived from a load
+        for node in assigns:
+            func = ast.unparse(node.value.func)
+            short = func.rsplit(".", 1)[-1]
+            base = func.rsplit(".", 1)[0] if "." in func else ""
+            split = any(k.arg == "split" for k in node.value.keywords)
+            if (short == "load_dataset" and not split) or short in ("DatasetDict", "train_test_split") \
+                    or (base in dicts and short in DICT_METHODS):
+                dicts.add(node.targets[0].id)
+    return dicts
+
+
+def _strings(node: ast.AST) -> set[str]:
+    return {e.value for e in ast.walk(node) if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+
+
+def _schema_columns(schema: str) -> list[str]:
+    from kit.notebooks.convert.standins import _shape
+
+    return list(_shape(schema, [("s", "u", "a")]))
+
+
+def _family(owners: set[str]) -> str:
+    """The stand-in family the notebook's model classes need: seq2seq, masked, else the causal LM."""
+    heads = {m.group(1) for o in owners if (m := re.search(r"For(\w+)$", o))}
+    if "Seq2SeqLM" in heads or any(o.startswith(SEQ2SEQ_MODELS) and o.endswith("ForConditionalGeneration")
+                                   for o in owners) or "Seq2SeqTrainer" in owners:
+        return "seq2seq"
+    if "MaskedLM" in heads:
+        return "masked"
+    return "causal"
 
 
 class DryRun(cst.CSTTransformer):
     """Rewrites one cell for a dry run; `notes` say what changed."""
 
-    def __init__(self, trees: list[ast.Module], model: Path = TINY_MODEL, data: Path = TINY_DATA, push: bool = False):
+    def __init__(self, trees: list[ast.Module], model: Path | None = None, data: Path = TINY_DATA, push: bool = False):
         super().__init__()
         self.push = push  # --dry-run-push: Hub writes go through, to the Hub HF_ENDPOINT names (kit's tests)
-        self.produced, self.literals, self.schema, self.extra = _plan(trees)
-        self.model, self.data = str(model), str(data)
+        self.plan = Plan(trees)
+        self.produced, self.literals, self.schema, self.extra = (self.plan.produced, self.plan.literals,
+                                                                 self.plan.schema, self.plan.extra)
+        self.family = self.plan.family if model is None else "given"
+        self.model = str(model or FAMILIES[self.plan.family])
+        self.data = str(data)
         self.notes: list[str] = []
         self.used_helpers = False
+
+    def setup(self) -> str:
+        """The lines at the top of the script that make the stand-ins."""
+        model = f", model={self.model!r}" if self.family == "given" else ""
+        return ("from kit.notebooks.convert.standins import StandIns  # kit: --dry-run\n"
+                f"kit_dry_run = StandIns(schema={self.schema!r}, extra={self.extra!r}, splits={sorted(self.plan.splits)!r}, "
+                f"family={self.plan.family!r}{model}, data={self.data!r}"
+                + (f", packages={self.plan.packages!r}" if self.plan.packages else "") + ")\n")
+
+    def _helper(self, what: str, *args: cst.Arg) -> cst.Call:
+        self.used_helpers = True
+        return cst.Call(func=cst.parse_expression(f"kit_dry_run.{what}"), args=list(args))
 
     def _swappable(self, arg: cst.BaseExpression) -> bool:
         if normal(code(arg)) in self.produced:
@@ -135,26 +239,82 @@ class DryRun(cst.CSTTransformer):
             return _hub_id(arg.evaluated_value)
         return isinstance(arg, cst.Name) and _hub_id(self.literals.get(arg.value))
 
+    def _literal(self, arg: cst.BaseExpression) -> bool:
+        return isinstance(arg, (cst.SimpleString, cst.ConcatenatedString)) or (
+            isinstance(arg, cst.Name) and arg.value in self.literals)
+
     def _swap_model(self, call: cst.Call, name: str, positional: bool = True) -> cst.Call:
         args = list(call.args)
         for i, a in enumerate(args):
             if (positional and a.keyword is None and i == 0) or (a.keyword and a.keyword.value in (
-                    "model_name", "pretrained_model_name_or_path", "model")):
+                    "model_name", "pretrained_model_name_or_path", "model", "model_id")):
                 if self._swappable(a.value):
                     self._check_head(name)
                     self.notes.append(f"{name}: {code(a.value)} → the tiny local model")
                     args[i] = a.with_changes(value=cst.SimpleString(repr(self.model)))
+                elif not self._literal(a.value) and normal(code(a.value)) not in self.produced and not (
+                        isinstance(a.value, cst.Name) and a.value.value in self.plan.objects):
+                    # An id in a variable, an argument, a config field: decided at run time on its value.
+                    self._check_head(name)
+                    self.notes.append(f"{name}: {code(a.value)[:50]} → the tiny local model when it names no "
+                                      "local folder (decided at run time)")
+                    args[i] = a.with_changes(value=self._helper("model", cst.Arg(a.value)))
                 break
         return call.with_changes(args=args)
 
     def _check_head(self, name: str) -> None:
-        """The stand-in is a Qwen3: a class it has no head for (a masked LM, seq2seq, speech, vision)
-        fails inside the dry run with a transformers traceback; say so now, in one line."""
+        """A class none of the stand-ins has a head for (speech, vision) fails inside the dry run with a
+        transformers traceback; say so now, in one line."""
         head = re.search(r"For(\w+)$", name.rsplit(".", 1)[0])
-        if head and head.group(1) not in QWEN3_HEADS and self.model == str(TINY_MODEL):
-            raise UsageError(f"--dry-run: {name} needs a model with a {head.group(1)} head, and kit's stand-in "
-                             f"({TINY_MODEL.name}) is a causal LM: give --dry-run-model a small local model of "
-                             "that kind, or leave --dry-run out")
+        if head and self.family != "given" and head.group(1) not in FAMILY_HEADS[self.plan.family]:
+            raise UsageError(f"--dry-run: {name} needs a model with a {head.group(1)} head, and kit's stand-ins "
+                             f"(tiny-qwen3, tiny-bert, tiny-t5) have none: give --dry-run-model a small local model "
+                             "of that kind, or leave --dry-run out")
+
+    # --- statements -------------------------------------------------------------------------------
+
+    def leave_Assert(self, original: cst.Assert, updated: cst.Assert):
+        if "cuda" in code(updated.test):  # `assert torch.cuda.is_available()`: the dry run runs on a CPU too
+            self.notes.append(f"`assert {code(updated.test)[:50]}` skipped (a dry run runs on the CPU too)")
+            return cst.Expr(cst.parse_expression(f"print({'[dry run] skipped: assert ' + code(updated.test)[:60]!r})"))
+        return updated
+
+    def leave_If(self, original: cst.If, updated: cst.If):
+        """`if not torch.cuda.is_available(): raise …` / `sys.exit(…)`: a GPU check, skipped."""
+        body = updated.body.body
+        stops = all(isinstance(s, cst.SimpleStatementLine) and all(
+            isinstance(x, cst.Raise) or (isinstance(x, cst.Expr) and isinstance(x.value, cst.Call)
+                                         and code(x.value.func) in ("sys.exit", "exit", "quit", "print"))
+            for x in s.body) for s in body)
+        if "cuda" in code(updated.test) and updated.orelse is None and stops and any(
+                isinstance(x, cst.Raise) or "exit" in code(x) for s in body for x in s.body):
+            self.notes.append(f"`if {code(updated.test)[:50]}: …` (a stop without a GPU) skipped")
+            return cst.SimpleStatementLine([cst.Expr(cst.parse_expression(
+                f"print({'[dry run] skipped: if ' + code(updated.test)[:60] + ': stop'!r})"))])
+        return updated
+
+    # --- expressions ------------------------------------------------------------------------------
+
+    def leave_SimpleString(self, original: cst.SimpleString, updated: cst.SimpleString):
+        value = updated.evaluated_value
+        if isinstance(value, str) and (value in FLASH or value.startswith("kernels-community/")):
+            self.notes.append(f"attention {value!r} → 'sdpa' (flash attention needs a GPU)")
+            return cst.SimpleString('"sdpa"')
+        if isinstance(value, str) and re.fullmatch(r"cuda(:\d+)?", value):  # torch.device("cuda"), autocast("cuda")
+            self.notes.append(f"{value!r} → 'cpu' where there is no GPU")
+            return cst.parse_expression(f'({value!r} if torch.cuda.is_available() else "cpu")')
+        return updated
+
+    def leave_DictElement(self, original: cst.DictElement, updated: cst.DictElement):
+        key = updated.key.evaluated_value if isinstance(updated.key, cst.SimpleString) else None
+        if key == "quantization_config" or key in ("load_in_4bit", "load_in_8bit"):
+            self.notes.append(f"{{{key!r}: …}} → None/False (a tiny model on any device)")
+            return updated.with_changes(value=cst.Name("None" if key == "quantization_config" else "False"))
+        if key == "device_map":
+            return updated.with_changes(value=cst.parse_expression('{"": rank_device}'))
+        if key in ("torch_dtype", "dtype"):
+            return updated.with_changes(value=cst.parse_expression("torch.float32"))
+        return updated
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         name, short = call_name(updated), short_name(updated)
@@ -165,21 +325,13 @@ class DryRun(cst.CSTTransformer):
         if (a := kwarg(updated, "push_to_hub")) is not None and code(a.value) != "False" and not self.push:
             updated = set_kwarg(updated, "push_to_hub", "False")
             self.notes.append(f"{short}: push_to_hub=False (a dry run writes nothing to the Hub)")
-        if short == "from_pretrained" and (is_model_loader(owner) or owner.endswith(TOKENIZERS)):
+        if short == "BitsAndBytesConfig":
+            self.notes.append(f"{name}(…) → None: no bitsandbytes in a dry run (a tiny model on any device)")
+            return cst.Name("None")
+        if short == "from_pretrained" and (is_model_loader(owner) or owner.endswith(TOKENIZERS)
+                                           or owner.endswith(("Tokenizer", "TokenizerFast", "Config"))):
             updated = self._swap_model(updated, name)
-            for key in ("quantization_config", "attn_implementation"):
-                if kwarg(updated, key) is not None:
-                    updated = drop_kwarg(updated, key)
-                    self.notes.append(f"{name}: {key} dropped (a tiny model on any device)")
-            for key in ("load_in_4bit", "load_in_8bit"):
-                if (a := kwarg(updated, key)) is not None and code(a.value) != "False":
-                    updated = set_kwarg(updated, key, "False")
-                    self.notes.append(f"{name}: {key}=False")
-            for key in ("torch_dtype", "dtype"):
-                if (a := kwarg(updated, key)) is not None and code(a.value) != "None":
-                    updated = set_kwarg(updated, key, "torch.float32")
-                    self.notes.append(f"{name}: {key} → torch.float32")
-            return updated
+            return self._tiny_load(updated, name)
         if short.endswith("Trainer") and kwarg(updated, "quantization_config") is not None:  # trainer loads it
             updated = drop_kwarg(updated, "quantization_config")
             self.notes.append(f"{name}: quantization_config dropped (a tiny model on any device)")
@@ -187,106 +339,63 @@ class DryRun(cst.CSTTransformer):
                 short.endswith("Trainer") and (a := kwarg(updated, "model")) is not None
                 and isinstance(a.value, (cst.SimpleString, cst.Name))):
             return self._swap_model(updated, name, positional=name in ("LLM", "vllm.LLM"))
-        if name in ("load_dataset", "datasets.load_dataset") and updated.args and self._swappable(updated.args[0].value):
-            split = kwarg(updated, "split")
-            self.notes.append(f"{name}({code(updated.args[0].value)}) → the embedded data as {self.schema!r} rows")
-            self.used_helpers = True
-            extra = f", extra={self.extra!r}" if self.extra else ""  # the notebook's own columns, stand-in text
-            return cst.parse_expression(f"dry_run_dataset({self.schema!r}, split={code(split.value) if split else None}"
-                                        f", path={self.data!r}{extra})")
+        if name in ("load_dataset", "datasets.load_dataset") and updated.args \
+                and normal(code(updated.args[0].value)) not in self.produced:
+            self.notes.append(f"{name}({code(updated.args[0].value)[:40]}…) → the embedded data as {self.schema!r} "
+                              "rows when its source is not on this machine (decided at run time)")
+            return self._helper("load_dataset", *updated.args)
+        if short == "load_from_disk" and updated.args:
+            return self._helper("load_from_disk", *updated.args)
+        if (short in READERS or name == "open") and updated.args and updated.args[0].keyword is None:
+            mode = updated.args[1].value if len(updated.args) > 1 and updated.args[1].keyword is None \
+                else (kwarg(updated, "mode").value if kwarg(updated, "mode") else None)
+            first = updated.args[0]
+            wrapped = self._helper("path", cst.Arg(first.value), *([cst.Arg(mode)] if mode is not None else []))
+            return updated.with_changes(args=[first.with_changes(value=wrapped), *updated.args[1:]])
         if is_training_args(updated):
-            updated = set_kwarg(updated, "max_steps", str(DRY_RUN_STEPS))
-            updated = set_kwarg(updated, "report_to", '"none"')
-            self.notes.append(f"{short}: max_steps={DRY_RUN_STEPS}, report_to='none'")
-            if (a := kwarg(updated, "optim")) is not None and any(w in code(a.value) for w in ("8bit", "paged", "bnb")):
-                updated = set_kwarg(updated, "optim", '"adamw_torch"')
-                self.notes.append(f"{short}: optim {code(a.value)} → 'adamw_torch' (no bitsandbytes)")
-            for key, why in GPU_ONLY_ARGS.items():
-                if (a := kwarg(updated, key)) is not None and code(a.value) != "False":
-                    updated = set_kwarg(updated, key, "False")
-                    self.notes.append(f"{short}: {key}=False ({why})")
-            for key, cap in (("max_completion_length", 16), ("max_new_tokens", MAX_NEW_TOKENS)):
-                if kwarg(updated, key) is not None:
-                    updated = set_kwarg(updated, key, str(cap))
-            return updated
+            return self._training_args(updated, short)
         if name == "huggingface_hub.get_token":  # no token check in a dry run: a missing token reads as ""
             return cst.parse_expression('(huggingface_hub.get_token() or "")')
-        if name == "torch.cuda.get_device_properties":
-            self.used_helpers = True
-            return updated.with_changes(func=cst.Name("device_properties"))
+        if name.startswith("torch.cuda.") and short in CUDA_CALLS:
+            self.notes.append(f"{name}() → a CPU answer when there is no GPU")
+            return self._helper("cuda", cst.Arg(cst.SimpleString(repr(short))), *updated.args)
         if short in ("generate", "fast_generate") and kwarg(updated, "max_new_tokens") is not None:
             return set_kwarg(updated, "max_new_tokens", str(MAX_NEW_TOKENS))
         return updated
 
+    def _tiny_load(self, call: cst.Call, name: str) -> cst.Call:
+        for key in ("quantization_config",):
+            if kwarg(call, key) is not None:
+                call = drop_kwarg(call, key)
+                self.notes.append(f"{name}: {key} dropped (a tiny model on any device)")
+        for key in ("load_in_4bit", "load_in_8bit"):
+            if (a := kwarg(call, key)) is not None and code(a.value) != "False":
+                call = set_kwarg(call, key, "False")
+                self.notes.append(f"{name}: {key}=False")
+        for key in ("torch_dtype", "dtype"):
+            if (a := kwarg(call, key)) is not None and code(a.value) != "None":
+                call = set_kwarg(call, key, "torch.float32")
+                self.notes.append(f"{name}: {key} → torch.float32")
+        return call
 
-# --- used by the dry-run script at run time --------------------------------------------------------
-
-def _rows(path: str) -> list[tuple[str, str, str]]:
-    out = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        m = {t["role"]: t["content"] for t in json.loads(line)["messages"]}
-        out.append((m.get("system", ""), m["user"], m["assistant"]))
-    return out
-
-
-def _shape(schema: str, rows: list[tuple[str, str, str]]) -> dict[str, list]:
-    system, user, assistant = (list(c) for c in zip(*rows))
-    if schema == "sharegpt":
-        return {"conversations": [[{"from": "system", "value": s}, {"from": "human", "value": u},
-                                   {"from": "gpt", "value": a}] for s, u, a in rows]}
-    if schema == "alpaca":
-        return {"instruction": system, "input": user, "output": assistant}
-    if schema == "qa":
-        return {"question": user, "answer": assistant}
-    if schema == "preference":  # the dispreferred answer: another request's
-        return {"prompt": user, "chosen": assistant, "rejected": assistant[1:] + assistant[:1]}
-    if schema == "unpaired_preference":  # every other row another request's answer, labelled undesirable
-        wrong = assistant[1:] + assistant[:1]
-        return {"prompt": user, "completion": [a if i % 2 == 0 else w for i, (a, w) in enumerate(zip(assistant, wrong))],
-                "label": [i % 2 == 0 for i in range(len(rows))]}
-    if schema == "prompt_completion":
-        return {"prompt": user, "completion": assistant}
-    if schema == "text":
-        return {"text": [f"{u}\n{a}" for u, a in zip(user, assistant)]}
-    return {"messages": [[{"role": "system", "content": s}, {"role": "user", "content": u},
-                          {"role": "assistant", "content": a}] for s, u, a in rows]}
-
-
-def dry_run_dataset(schema: str, split: str | None = None, path: str = str(TINY_DATA), extra: list[str] = ()):
-    """The embedded rows in `schema`'s columns (and each `extra` column, the rows as text); a Dataset
-    for a split (slices too), else a DatasetDict with train, validation and test splits (the last two:
-    the first 16 rows)."""
-    from datasets import Dataset, DatasetDict
-
-    rows = _rows(path)
-    columns = _shape(schema, rows)
-    columns.update({name: [f"{u}\n{a}" for _, u, a in rows] for name in extra if name not in columns})
-    data = Dataset.from_dict(columns)
-    if split is None:
-        held_out = data.select(range(min(16, len(data))))
-        return DatasetDict({"train": data, "validation": held_out, "test": held_out})
-    name, _, part = split.partition("[")
-    if not part:
-        return data
-    start, _, stop = part.rstrip("]").partition(":")
-
-    def index(text: str, default: int) -> int:
-        text = text.strip()
-        if not text:
-            return default
-        return round(len(data) * float(text[:-1]) / 100) if text.endswith("%") else int(text)
-
-    return data.select(range(index(start, 0), min(index(stop, len(data)), len(data))))
-
-
-class _CpuProperties:
-    name = "CPU (dry run)"
-    total_memory = 16 * 1024 ** 3
-    major, minor = 0, 0
-
-
-def device_properties(device=0):
-    """torch.cuda.get_device_properties on a GPU; a stand-in with the same fields on a CPU."""
-    import torch
-
-    return torch.cuda.get_device_properties(device) if torch.cuda.is_available() else _CpuProperties()
+    def _training_args(self, call: cst.Call, short: str) -> cst.Call:
+        call = set_kwarg(call, "max_steps", str(DRY_RUN_STEPS))
+        call = set_kwarg(call, "report_to", '"none"')
+        self.notes.append(f"{short}: max_steps={DRY_RUN_STEPS}, report_to='none'")
+        if (a := kwarg(call, "optim")) is not None and any(w in code(a.value) for w in ("8bit", "paged", "bnb")):
+            call = set_kwarg(call, "optim", '"adamw_torch"')
+            self.notes.append(f"{short}: optim {code(a.value)} → 'adamw_torch' (no bitsandbytes)")
+        for key, why in GPU_ONLY_ARGS.items():
+            if (a := kwarg(call, key)) is not None and code(a.value) != "False":
+                call = set_kwarg(call, key, "False")
+                self.notes.append(f"{short}: {key}=False ({why})")
+        for key, cap in (("max_completion_length", 16), ("max_new_tokens", MAX_NEW_TOKENS)):
+            if kwarg(call, key) is not None:
+                call = set_kwarg(call, key, str(cap))
+        if short == "GRPOConfig":  # generations per prompt must divide the global batch: 2 ranks x 2
+            call = set_kwarg(call, "num_generations", "2")
+            call = set_kwarg(call, "per_device_train_batch_size", "2")
+            call = set_kwarg(call, "max_completion_length", "16")
+        if (a := kwarg(call, "torch_compile")) is not None and code(a.value) != "False":
+            call = set_kwarg(call, "torch_compile", "False")
+        return call

@@ -32,10 +32,11 @@ Made again with: kit convert {notebook} -o {script} --force{flags}
 '''
 
 DRY_NOTE = '''\
-DRY RUN: Hub models and datasets are swapped for kit's tiny local model and data, training stops
-after a few steps, 4/8-bit loading, 8-bit optimizers and trackers are off, and nothing is written
-to the Hub (pushes print that they were skipped, so code reading the notebook's own repo back fails
-there). Convert again without --dry-run for the real run.
+DRY RUN: Hub models and datasets, and data files that are not on this machine, are swapped for kit's
+tiny local stand-ins (`kit_dry_run`, decided at run time on the values the notebook passes), training
+stops after a few steps, 4/8-bit loading, flash attention, GPU-only queries, 8-bit optimizers and
+trackers are off, and nothing is written to the Hub (pushes print that they were skipped, so code
+reading the notebook's own repo back fails there). Convert again without --dry-run for the real run.
 
 '''
 

@@ -1,0 +1,250 @@
+"""What a `kit convert --dry-run` script calls at run time in place of Hub models, Hub and local
+data, and GPU-only queries (the conversion side is `kit.notebooks.convert.dryrun`).
+
+Decisions are made here, at run time, on the values the notebook really passes — however it
+passes them (a literal, a function argument, a dataclass or dict field, argparse): a string that
+names no existing file or folder is a Hub id or a path on another machine (`/kaggle/input/…`), so
+it gets a stand-in; an existing path (the notebook's own output, a file the user has) is used as is.
+No libcst here: the script needs only what the notebook needs.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import kit
+
+ROOT = Path(kit.CHECKOUT)
+MODELS = ROOT / "models"
+TINY_MODEL = MODELS / "tiny-qwen3"
+TINY_DATA = ROOT / "data" / "ha_commands.jsonl"
+# Stand-in models by family: each local, built by scripts/make_tiny_model.py and make_tiny_encoders.py.
+FAMILIES = {"causal": TINY_MODEL, "masked": MODELS / "tiny-bert", "seq2seq": MODELS / "tiny-t5"}
+BUILDERS = {"json", "csv", "parquet", "text", "arrow", "imagefolder", "audiofolder", "webdataset", "pandas"}
+LABELS = {"label", "labels"}  # class ids, not text
+HELD_OUT = 16
+# Packages that need a CUDA GPU, with a CPU stand-in here, used when the dry run has no GPU.
+CPU_PACKAGES = Path(__file__).resolve().parent / "cpu_packages"
+GPU_PACKAGES = {"unsloth"}
+
+
+def _rows(path: str) -> list[tuple[str, str, str]]:
+    out = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        m = {t["role"]: t["content"] for t in json.loads(line)["messages"]}
+        out.append((m.get("system", ""), m["user"], m["assistant"]))
+    return out
+
+
+def _shape(schema: str, rows: list[tuple[str, str, str]]) -> dict[str, list]:
+    system, user, assistant = (list(c) for c in zip(*rows))
+    if schema == "sharegpt":
+        return {"conversations": [[{"from": "system", "value": s}, {"from": "human", "value": u},
+                                   {"from": "gpt", "value": a}] for s, u, a in rows]}
+    if schema == "alpaca":
+        return {"instruction": system, "input": user, "output": assistant}
+    if schema == "qa":
+        return {"question": user, "answer": assistant}
+    if schema == "preference":
+        return {"prompt": user, "chosen": assistant, "rejected": assistant[1:] + assistant[:1]}
+    if schema == "unpaired_preference":  # KTO: every other row another request's answer, labelled undesirable
+        wrong = assistant[1:] + assistant[:1]
+        return {"prompt": user, "completion": [a if i % 2 == 0 else w for i, (a, w) in enumerate(zip(assistant, wrong))],
+                "label": [i % 2 == 0 for i in range(len(rows))]}
+    if schema == "prompt":  # GRPO & co: prompts only, the trainer generates the completions
+        return {"prompt": [[{"role": "user", "content": u}] for u in user]}
+    if schema == "prompt_completion":
+        return {"prompt": user, "completion": assistant}
+    if schema == "text":
+        return {"text": [f"{u}\n{a}" for u, a in zip(user, assistant)]}
+    return {"messages": [[{"role": "system", "content": s}, {"role": "user", "content": u},
+                          {"role": "assistant", "content": a}] for s, u, a in rows]}
+
+
+def _columns(schema: str, path: str, extra=()) -> dict[str, list]:
+    rows = _rows(path)
+    columns = _shape(schema, rows)
+    for name in extra:
+        if name not in columns:
+            columns[name] = [i % 2 for i in range(len(rows))] if name in LABELS else [f"{u}\n{a}" for _, u, a in rows]
+    return columns
+
+
+def dry_run_dataset(schema: str, split: str | None = None, path: str = str(TINY_DATA), extra=(), splits=(),
+                    streaming: bool = False):
+    """The embedded rows in `schema`'s columns (and each `extra` column: text, or class ids for a label);
+    a Dataset for a split (slices too), else a DatasetDict with train, validation, test and every other
+    split name in `splits` (all but train: the first rows). `streaming` gives IterableDataset(s)."""
+    from datasets import Dataset, DatasetDict, IterableDatasetDict
+
+    data = Dataset.from_dict(_columns(schema, path, extra))
+    if split is None:
+        held_out = data.select(range(min(HELD_OUT, len(data))))
+        names = dict.fromkeys(["train", "validation", "test", *splits])
+        parts = {n: data if n == "train" or n.startswith("train") else held_out for n in names}
+        if streaming:
+            return IterableDatasetDict({n: d.to_iterable_dataset() for n, d in parts.items()})
+        return DatasetDict(parts)
+    name, _, part = split.partition("[")
+    if part:
+        start, _, stop = part.rstrip("]").partition(":")
+
+        def index(text: str, default: int) -> int:
+            text = text.strip()
+            if not text:
+                return default
+            return round(len(data) * float(text[:-1]) / 100) if text.endswith("%") else int(text)
+
+        data = data.select(range(index(start, 0), min(index(stop, len(data)), len(data))))
+    return data.to_iterable_dataset() if streaming else data
+
+
+def _missing(value) -> bool:
+    """A string naming nothing on this machine: a Hub id, or a path that exists only elsewhere."""
+    return isinstance(value, (str, os.PathLike)) and str(value).strip() != "" and not Path(str(value)).expanduser().exists()
+
+
+class StandIns:
+    """The dry run's stand-ins, set up once at the top of the script with what conversion learned."""
+
+    def __init__(self, schema: str = "messages", extra=(), splits=(), family: str = "causal", model: str | None = None,
+                 data: str = str(TINY_DATA), packages=()):
+        self.schema, self.extra, self.splits, self.data = schema, list(extra), list(splits), data
+        self.model_dir = str(model or FAMILIES[family])
+        self._files: Path | None = None
+        # A tracker the notebook starts itself (wandb.init) must not ask for a login or a key here.
+        os.environ.setdefault("WANDB_MODE", "disabled")
+        self._cpu_packages(packages)
+
+    def _cpu_packages(self, packages) -> None:
+        """Unsloth & co on a CPU: their stand-ins (they cannot run without a GPU; on one, the real ones)."""
+        import torch
+
+        if not torch.cuda.is_available() and GPU_PACKAGES & set(packages):
+            sys.path.insert(0, str(CPU_PACKAGES))
+            os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(CPU_PACKAGES), os.environ.get("PYTHONPATH"))
+                                                       if p)
+            self.say(f"no GPU: {', '.join(sorted(GPU_PACKAGES & set(packages)))} stood in for by kit's CPU version")
+
+    def say(self, text: str) -> None:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"[dry run] {text}", flush=True)
+
+    # --- models -----------------------------------------------------------------------------------
+
+    def model(self, value):
+        """The stand-in model's folder for a Hub id or a path that is not here; anything else as is."""
+        if _missing(value):
+            self.say(f"{str(value)[:80]!r} → the stand-in {Path(self.model_dir).name}")
+            return self.model_dir
+        return value
+
+    # --- data -------------------------------------------------------------------------------------
+
+    def load_dataset(self, *args, **kwargs):
+        """datasets.load_dataset, or the embedded data when the notebook's source is not here: a Hub id,
+        or a builder ("csv", "json"…) over files that are not."""
+        from datasets import load_dataset
+
+        source = args[0] if args else kwargs.get("path")
+        files = kwargs.get("data_files", args[2] if len(args) > 2 else None)
+        data_dir = kwargs.get("data_dir", args[3] if len(args) > 3 else None)
+        local = [str(f) for f in (files.values() if isinstance(files, dict) else [files])
+                 for f in (f if isinstance(f, (list, tuple)) else [f]) if f is not None]
+        if source in BUILDERS:
+            standin = any(_missing(f) for f in local) or (data_dir is not None and _missing(data_dir))
+        else:
+            standin = _missing(source) or any(_missing(f) for f in local)
+        if not standin:
+            return load_dataset(*args, **kwargs)
+        split = kwargs.get("split", args[4] if len(args) > 4 else None)
+        if split is None and isinstance(files, dict):
+            splits = [*self.splits, *files]
+        else:
+            splits = self.splits
+        self.say(f"load_dataset({str(source)[:60]!r}…) → the embedded data as {self.schema!r} rows")
+        return dry_run_dataset(self.schema, split=split if isinstance(split, str) else None, path=self.data,
+                               extra=self.extra, splits=splits, streaming=bool(kwargs.get("streaming")))
+
+    def load_from_disk(self, path, *args, **kwargs):
+        """datasets.load_from_disk, or the embedded data (every split) when the folder is not here."""
+        from datasets import load_from_disk
+
+        if not _missing(path):
+            return load_from_disk(path, *args, **kwargs)
+        self.say(f"load_from_disk({str(path)[:60]!r}) is not here: the embedded data as {self.schema!r} rows")
+        return dry_run_dataset(self.schema, path=self.data, extra=self.extra, splits=self.splits)
+
+    def path(self, value, mode="r"):
+        """A data file the notebook reads: itself when it is here, else a stand-in file of the same kind
+        (.csv, .json, .jsonl, .parquet, .txt) with the notebook's columns."""
+        if not _missing(value) or any(c in str(mode) for c in "wax+"):
+            return value
+        name = Path(str(value)).name or "data.jsonl"
+        if self._files is None:
+            self._files = Path(tempfile.mkdtemp(prefix="kit-dry-run-"))
+        out = self._files / name
+        if not out.exists():
+            self._write(out)
+            self.say(f"{str(value)[:80]!r} is not here: read a stand-in {out.suffix or 'text'} file instead")
+        return str(out)
+
+    def _write(self, out: Path) -> None:
+        columns = _columns(self.schema if self.schema != "messages" else "text", self.data, self.extra)
+        rows = [dict(zip(columns, r)) for r in zip(*columns.values())]
+        suffix = out.suffix.lower()
+        if suffix == ".csv" or suffix == ".tsv":
+            with out.open("w", newline="", encoding="utf-8") as f:
+                writer = csv.DictWriter(f, fieldnames=list(columns), delimiter="\t" if suffix == ".tsv" else ",")
+                writer.writeheader()
+                writer.writerows(rows)
+        elif suffix == ".json":
+            out.write_text(json.dumps(rows), encoding="utf-8")
+        elif suffix == ".parquet":
+            import pandas as pd
+
+            pd.DataFrame(rows).to_parquet(out)
+        elif suffix == ".jsonl":
+            out.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        else:
+            first = next(iter(columns))
+            out.write_text("".join(f"{v}\n" for v in columns[first]), encoding="utf-8")
+
+    # --- GPU-only queries -------------------------------------------------------------------------
+
+    def cuda(self, name: str, *args, **kwargs):
+        """torch.cuda.NAME(...) on a GPU; on a CPU a value of the same shape (a T4's, where it matters)."""
+        import torch
+
+        if torch.cuda.is_available():
+            return getattr(torch.cuda, name)(*args, **kwargs)
+        return CPU_ANSWERS[name]() if callable(CPU_ANSWERS.get(name)) else CPU_ANSWERS.get(name)
+
+
+class _CpuProperties:
+    name = "CPU (dry run)"
+    total_memory = 16 * 1024 ** 3
+    major, minor = 7, 5  # a T4's: notebooks that branch on bf16 support take the fp16 path, off on a CPU
+    multi_processor_count = 1
+
+
+# torch.cuda calls that raise or mislead without a GPU -> what a dry run on a CPU returns instead.
+CPU_ANSWERS = {
+    "get_device_properties": _CpuProperties, "get_device_name": "CPU (dry run)",
+    "get_device_capability": (7, 5), "mem_get_info": (16 * 1024 ** 3, 16 * 1024 ** 3),
+    "max_memory_allocated": 0, "max_memory_reserved": 0, "memory_allocated": 0, "memory_reserved": 0,
+    "reset_peak_memory_stats": None, "synchronize": None, "current_device": 0, "set_device": None,
+    "is_bf16_supported": False, "memory_summary": "", "ipc_collect": None,
+}
+
+
+def device_properties(device=0):
+    """torch.cuda.get_device_properties on a GPU; a stand-in with the same fields on a CPU."""
+    import torch
+
+    return torch.cuda.get_device_properties(device) if torch.cuda.is_available() else _CpuProperties()

@@ -1,0 +1,141 @@
+"""`kit convert` ports a notebook's old transformers/TRL/datasets/PEFT spellings to ones the installed
+libraries accept (each listed with the version that changed it), and names in one REVIEW line what
+has no mechanical new spelling. The table is checked here against the installed libraries' own
+signatures and fields, and the ported calls are built for real."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+import inspect
+
+import pytest
+
+from kit.notebooks.convert import convert_notebook
+from kit.notebooks.convert.ports import (CONFIG_RENAMES, CONFIG_REVIEW, REMOVED_IMPORTS, TRAINER_MOVES,
+                                         TRAINING_ARGS, TRAINING_ARGS_REVIEW)
+from tests.test_convert import keywords, make_nb, texts
+
+transformers = pytest.importorskip("transformers")
+trl = pytest.importorskip("trl")
+
+
+def _fields(cls) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def test_the_table_matches_the_installed_libraries():
+    """Every old spelling is really gone from the installed versions, every new one really there."""
+    args = _fields(transformers.TrainingArguments)
+    for old, (new, _) in TRAINING_ARGS.items():
+        if old.startswith("activation_"):  # 5.24 has both; 5.17 only the gradient_ name
+            assert new in args
+            continue
+        assert old not in args, old
+        assert new is None or new in args, new
+    assert not set(TRAINING_ARGS_REVIEW) & args
+    for trainer, (config, moves) in TRAINER_MOVES.items():
+        signature = inspect.signature(getattr(trl, trainer).__init__).parameters
+        fields = _fields(getattr(trl, config))
+        for old, new in moves.items():
+            assert old not in signature, (trainer, old)
+            assert new is None or new in fields, (config, new)
+    for config, renames in CONFIG_RENAMES.items():
+        fields = _fields(getattr(trl, config))
+        assert all(old not in fields and new in fields for old, new in renames.items())
+    for config, gone in CONFIG_REVIEW.items():
+        assert not gone & _fields(getattr(trl, config)), config
+    for module, name in REMOVED_IMPORTS:
+        mod = importlib.import_module(module)
+        assert not hasattr(mod, name), (module, name)
+    trainer = inspect.signature(transformers.Trainer.__init__).parameters
+    assert "tokenizer" not in trainer and "processing_class" in trainer
+
+
+OLD = [
+    "from datasets import load_dataset, load_metric\n"
+    "from transformers import AutoModelForCausalLM, AutoTokenizer, TrainingArguments\n"
+    "from trl import SFTTrainer, setup_chat_format\n"
+    "from peft import prepare_model_for_int8_training",
+    "model = AutoModelForCausalLM.from_pretrained('org/m', load_in_8bit=True, torch_dtype='auto', use_auth_token=True)\n"
+    "tok = AutoTokenizer.from_pretrained('org/m')\nmodel = prepare_model_for_int8_training(model)\n"
+    "model, tok = setup_chat_format(model, tok)\nsetup_chat_format(model, tok)\nmetric = load_metric('accuracy')",
+    "ds = load_dataset('org/d', trust_remote_code=True)\nmax_seq_length = 512",
+    "args = TrainingArguments(output_dir='o', evaluation_strategy='steps', group_by_length=True, logging_dir='./logs',\n"
+    "    warmup_ratio=0.1, overwrite_output_dir=True, no_cuda=False, split_batches=True)",
+    "trainer = SFTTrainer(model=model, tokenizer=tok, args=args, train_dataset=ds['train'],\n"
+    "    dataset_text_field='text', max_seq_length=max_seq_length, packing=False, infinite=True)\ntrainer.train()",
+]
+
+
+def test_old_apis_are_rewritten_and_listed_with_their_version(tmp_path):
+    conv = convert_notebook(make_nb(tmp_path, OLD))
+    src, changes = conv.source, "\n".join(texts(conv))
+    args = keywords(src, "SFTConfig")  # TrainingArguments took TRL's keywords: it became an SFTConfig
+    assert args["eval_strategy"] == "'steps'" and args["train_sampling_strategy"] == "'group_by_length'"
+    assert args["warmup_steps"] == "0.1" and args["use_cpu"] and args["max_length"] == "max_seq_length"
+    assert args["dataset_text_field"] == "'text'" and args["packing"] == "False"
+    used = {k.arg for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Call) for k in n.keywords}
+    assert not used & {"evaluation_strategy", "group_by_length", "logging_dir", "overwrite_output_dir", "split_batches",
+                       "no_cuda", "warmup_ratio", "infinite", "max_seq_length", "tokenizer", "torch_dtype",
+                       "use_auth_token", "trust_remote_code"}  # load_in_8bit is BitsAndBytesConfig's
+    assert keywords(src, "SFTTrainer")["processing_class"] == "tok"
+    load = keywords(src, "AutoModelForCausalLM.from_pretrained")
+    assert load == {"dtype": "'auto'", "token": "True", "quantization_config": "BitsAndBytesConfig(load_in_8bit=True)"}
+    assert "from trl import SFTConfig  # kit: port" in src and "import evaluate  # kit: port" in src
+    assert "metric = evaluate.load('accuracy')" in src and "prepare_model_for_kbit_training(model)" in src
+    assert "from transformers import BitsAndBytesConfig  # kit: port" in src
+    assert "evaluation_strategy='steps' → eval_strategy='steps' (renamed, the old name removed in transformers 5.0)" \
+        in changes
+    assert "tokenizer= → processing_class= (transformers 5.0 and TRL 0.12" in changes
+    assert "datasets 3.0 removed load_metric" in changes and "PEFT 0.10" in changes
+    reviews = [c for c in conv.changes if c.review and "port:" in c.text]
+    # Not mechanical: one REVIEW line each (setup_chat_format is used twice, named once).
+    assert sum("setup_chat_format" in c.text for c in reviews) == 1
+    assert sum("split_batches" in c.text for c in reviews) == 1 and sum("trust_remote_code" in c.text
+                                                                        for c in reviews) == 1
+    assert src.count("# kit: REVIEW (cell 1): port: `from trl import setup_chat_format`") == 1
+
+
+def test_ported_configs_build_on_the_installed_libraries(tmp_path):
+    """The rewritten calls are not just text: the installed TrainingArguments/SFTConfig/DPOConfig take them."""
+    nb = make_nb(tmp_path, [
+        "from transformers import TrainingArguments\nfrom trl import DPOConfig, DPOTrainer, SFTTrainer",
+        "a = TrainingArguments(output_dir='a', evaluation_strategy='epoch', group_by_length=True, adafactor=True,\n"
+        "    include_inputs_for_metrics=True, per_gpu_train_batch_size=4, logging_dir='l', warmup_ratio=0.05,\n"
+        "    activation_checkpointing=True)",
+        "d = DPOConfig(output_dir='d', max_prompt_length=128, max_length=256)",
+        "t = DPOTrainer(model=m, args=d, train_dataset=x, tokenizer=tok, beta=0.2, loss_type='ipo')\nt.train()"])
+    src = convert_notebook(nb).source
+    for func, cls in (("TrainingArguments", transformers.TrainingArguments), ("DPOConfig", trl.DPOConfig)):
+        kw = {k: eval(v, {"torch": __import__("torch")}) for k, v in keywords(src, func).items()}
+        kw["output_dir"] = str(tmp_path / func)
+        built = cls(**kw)
+        if func == "DPOConfig":
+            assert built.beta == 0.2 and built.loss_type in ("ipo", ["ipo"]) and built.max_length == 256
+        else:
+            assert built.eval_strategy == "epoch" and built.train_sampling_strategy == "group_by_length"
+            assert built.optim == "adafactor" and built.include_for_metrics == ["inputs"]
+            assert built.per_device_train_batch_size == 4 and built.gradient_checkpointing
+    assert "max_prompt_length" not in keywords(src, "DPOConfig")
+    assert "beta" not in keywords(src, "DPOTrainer") and keywords(src, "DPOTrainer")["processing_class"] == "tok"
+
+
+def test_moved_trainer_keywords_that_cannot_be_followed_are_one_review_line(tmp_path):
+    """args= built somewhere kit cannot follow (a function's result): the keywords cannot be moved."""
+    nb = make_nb(tmp_path, ["from trl import SFTTrainer",
+                            "trainer = SFTTrainer(model=m, args=make_args(), train_dataset=d, dataset_text_field='text',"
+                            " packing=True)\ntrainer.train()"])
+    conv = convert_notebook(nb)
+    reviews = [str(c) for c in conv.changes if c.review and "SFTTrainer" in c.text]
+    assert len(reviews) == 1 and "dataset_text_field=, packing=" in reviews[0] and "args=make_args()" in reviews[0]
+    assert "dataset_text_field" not in keywords(conv.source, "SFTTrainer")
+
+
+def test_a_trainer_without_args_gets_its_config_for_the_moved_keywords(tmp_path):
+    conv = convert_notebook(make_nb(tmp_path, [
+        "from trl import SFTTrainer", "trainer = SFTTrainer(model=m, train_dataset=d, max_seq_length=1024)\ntrainer.train()"]))
+    assert keywords(conv.source, "SFTTrainer")["args"].startswith("SFTConfig(max_length=1024")
+    assert "from trl import SFTConfig  # kit: port" in conv.source
+    ast.parse(conv.source)
