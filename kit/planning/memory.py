@@ -270,12 +270,7 @@ def estimate(model, cfg, precision: str, per_device_batch: int, gradient_checkpo
         notes.append(f"{batching} batches: one {tokens}-token sequence per micro-batch under a block-diagonal "
                      "attention mask")
 
-    allocated = int(sum(terms.values()))
-    terms["allocator_slack"] = allocated * SLACK
-    if device == "cuda":
-        terms["cuda_context"] = CUDA_CONTEXT
-    terms = {k: int(v) for k, v in terms.items()}
-    return MemoryEstimate(terms=terms, total_bytes=sum(terms.values()), allocated_bytes=allocated, notes=notes)
+    return _estimate(terms, notes, device)
 
 
 def _no_grad_forward_tokens(trainer, ref_kind, per_device_batch: int, seq_len: int) -> int:
@@ -396,6 +391,11 @@ def grpo_estimate(model, cfg, precision: str, *, completions_per_device: int, pr
         terms = train_terms
         notes.append(f"the training pass is the peak; the generation KV cache "
                      f"({_gib(generation['kv_cache'])}) is freed before it")
+    return _estimate(terms, notes, device)
+
+
+def _estimate(terms: dict, notes: list, device: str) -> MemoryEstimate:
+    """The estimate of what `terms` allocate, with the allocator's slack and (on a GPU) the CUDA context."""
     allocated = int(sum(terms.values()))
     terms["allocator_slack"] = allocated * SLACK
     if device == "cuda":

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import math
 from dataclasses import dataclass
 
 from kit.errors import UsageError
-from kit.train.data_checks import as_messages, as_turns, row_problem
+from kit.train.data_checks import as_messages, as_turns, row_problem, split_held_out
 from kit.train.data_source import load_located
 from kit.train import preference_data
 
@@ -185,22 +184,7 @@ def prepare(cfg, tokenizer, pack: bool = False) -> Prepared:
             raise UsageError(f"no example of {cfg.data.path} has an assistant turn: the loss is on the assistant's "
                              "replies, so there is nothing to train on")
         raise UsageError(f"no example of {cfg.data.path} keeps a trainable token within seq_len={cfg.seq_len}")
-    train, evald, dups = ds, None, 0
-    if cfg.data.eval_fraction > 0 and len(ds) >= 2:
-        held = math.ceil(cfg.data.eval_fraction * len(ds))  # as datasets' train_test_split counts it
-        if held >= len(ds):
-            raise UsageError(f"data.eval_fraction={cfg.data.eval_fraction} holds out {held} of the {len(ds)} "
-                             "usable examples and leaves none to train on: lower it (or set it to 0)")
-        split = ds.train_test_split(test_size=cfg.data.eval_fraction, seed=cfg.seed, shuffle=True)
-        train, evald = split["train"], split["test"]
-        seen = set(train["row_hash"])
-        dups = sum(h in seen for h in evald["row_hash"])
-        if dups > cfg.data.max_duplicate_fraction * len(evald) and not cfg.data.allow_duplicates:
-            raise UsageError(f"{dups} of {len(evald)} eval examples are exact duplicates of train examples "
-                             f"(limit data.max_duplicate_fraction={cfg.data.max_duplicate_fraction}); "
-                             "deduplicate the data or set data.allow_duplicates=true")
-        evald = evald.remove_columns("row_hash")
-    train = train.remove_columns("row_hash")
+    train, evald, dups = split_held_out(ds, cfg, "usable examples")
     prepared = Prepared(train, evald, fmt, dropped, dups, _mean_length(train))
     return packed(prepared, cfg.seq_len) if pack else prepared
 

@@ -14,6 +14,7 @@ Each scan also refuses a row over `kit.train.data_limits.row_limit(seq_len)` byt
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from kit.errors import UsageError
@@ -315,3 +316,28 @@ def _shown(value) -> str:
             int: "a number", float: "a number"}.get(type(value), type(value).__name__)
     text = repr(value)
     return f"{kind} ({text[:40]}{'…' if len(text) > 40 else ''})"
+
+
+def split_held_out(ds, cfg, unit: str = "rows"):
+    """(train, eval or None, eval `unit` duplicating a train one): `data.eval_fraction` of `ds` held out,
+    seeded, with the duplicate check. `ds` carries a `row_hash` column, which neither part keeps.
+
+    One rule for every trainer's data (kit.train.data, kit.train.preference_data).
+    """
+    train, evald, dups = ds, None, 0
+    if cfg.data.eval_fraction > 0 and len(ds) >= 2:
+        held = math.ceil(cfg.data.eval_fraction * len(ds))  # as datasets' train_test_split counts it
+        if held >= len(ds):
+            raise UsageError(f"data.eval_fraction={cfg.data.eval_fraction} holds out {held} of the {len(ds)} "
+                             f"{unit} and leaves none to train on: lower it (or set it to 0)")
+        split = ds.train_test_split(test_size=cfg.data.eval_fraction, seed=cfg.seed, shuffle=True)
+        train, evald = split["train"], split["test"]
+        seen = set(train["row_hash"])
+        dups = sum(h in seen for h in evald["row_hash"])
+        if dups > cfg.data.max_duplicate_fraction * len(evald) and not cfg.data.allow_duplicates:
+            noun = unit.split()[-1]
+            raise UsageError(f"{dups} of {len(evald)} eval {noun} are exact duplicates of train {noun} "
+                             f"(limit data.max_duplicate_fraction={cfg.data.max_duplicate_fraction}); "
+                             "deduplicate the data or set data.allow_duplicates=true")
+        evald = evald.remove_columns("row_hash")
+    return train.remove_columns("row_hash"), evald, dups

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 
 from kit.errors import UsageError
-from kit.train.data_checks import as_messages, row_problem
+from kit.train.data_checks import as_messages, row_problem, split_held_out
 
 FORMATS = {
     "preference": ("prompt", "chosen", "rejected"),
@@ -125,22 +124,7 @@ def prepare(cfg, tokenizer) -> tuple:
     Returns (train, eval or None, format, eval rows duplicating a train row, mean tokens per example).
     """
     ds, fmt = load(cfg)
-    train, evald, dups = ds, None, 0
-    if cfg.data.eval_fraction > 0 and len(ds) >= 2:
-        held = math.ceil(cfg.data.eval_fraction * len(ds))
-        if held >= len(ds):
-            raise UsageError(f"data.eval_fraction={cfg.data.eval_fraction} holds out {held} of the {len(ds)} "
-                             "rows and leaves none to train on: lower it (or set it to 0)")
-        split = ds.train_test_split(test_size=cfg.data.eval_fraction, seed=cfg.seed, shuffle=True)
-        train, evald = split["train"], split["test"]
-        seen = set(train["row_hash"])
-        dups = sum(h in seen for h in evald["row_hash"])
-        if dups > cfg.data.max_duplicate_fraction * len(evald) and not cfg.data.allow_duplicates:
-            raise UsageError(f"{dups} of {len(evald)} eval rows are exact duplicates of train rows "
-                             f"(limit data.max_duplicate_fraction={cfg.data.max_duplicate_fraction}); "
-                             "deduplicate the data or set data.allow_duplicates=true")
-        evald = evald.remove_columns("row_hash")
-    train = train.remove_columns("row_hash")
+    train, evald, dups = split_held_out(ds, cfg, "rows")
     return train, evald, fmt, dups, mean_tokens(train, fmt, tokenizer, cfg.seq_len)
 
 
