@@ -165,3 +165,24 @@ def test_unsloth_notebooks_get_the_cpu_stand_in_without_a_gpu(tmp_path, monkeypa
     StandIns(packages=["unsloth"])
     assert sys.path[0] == str(CPU_PACKAGES) and os.environ["PYTHONPATH"].startswith(str(CPU_PACKAGES))
     assert (CPU_PACKAGES / "unsloth" / "__init__.py").is_file()
+
+
+def test_a_metric_the_notebook_loads_is_stood_in_for_without_a_download(tmp_path):
+    """evaluate.load("accuracy") downloads a metric script (rouge and bleu another package too): a dry
+    run on a machine without them stopped there. The stand-in takes evaluate's calls and answers every
+    score name with the share of exact matches."""
+    cells = ["import evaluate\nimport numpy as np\nmetric = evaluate.load('rouge')\n"
+             "def compute_metrics(p):\n    return {'r': metric.compute(predictions=p[0], references=p[1])['rougeL']}",
+             *TRAIN]
+    src = convert_notebook(make_nb(tmp_path, cells), dry_run=True).source
+    code = src.split("\"\"\"", 2)[2]  # past the docstring, which lists the changes
+    assert "metric = kit_dry_run.metric('rouge')" in code and "evaluate.load(" not in code
+    metric = StandIns().metric("evaluate-metric/accuracy")
+    metric.add_batch(predictions=[1, 0], references=[1, 1])
+    metric.add(prediction=2, reference=2)
+    scores = metric.compute()
+    assert scores["accuracy"] == pytest.approx(2 / 3) and scores["rougeL"] == pytest.approx(2 / 3)
+    import numpy as np
+
+    assert metric.compute(predictions=[np.array([1, 2]), "a"], references=[np.array([1, 2]), "b"])["f1"] == 0.5
+    assert metric.compute() == {"accuracy": 0.0}  # nothing added: no score to speak of, not a crash

@@ -344,6 +344,9 @@ class DryRun(cst.CSTTransformer):
             self.notes.append(f"{name}({code(updated.args[0].value)[:40]}…) → the embedded data as {self.schema!r} "
                               "rows when its source is not on this machine (decided at run time)")
             return self._helper("load_dataset", *updated.args)
+        if name in ("evaluate.load", "load_metric", "datasets.load_metric"):
+            self.notes.append(f"{name}(…) → a stand-in metric: no metric script is downloaded in a dry run")
+            return self._helper("metric", *updated.args)
         if short == "load_from_disk" and updated.args:
             return self._helper("load_from_disk", *updated.args)
         if (short in READERS or name == "open") and updated.args and updated.args[0].keyword is None:
