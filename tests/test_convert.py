@@ -1290,3 +1290,23 @@ def test_a_shell_cell_kit_does_not_run_is_listed_line_by_line(tmp_path):
     assert not any("dropped the whole cell" in c for c in changes)
     assert any(c.startswith("cell 1: dropped `git clone") for c in changes)
     assert any(c.startswith("cell 4: REVIEW: dropped `export HF_TOKEN=***") for c in changes)
+
+
+def test_a_device_map_in_a_kwargs_dict_is_pinned_to_the_rank(tmp_path):
+    """`from_pretrained(name, **model_kwargs)` with device_map="auto" in the dict split the model over
+    every GPU on every rank (only a device_map keyword was pinned). A literal dict and dict(...) alike;
+    after training, where rank 0 loads alone, the notebook's placement stays."""
+    nb = make_nb(tmp_path, ["import torch\nfrom transformers import AutoModelForCausalLM\n"
+                            "kw = {'device_map': 'auto', 'dtype': torch.bfloat16}\n"
+                            "kw2 = dict(device_map='balanced', trust_remote_code=False)\n"
+                            "keep = {'device_map': 'cpu'}\n"
+                            "m = AutoModelForCausalLM.from_pretrained('org/m', **kw)", *TRAIN,
+                            "merged = AutoModelForCausalLM.from_pretrained('o', **{'device_map': 'auto'})"])
+    conv = convert_notebook(nb)
+    code = conv.source.split(TRIPLE, 2)[2]
+    assert "kw = {'device_map': {\"\": rank_device}, 'dtype': torch.bfloat16}" in code
+    assert "kw2 = dict(device_map={\"\": rank_device}, trust_remote_code=False)" in code
+    assert "keep = {'device_map': 'cpu'}" in code  # an intentional CPU load stays
+    assert "from_pretrained('o', **{'device_map': 'auto'})" in rank0_tail(conv.source)
+    assert sum("device_map='auto' → {\"\": rank_device}" in c or "device_map='balanced' → " in c
+               for c in texts(conv)) == 2

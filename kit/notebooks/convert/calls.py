@@ -148,6 +148,24 @@ class CellRewriter(cst.CSTTransformer):
             return node.with_changes(body=self._device(node.body))
         return node
 
+    def _placement(self, value: cst.BaseExpression, where: str) -> cst.BaseExpression:
+        """A device_map held in a kwargs dict (`{"device_map": "auto"}`, `dict(device_map="auto")`) that
+        a loader gets through `**`: each rank's own device, as a keyword device_map is pinned."""
+        if self.after_training or not isinstance(value, cst.SimpleString):
+            return value
+        placement = value.evaluated_value
+        if placement not in SPLIT_DEVICE_MAPS | CUDA_LITERALS:
+            return value
+        why = SPLIT_WHY if placement in SPLIT_DEVICE_MAPS else "each rank loads its own copy onto its own device"
+        self.note(f"{where}: device_map={code(value)} → {RANK_MAP}: {why}")
+        return cst.parse_expression(RANK_MAP)
+
+    def leave_Dict(self, original, updated):
+        return updated.with_changes(elements=[
+            e.with_changes(value=self._placement(e.value, "a kwargs dict"))
+            if isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString)
+            and e.key.evaluated_value == "device_map" else e for e in updated.elements])
+
     def leave_Assign(self, original, updated):
         # `device = "cuda:0"` names one GPU for every rank: the rank's own instead. A plain "cuda" is
         # already the rank's own (the rank block calls set_device first), and later lines compare it
@@ -184,6 +202,10 @@ class CellRewriter(cst.CSTTransformer):
         updated = updated.with_changes(args=[a.with_changes(value=self._device(a.value))
                                              if a.keyword is not None and a.keyword.value in ("device", "device_map")
                                              else a for a in updated.args])
+        if name == "dict":  # dict(device_map="auto"): kwargs a loader gets through **
+            updated = updated.with_changes(args=[a.with_changes(value=self._placement(a.value, "dict(…)"))
+                                                 if a.keyword is not None and a.keyword.value == "device_map"
+                                                 else a for a in updated.args])
         if (a := kwarg(updated, "fast_inference")) is not None and code(a.value) == "True":
             self.note(f"{name}: fast_inference=True → False: Unsloth's vLLM engine does not run inside a "
                       "torchrun rank; generation during training uses transformers instead (slower, same result)")
