@@ -186,3 +186,22 @@ def test_a_metric_the_notebook_loads_is_stood_in_for_without_a_download(tmp_path
 
     assert metric.compute(predictions=[np.array([1, 2]), "a"], references=[np.array([1, 2]), "b"])["f1"] == 0.5
     assert metric.compute() == {"accuracy": 0.0}  # nothing added: no score to speak of, not a crash
+
+
+def test_an_adapter_the_notebook_did_not_train_is_stood_in_for(tmp_path):
+    """PeftModel.from_pretrained(base, "someone/adapter") downloaded an adapter for another base: the dry
+    run stopped there. Now a fresh LoRA on the stand-in model, and the real one where it is here."""
+    cells = ["from peft import PeftModel\nfrom transformers import AutoModelForCausalLM\n"
+             "base = AutoModelForCausalLM.from_pretrained('org/base')\n"
+             "model = PeftModel.from_pretrained(base, 'someone/adapter', is_trainable=True)", *TRAIN]
+    code = convert_notebook(make_nb(tmp_path, cells), dry_run=True).source.split('"""', 2)[2]
+    assert "kit_dry_run.adapter(PeftModel, base, 'someone/adapter', is_trainable=True)" in code
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    stand = StandIns()
+    model = stand.adapter(PeftModel, AutoModelForCausalLM.from_pretrained(str(TINY_MODEL)), "someone/adapter")
+    assert isinstance(model, PeftModel) and model.num_parameters(only_trainable=True) > 0
+    model.save_pretrained(tmp_path / "mine")  # one that is here is loaded for real
+    again = stand.adapter(PeftModel, AutoModelForCausalLM.from_pretrained(str(TINY_MODEL)), str(tmp_path / "mine"))
+    assert isinstance(again, PeftModel) and set(again.peft_config) == {"default"}

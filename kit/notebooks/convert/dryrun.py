@@ -344,6 +344,11 @@ class DryRun(cst.CSTTransformer):
             self.notes.append(f"{name}({code(updated.args[0].value)[:40]}…) → the embedded data as {self.schema!r} "
                               "rows when its source is not on this machine (decided at run time)")
             return self._helper("load_dataset", *updated.args)
+        if short == "from_pretrained" and owner.rsplit(".", 1)[-1] == "PeftModel" and len(updated.args) >= 2 \
+                and updated.args[1].keyword is None and normal(code(updated.args[1].value)) not in self.produced:
+            self.notes.append(f"{name}(…, {code(updated.args[1].value)[:40]}) → a fresh LoRA on the stand-in model "
+                              "when the adapter is not on this machine (decided at run time)")
+            return self._helper("adapter", cst.Arg(cst.parse_expression(owner)), *updated.args)
         if name in ("evaluate.load", "load_metric", "datasets.load_metric"):
             self.notes.append(f"{name}(…) → a stand-in metric: no metric script is downloaded in a dry run")
             return self._helper("metric", *updated.args)

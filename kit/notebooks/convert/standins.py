@@ -171,6 +171,16 @@ class StandIns:
         return dry_run_dataset(self.schema, split=split if isinstance(split, str) else None, path=self.data,
                                extra=self.extra, splits=splits, streaming=bool(kwargs.get("streaming")))
 
+    def adapter(self, loader, model, adapter_id, *args, **kwargs):
+        """PeftModel.from_pretrained(model, id): the real adapter where it is here, else a fresh LoRA on
+        the stand-in model (an adapter trained for another base would not fit it anyway)."""
+        if not _missing(adapter_id):
+            return loader.from_pretrained(model, adapter_id, *args, **kwargs)
+        from peft import LoraConfig, get_peft_model
+
+        self.say(f"adapter {str(adapter_id)[:60]!r} is not here: a fresh LoRA on the stand-in model instead")
+        return get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"))
+
     def metric(self, name="metric", *args, **kwargs):
         """evaluate.load's stand-in: a metric script is a Hub download and often another package
         (rouge_score, sacrebleu), neither of which a dry run should need. `compute()` answers with the
