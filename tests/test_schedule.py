@@ -337,14 +337,15 @@ def test_a_runs_record_is_read_from_usable_lines_only(tmp_path, caplog):
 def test_run_timeout_interrupts_training_which_pauses_cleanly(tmp_path):
     """A hung or overlong run is cut by --run-timeout: SIGTERM to the training, which saves and pauses."""
     runs, out, store = tmp_path / "runs", tmp_path / "out", tmp_path / "store"
-    # 2000 steps cannot finish within the 21 s timeout, however fast the machine.
-    r = kit(schedule_args(runs, out, str(store), "--run-timeout", "0.35") + ["max_steps=2000"], cpu_env())
+    # 20000 steps cannot finish within the 45 s timeout, however fast the machine; 45 s leaves a loaded
+    # machine (2 test workers on 2 cores) time to import the libraries and start training first.
+    r = kit(schedule_args(runs, out, str(store), "--run-timeout", "0.75") + ["max_steps=20000"], cpu_env())
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     line = outcome_lines(r.stdout)[0]
     assert line.startswith("run 1: outcome: paused at step "), r.stdout[-2000:]
     step = int(line.split("paused at step ")[1].split()[0])
     assert (store / "checkpoints" / f"checkpoint-{step}" / "kit_manifest.json").is_file()
-    assert "--run-timeout 0.35" in r.stdout  # the cron/systemd command keeps it
+    assert "--run-timeout 0.75" in r.stdout  # the cron/systemd command keeps it
 
 
 def test_the_local_loop_stops_when_a_run_made_no_progress(tmp_path, monkeypatch):
