@@ -38,6 +38,8 @@ from pathlib import Path
 
 ROOT = Path(os.environ.get("KIT_ROOT", Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_common import make_random_model  # noqa: E402
 TOKENIZER = ROOT / "models" / "tiny-qwen3"
 GIB = 2**30
 WARMUP = 2
@@ -47,35 +49,23 @@ WORDS = ["turn", "on", "the", "kitchen", "light", "set", "thermostat", "to", "de
 
 
 def make_model(hub_id: str, out: Path, seed: int = 0) -> Path:
+    """`hub_id`'s shape with random weights (bench.gpu_common.make_random_model); "tiny" checks the
+    bench on a CPU with a 2-layer Qwen3 of the same kind."""
+    if hub_id != "tiny":
+        return make_random_model(hub_id, out, seed)
     if (out / "config.json").exists():
         return out
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from kit.planning.shapes import from_table
-
-    if hub_id == "tiny":
-        config = AutoConfig.for_model("qwen3", num_hidden_layers=2, hidden_size=64, intermediate_size=128,
-                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512,
-                                      tie_word_embeddings=True, max_position_embeddings=4096, dtype="bfloat16")
-    else:
-        m = from_table(hub_id)
-        config = AutoConfig.for_model(
-            m.model_type, num_hidden_layers=m.layers, hidden_size=m.hidden, intermediate_size=m.intermediate,
-            num_attention_heads=m.heads, num_key_value_heads=m.kv_heads, head_dim=m.head_dim, vocab_size=m.vocab,
-            tie_word_embeddings=m.tied_embeddings, max_position_embeddings=m.max_position, dtype="bfloat16")
-    started = time.monotonic()
+    config = AutoConfig.for_model("qwen3", num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512,
+                                  tie_word_embeddings=True, max_position_embeddings=4096, dtype="bfloat16")
     torch.manual_seed(seed)
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    model.save_pretrained(out)
-    del model
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()  # the runs that follow get the whole GPU
+    AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(out)
     for name in os.listdir(TOKENIZER):
         if name.startswith("tokenizer") or name.endswith(".jinja") or name == "special_tokens_map.json":
             shutil.copy(TOKENIZER / name, out / name)
-    print(f"[bench] {hub_id} random weights -> {out} ({time.monotonic() - started:.0f} s)", flush=True)
     return out
 
 
