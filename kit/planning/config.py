@@ -15,7 +15,7 @@ from typing import Any
 
 from kit.errors import UsageError, shown
 from kit.files import read_text, refuse_shared_folder
-from kit.planning.config_values import check_value, unknown_key
+from kit.planning.config_values import TRAINERS, check_value, unknown_key
 
 
 def _f(default, help_text, **kw):
@@ -89,6 +89,22 @@ class KtoConfig:
 
 
 @dataclass
+class GrpoConfig:
+    """Settings of trainer=grpo (TRL's GRPOTrainer): prompts, completions sampled by the model, scored by the user's
+    reward functions."""
+
+    rewards: str | None = _f(None, "the reward functions: FILE.py:name,name (a Python file beside the config, each "
+                             "function taking completions and **kwargs, returning one float per completion)")
+    num_generations: int = _f(8, "completions sampled per prompt and compared with each other; the global batch "
+                              "(per_device x GPUs x accumulation) must be divisible by it: the planner picks one")
+    max_completion_length: int = _f(256, "most tokens generated per completion (the prompt is cut to seq_len)")
+    temperature: float = _f(1.0, "sampling temperature of the completions")
+    beta: float = _f(0.0, "KL coefficient against the reference (the starting model); 0 = no reference pass, "
+                     "as TRL's default; with LoRA the reference is the base with the adapter disabled")
+    loss_type: str = _f("dapo", "dapo | grpo | dr_grpo | bnpo: TRL's GRPO loss (dapo: token-level, TRL's default)")
+
+
+@dataclass
 class RunConfig:
     """One fine-tuning run: model, method, data, schedule, checkpoints."""
 
@@ -96,7 +112,8 @@ class RunConfig:
     revision: str | None = _f(None, "Hub revision (branch, tag or commit) of the model; null = main")
     method: str = _f("lora", "lora (16-bit base + adapter) | qlora (4-bit nf4 base + adapter) | full")
     trainer: str = _f("sft", "sft (supervised: prompts and answers) | dpo (preference pairs: prompt, chosen, "
-                             "rejected) | kto (answers labelled good or bad: prompt, completion, label)")
+                             "rejected) | kto (answers labelled good or bad: prompt, completion, label) | grpo (prompts "
+                             "and reward functions: grpo.rewards)")
     backend: str = _f("auto", "auto|transformers|unsloth; auto picks unsloth on one NVIDIA GPU when installed")
     strategy: str = _f("auto", "auto|ddp|fsdp|model_parallel; auto = a replica per GPU (DDP) when one fits, "
                                "else FSDP sharding, else the layers split over the GPUs in one process")
@@ -105,6 +122,7 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig, metadata={"help": "baseline and final evaluation"})
     dpo: DpoConfig = field(default_factory=DpoConfig, metadata={"help": "trainer=dpo settings"})
     kto: KtoConfig = field(default_factory=KtoConfig, metadata={"help": "trainer=kto settings"})
+    grpo: GrpoConfig = field(default_factory=GrpoConfig, metadata={"help": "trainer=grpo settings"})
     seq_len: int = _f(512, "maximum tokens per example; longer examples are truncated")
     per_device_batch: int | None = _f(None, "micro-batch per GPU; null = the planner picks what fits")
     global_batch: int | None = _f(None, "examples per optimizer step over all GPUs; null = per_device x world")
@@ -145,7 +163,8 @@ class RunConfig:
     resume: str = _f("auto", "auto (newest complete checkpoint, silent if none) | never | a checkpoint PATH")
 
 
-_SECTIONS = {"lora": LoraConfig, "data": DataConfig, "eval": EvalConfig, "dpo": DpoConfig, "kto": KtoConfig}
+_SECTIONS = {"lora": LoraConfig, "data": DataConfig, "eval": EvalConfig, "dpo": DpoConfig, "kto": KtoConfig,
+             "grpo": GrpoConfig}
 def _fields(cls) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls)}
 

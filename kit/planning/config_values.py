@@ -24,8 +24,9 @@ SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
 CHECKPOINTING = ("auto", "on", "off")
 STRATEGIES = ("auto", "ddp", "fsdp", "model_parallel")
 EVAL_METRICS = ("auto", "exact_match", "none")
-TRAINERS = ("sft", "dpo", "kto")
+TRAINERS = ("sft", "dpo", "kto", "grpo")
 DPO_LOSSES = ("sigmoid", "hinge", "ipo", "robust", "sigmoid_norm")
+GRPO_LOSSES = ("dapo", "grpo", "dr_grpo", "bnpo")
 
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 MAX_NAMES = 256  # module names in lora.target_modules, renamed columns in data.columns
@@ -38,16 +39,17 @@ MAX_EPOCHS = 10**6
 _POSITIVE = {"seq_len", "per_device_batch", "global_batch", "epochs", "max_steps",
              "save_steps", "save_every_minutes", "keep_checkpoints", "lease_heartbeat_seconds", "time_budget_minutes",
              "logging_steps", "eval_steps", "lora.r", "lora.alpha", "eval.subset", "eval.min_rows",
-             "eval.max_new_tokens", "dpo.beta", "kto.beta"}
-_NON_EMPTY = {"model", "output_dir", "data.path", "data.split", "store", "revision", "resume"}
+             "eval.max_new_tokens", "dpo.beta", "kto.beta", "grpo.num_generations",
+             "grpo.max_completion_length", "grpo.temperature"}
+_NON_EMPTY = {"model", "output_dir", "data.path", "data.split", "store", "revision", "resume", "grpo.rewards"}
 _NON_NEGATIVE = {"warmup_steps", "weight_decay", "max_grad_norm", "learning_rate", "eval.samples", "squash_history_every",
-                 "kto.desirable_weight", "kto.undesirable_weight"}
+                 "kto.desirable_weight", "kto.undesirable_weight", "grpo.beta"}
 _CHOICES = {"method": METHODS, "backend": BACKENDS, "data.format": FORMATS, "optimizer": OPTIMIZERS,
             "precision": PRECISIONS, "lr_scheduler": SCHEDULERS, "gradient_checkpointing": CHECKPOINTING,
             "batching": BATCHINGS, "kernels": KERNELS, "strategy": STRATEGIES, "eval.metric": EVAL_METRICS,
             "activation_offloading": CHECKPOINTING, "compile": CHECKPOINTING, "report_to": tracking.CHOICES,
             "trainer": TRAINERS, "dpo.loss_type": DPO_LOSSES, "dpo.precompute_ref_log_probs": CHECKPOINTING,
-            "kto.precompute_ref_log_probs": CHECKPOINTING}
+            "kto.precompute_ref_log_probs": CHECKPOINTING, "grpo.loss_type": GRPO_LOSSES}
 # Names people bring from other tools (HF TrainingArguments, TRL, axolotl).
 _ALIASES = {"lr": "learning_rate", "batch_size": "per_device_batch", "max_seq_length": "seq_len",
             "max_length": "seq_len", "model_name": "model", "num_train_epochs": "epochs",

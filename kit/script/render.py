@@ -118,7 +118,7 @@ def render(cfg: config.RunConfig, plan: dict, config_path: str, machine: str, re
 def _settings(cfg) -> dict:
     """The config as the script's SETTINGS: the sections of other trainers (their defaults) left out."""
     out = config.to_dict(cfg)
-    for name in TRAINERS:
+    for name in config.TRAINERS:
         if name != cfg.trainer:
             out.pop(name, None)
     return out
