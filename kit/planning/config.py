@@ -15,7 +15,7 @@ from typing import Any
 
 from kit.errors import UsageError, shown
 from kit.files import read_text, refuse_shared_folder
-from kit.planning.config_values import TRAINERS, check_value, unknown_key
+from kit.planning.config_values import check_value, unknown_key
 
 
 def _f(default, help_text, **kw):

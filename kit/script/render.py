@@ -11,7 +11,7 @@ from string import Template
 
 from kit import __version__
 from kit.machine.command import launch_command, shell_word
-from kit.planning import config
+from kit.planning import config, config_values
 from kit.script import failed_bootstrap
 from kit.errors import UsageError, shown
 from kit.files import check_output, same_content, write_atomic
@@ -118,7 +118,7 @@ def render(cfg: config.RunConfig, plan: dict, config_path: str, machine: str, re
 def _settings(cfg) -> dict:
     """The config as the script's SETTINGS: the sections of other trainers (their defaults) left out."""
     out = config.to_dict(cfg)
-    for name in config.TRAINERS:
+    for name in config_values.TRAINERS:
         if name != cfg.trainer:
             out.pop(name, None)
     return out
