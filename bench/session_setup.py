@@ -40,7 +40,7 @@ import torch; mark("import torch")
 import transformers; mark("import transformers")
 import peft; mark("import peft")
 import trl; from trl import SFTTrainer; mark("import trl")
-from kit.train import data, dist, modeling; from kit.train.job import Job; from kit.planning import adapt
+from kit.train import data, dist, modeling; from kit.train.job import Job; from kit.planning import settle
 from kit.checkpoints import resume, lease as lease_mod; from kit.evaluation import stage; import kit.checkpoints.store as store_mod
 from kit.train import callbacks
 mark("import kit")
@@ -55,7 +55,7 @@ def timed(owner, name, label):
             spans.append((label, start, time.time()))
     setattr(owner, name, wrapper)
 spans = []
-for owner, name, label in [(dist, "init", "dist.init"), (adapt, "plan_for", "plan"), (Job, "start", "Job.start"),
+for owner, name, label in [(dist, "init", "dist.init"), (settle, "for_rank", "plan"), (Job, "start", "Job.start"),
                            (store_mod, "connect", "  store open"), (lease_mod.Lease, "acquire", "  lease acquire"),
                            (resume, "choose", "  resume decision (incl. download, verification)"),
                            (stage, "open_run", "  run identity"),

@@ -1,19 +1,21 @@
 """The plan made once: the script's launch-time settling uses the planner's own rules, as a pure
-function of plain facts about this rank, and `--config FILE` plans again instead of inheriting."""
+function of plain facts about this rank (`settle.for_rank`), and `--config FILE` plans again instead
+of inheriting."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 import pytest
 
 from kit.errors import CannotTrain, UsageError
 from kit.machine.command import launch_command
-from kit.planning import adapt, precision
-from kit.planning.adapt import RankFacts
-from kit.planning.plan import make_plan
+from kit.planning import config, precision, settle
+from kit.planning.plan import Plan, make_plan
+from kit.planning.settle import RankFacts
 from kit.script import arguments
-from tests.test_plan import COLAB_T4, H200, KAGGLE_T4X2, MI300X, QWEN8_QLORA, cfg
+from tests.test_plan import COLAB_T4, CPU_ONLY, H200, KAGGLE_T4X2, MI300X, QWEN8_QLORA, cfg
 
 T4 = RankFacts("cuda", vendor="nvidia", capability="7.5", name="Tesla T4")
 H200_RANK = RankFacts("cuda", vendor="nvidia", capability="9.0", name="NVIDIA H200")
@@ -21,20 +23,20 @@ CPU = RankFacts("cpu")
 
 
 def test_a_bf16_plan_launched_on_a_t4_trains_in_fp16_and_says_so():
-    planned = make_plan(H200, cfg(*QWEN8_QLORA)).to_dict()
-    plan = adapt.adapt(planned, cfg(*QWEN8_QLORA), T4)
-    assert planned["precision"] == "bf16" and plan.precision == "fp16"
-    assert "precision fp16 on this GPU (the rendered plan said bf16)" in plan.notes
+    planned = make_plan(H200, cfg(*QWEN8_QLORA))
+    plan, notes = settle.for_rank(planned, cfg(*QWEN8_QLORA), T4)
+    assert planned.precision == "bf16" and plan.precision == "fp16"
+    assert "precision fp16 on this GPU (the rendered plan said bf16)" in notes
 
 
 def test_a_warmup_longer_than_the_job_is_said_at_launch_not_refused():
     """A 2-step trial of a config with warmup_steps=5 trains (and is not an error), but says so."""
     short = cfg("max_steps=2", "warmup_steps=5")
-    notes = adapt.adapt(make_plan(H200, short).to_dict(), short, H200_RANK).notes
+    _, notes = settle.for_rank(make_plan(H200, short), short, H200_RANK)
     assert any(n.startswith("warning: warmup_steps=5 is more than max_steps=2: the learning rate never reaches")
                for n in notes)
     fine = cfg("max_steps=20", "warmup_steps=5")
-    assert not any("warmup" in n for n in adapt.adapt(make_plan(H200, fine).to_dict(), fine, H200_RANK).notes)
+    assert not any("warmup" in n for n in settle.for_rank(make_plan(H200, fine), fine, H200_RANK)[1])
 
 
 @pytest.mark.parametrize("arch, expected", [("gfx90a:sramecc+:xnack-", "bf16"), ("gfx942", "bf16"),
@@ -42,15 +44,15 @@ def test_a_warmup_longer_than_the_job_is_said_at_launch_not_refused():
 def test_rocm_at_launch_follows_the_per_arch_bf16_list_not_every_rocm_gpu(arch, expected):
     # The old launch rule said every ROCm GPU has bf16; RDNA2 (gfx1030) and MI50 (gfx906) do not.
     rank = RankFacts("cuda", vendor="amd", capability=arch, name="AMD GPU")
-    planned = make_plan(MI300X, cfg("model=Qwen/Qwen3-0.6B")).to_dict()
-    assert adapt.adapt(planned, cfg("model=Qwen/Qwen3-0.6B"), rank).precision == expected
+    planned = make_plan(MI300X, cfg("model=Qwen/Qwen3-0.6B"))
+    assert settle.for_rank(planned, cfg("model=Qwen/Qwen3-0.6B"), rank)[0].precision == expected
 
 
 def test_planner_and_launch_refuse_bf16_on_a_t4_with_the_same_words():
     with pytest.raises(CannotTrain) as planned:
         make_plan(COLAB_T4, cfg("precision=bf16"))
     with pytest.raises(CannotTrain) as launched:
-        adapt.adapt(make_plan(H200, cfg()).to_dict(), cfg("precision=bf16"), T4)
+        settle.for_rank(make_plan(H200, cfg()), cfg("precision=bf16"), T4)
     assert str(planned.value) == str(launched.value)
     assert "Tesla T4 (sm_75) has no native bf16" in str(launched.value)
 
@@ -62,30 +64,38 @@ def test_half_precision_on_the_cpu_is_refused_by_planner_and_launch_alike(asked)
     with pytest.raises(CannotTrain, match="runs on the CPU; use precision=fp32"):
         make_plan(CPU_ONLY, cfg(f"precision={asked}"))
     with pytest.raises(CannotTrain, match="runs on the CPU; use precision=fp32"):
-        adapt.adapt({"per_device_batch": 1, "global_batch": 1}, cfg(f"precision={asked}"), CPU)
+        settle.for_rank(Plan(strategy="single"), cfg(f"precision={asked}"), CPU)
 
 
 def test_the_global_batch_is_kept_whatever_the_world_size():
-    planned = make_plan(KAGGLE_T4X2, cfg(*QWEN8_QLORA)).to_dict()
-    two = adapt.adapt(planned, cfg(*QWEN8_QLORA), RankFacts("cuda", world_size=2, vendor="nvidia", capability="7.5"))
-    one = adapt.adapt(planned, cfg(*QWEN8_QLORA), T4)
-    assert two.global_batch == one.global_batch == planned["global_batch"]
+    planned = make_plan(KAGGLE_T4X2, cfg(*QWEN8_QLORA))
+    two, _ = settle.for_rank(planned, cfg(*QWEN8_QLORA), RankFacts("cuda", world_size=2, vendor="nvidia",
+                                                                     capability="7.5"))
+    one, _ = settle.for_rank(planned, cfg(*QWEN8_QLORA), T4)
+    assert two.global_batch == one.global_batch == planned.global_batch
     assert one.grad_accum == 2 * two.grad_accum and two.strategy == "ddp"
 
 
 def test_unsloth_planned_but_missing_falls_back_with_a_note_and_asked_for_refuses():
-    planned = {**make_plan(H200, cfg(*QWEN8_QLORA)).to_dict(), "backend": "unsloth"}
-    assert adapt.adapt(planned, cfg(*QWEN8_QLORA), H200_RANK).backend == "transformers"
+    planned = replace(make_plan(H200, cfg(*QWEN8_QLORA)), backend="unsloth")
+    plan, notes = settle.for_rank(planned, cfg(*QWEN8_QLORA), H200_RANK)
+    assert plan.backend == "transformers" and any(n.startswith("Unsloth is not available here") for n in notes)
     with_it = RankFacts("cuda", vendor="nvidia", capability="9.0", installed=frozenset({"unsloth"}))
-    assert adapt.adapt(planned, cfg(*QWEN8_QLORA), with_it).backend == "unsloth"
+    assert settle.for_rank(planned, cfg(*QWEN8_QLORA), with_it)[0].backend == "unsloth"
     with pytest.raises(CannotTrain, match="backend=unsloth was asked for"):
-        adapt.adapt(planned, cfg(*QWEN8_QLORA, "backend=unsloth"), H200_RANK)
+        settle.for_rank(planned, cfg(*QWEN8_QLORA, "backend=unsloth"), H200_RANK)
+    # On the CPU the launch refuses it as the planner does, in the same words.
+    with pytest.raises(CannotTrain) as launched:
+        settle.for_rank(planned, cfg("backend=unsloth"), CPU)
+    with pytest.raises(CannotTrain) as planned_on_cpu:
+        make_plan(CPU_ONLY, cfg("backend=unsloth"))
+    assert str(launched.value) == str(planned_on_cpu.value) and "needs a CUDA GPU" in str(launched.value)
 
 
 def test_model_parallel_under_torchrun_is_refused():
     with pytest.raises(UsageError, match="rank 1 of 2.*not torchrun"):
-        adapt.adapt({"per_device_batch": 1, "global_batch": 2, "strategy": "model_parallel"}, cfg(),
-                    RankFacts("cuda", rank=1, world_size=2, vendor="nvidia", capability="7.5"))
+        settle.for_rank(Plan(global_batch=2, strategy="model_parallel"), cfg(),
+                        RankFacts("cuda", rank=1, world_size=2, vendor="nvidia", capability="7.5"))
 
 
 def test_precision_rule_is_the_one_the_planner_prints():
@@ -116,17 +126,110 @@ def test_config_at_launch_plans_again_instead_of_keeping_the_embedded_plan(tmp_p
     embedded_plan = make_plan(KAGGLE_T4X2, cfg(*QWEN8_QLORA)).to_dict()  # 8B: checkpointing on, micro-batch of 8B
     other = tmp_path / "other.yaml"
     other.write_text("model: models/tiny-qwen3\nmethod: lora\nper_device_batch: 4\nglobal_batch: 8\n")
-    cfg_, planned = arguments.settings(cfg(*QWEN8_QLORA).__dict__, embedded_plan, _args(str(other)))
-    assert planned is not embedded_plan and planned["device"] == "cpu" and planned["per_device_batch"] == 4
-    assert planned["gradient_checkpointing"] is False and embedded_plan["gradient_checkpointing"] is True
-    plan = adapt.adapt(planned, cfg_, CPU)
+    cfg_, planned, notes = arguments.settings(cfg(*QWEN8_QLORA).__dict__, embedded_plan, _args(str(other)))
+    assert planned.device == "cpu" and planned.per_device_batch == 4
+    assert planned.gradient_checkpointing is False and embedded_plan["gradient_checkpointing"] is True
+    plan, _ = settle.for_rank(planned, cfg_, CPU)
     assert plan.per_device_batch == 4 and plan.grad_accum == 2
-    assert plan.notes[0].startswith(f"--config {other}: planned for this machine (the CPU)")
+    assert notes[0].startswith(f"--config {other}: planned for this machine (the CPU)")
 
 
 def test_without_config_the_embedded_plan_is_used_with_the_overrides():
     embedded_plan = make_plan(KAGGLE_T4X2, cfg(*QWEN8_QLORA)).to_dict()
     from dataclasses import asdict
 
-    cfg_, planned = arguments.settings(asdict(cfg(*QWEN8_QLORA)), embedded_plan, _args(None, "max_steps=7"))
-    assert planned is embedded_plan and cfg_.max_steps == 7
+    cfg_, planned, notes = arguments.settings(asdict(cfg(*QWEN8_QLORA)), embedded_plan, _args(None, "max_steps=7"))
+    assert planned == Plan.from_dict(embedded_plan) and cfg_.max_steps == 7 and notes == []
+
+
+# ---- one Plan: frozen, written whole into the script, read back equal ---------------------------
+@pytest.mark.parametrize("facts,overrides,kw", [
+    (KAGGLE_T4X2, QWEN8_QLORA, {}),
+    (H200, (*QWEN8_QLORA, "trainer=dpo"), {}),
+    (CPU_ONLY, (), {"nproc": 2}),
+    (H200, QWEN8_QLORA, {"nodes": 2, "rdzv_endpoint": "10.0.0.1:29500"}),
+])
+def test_the_plan_round_trips_through_its_dict_and_is_frozen(facts, overrides, kw):
+    import dataclasses
+    import json
+
+    plan = make_plan(facts, cfg(*overrides), **kw)
+    assert Plan.from_dict(plan.to_dict()) == plan
+    assert Plan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan  # `kit plan --json` too
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.per_device_batch = 99
+
+
+def test_the_rendered_script_holds_the_whole_plan(tmp_path, monkeypatch, capsys):
+    import ast
+
+    from kit.cli import main
+    from tests.test_plan import ROOT
+
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "t.py"
+    assert main(["render", "--config", "configs/default.yaml", "--gpus", "2xT4", "-o", str(out)]) == 0
+    capsys.readouterr()
+    literal = next(ast.literal_eval(n.value) for n in ast.parse(out.read_text()).body
+                   if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "PLAN")
+    planned = make_plan(machine_2xt4(), config.load("configs/default.yaml"))
+    assert Plan.from_dict(literal) == planned and set(literal) == set(planned.to_dict())
+
+
+def machine_2xt4():
+    from kit.machine import gpu_table
+
+    return gpu_table.synthesize("2xT4")
+
+
+def test_a_plan_with_a_key_kit_does_not_know_is_one_line():
+    with pytest.raises(UsageError, match="unknown key.*'batch_size'"):
+        arguments.settings(config.to_dict(cfg()), {"batch_size": 4}, _args(None))
+
+
+def test_a_plan_rendered_before_every_field_was_written_still_settles():
+    """A script from an older kit carries a subset of the keys: the others take the plan's defaults."""
+    old = {"precision": "fp32", "strategy": "single", "device": "cpu", "nproc": 1, "per_device_batch": 8,
+           "grad_accum": 1, "global_batch": 8, "gradient_checkpointing": False, "backend": "transformers",
+           "optimizer": "adamw_torch"}
+    _, plan, _ = arguments.settings(config.to_dict(cfg()), old, _args(None))
+    settled, notes = settle.for_rank(plan, cfg(), CPU)
+    assert (settled.batching, settled.kernels, settled.quantization, settled.per_device_batch) == \
+        ("padded", "none", None, 8) and notes == []
+
+
+def test_a_prequantized_base_under_fsdp_loads_the_same_from_the_script_and_from_config(tmp_path, monkeypatch,
+                                                                                           capsys):
+    """The script's PLAN carried no `quantization`, so a bnb-4bit base rendered for FSDP loaded as a 16-bit
+    one (on the CPU, one rank reading) from the script, and as 4-bit on each GPU from `--config`."""
+    import ast
+
+    import yaml
+
+    from kit.cli import main
+    from kit.machine import probe
+    from kit.train import sharding
+    from tests.test_plan import ROOT
+
+    monkeypatch.chdir(ROOT)
+    settings = {"model": "unsloth/Qwen3-8B-bnb-4bit", "method": "lora", "strategy": "fsdp", "seq_len": 512}
+    config_file = tmp_path / "pre4bit.yaml"
+    config_file.write_text(yaml.safe_dump(settings))
+    out = tmp_path / "t.py"
+    assert main(["render", "--config", str(config_file), "--gpus", "2xT4", "-o", str(out)]) == 0
+    capsys.readouterr()
+    literals = {n.targets[0].id: ast.literal_eval(n.value) for n in ast.parse(out.read_text()).body
+                if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") in ("SETTINGS", "PLAN")}
+    monkeypatch.setattr(probe, "gather", lambda cwd=None: machine_2xt4())  # the machine rendered for
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    rank = RankFacts("cuda", rank=0, world_size=2, vendor="nvidia", capability="7.5", name="Tesla T4",
+                     under_torchrun=True)
+    settled = {}
+    for how, config_arg in (("script", None), ("--config", str(config_file))):
+        c, plan, _ = arguments.settings(literals["SETTINGS"], literals["PLAN"], _args(config_arg))
+        settled[how] = settle.for_rank(plan, c, rank)[0]
+    script, replanned = settled["script"], settled["--config"]
+    assert (script.strategy, script.quantization) == (replanned.strategy, replanned.quantization) == ("fsdp", "nf4")
+    assert sharding.loads_on_cpu(script) is sharding.loads_on_cpu(replanned) is False
+    assert script == replanned

@@ -170,10 +170,11 @@ def test_generated_script_same_losses_padding_free_as_padded_and_packed_trains(t
 def test_packed_sequences_are_collated_as_rows_only_on_the_plain_backend(batching, backend, rows):
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-    from kit.planning.adapt import LaunchPlan
+    from kit.planning.plan import Plan
     from kit.train import collate
 
-    plan = LaunchPlan("bf16", 4, 1, 4, False, backend, "adamw_torch", [], batching=batching)
+    plan = Plan(precision="bf16", strategy="single", per_device_batch=4, global_batch=4, backend=backend,
+                batching=batching)
     trl_collator = DataCollatorForLanguageModeling(pad_token_id=7, padding_free=plan.padding_free)
     trainer = types.SimpleNamespace(data_collator=trl_collator)
     collate.settle(trainer, plan)

@@ -58,10 +58,10 @@ def test_smoke_compares_against_the_weights_training_starts_from(lora_model):
 def test_qlora_without_the_scripts_bitsandbytes_config_says_to_re_render():
     """A train_ddp.py rendered before the script showed its BitsAndBytesConfig calls load() without one."""
     from kit.errors import UsageError
-    from kit.planning.adapt import LaunchPlan
+    from kit.planning.plan import Plan
 
     cfg = config.load(str(ROOT / "configs" / "default.yaml"), ["method=qlora"])
-    plan = LaunchPlan("bf16", 1, 1, 1, False, "transformers", "adamw_torch", [], quantization="nf4")
+    plan = Plan(precision="bf16", strategy="single", quantization="nf4")
     gpu_rank = SimpleNamespace(device=SimpleNamespace(type="cuda"), local_rank=0)  # no GPU here: only its facts
     with pytest.raises(UsageError, match="needs the script's BitsAndBytesConfig: re-render train_ddp.py"):
         modeling._load_kwargs(cfg, plan, gpu_rank, None)

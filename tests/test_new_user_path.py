@@ -48,10 +48,10 @@ def test_readme_keeps_its_two_commands_and_names_the_cpu_index():
 
 def test_parameter_counts_agree_between_readme_and_run():
     from kit.train import modeling
-    from kit.planning.adapt import LaunchPlan
+    from kit.planning.plan import Plan
 
     cfg = config.load("configs/default.yaml")
-    plan = LaunchPlan("fp32", 8, 2, 16, False, "transformers", "adamw_torch", [])
+    plan = Plan(strategy="single", device="cpu", per_device_batch=8, grad_accum=2, global_batch=16)
     ctx = SimpleNamespace(device=__import__("torch").device("cpu"), local_rank=0, rank=0, world_size=1, is_main=True)
     model, _ = modeling.load(cfg, plan, ctx)
     from peft import LoraConfig
@@ -337,11 +337,11 @@ def test_a_dataset_smaller_than_one_global_batch_is_named(capsys):
     import torch
 
     from kit.train.job import Job
-    from kit.planning.adapt import LaunchPlan
+    from kit.planning.plan import Plan
 
     cfg = config.load("configs/default.yaml", ["max_steps=null", "epochs=1"])
     ctx = SimpleNamespace(device=torch.device("cpu"), rank=0, world_size=2, is_main=True)
-    job = Job(cfg, ctx, LaunchPlan("fp32", 8, 1, 16, False, "transformers", "adamw_torch", []))
+    job = Job(cfg, ctx, Plan(strategy="ddp", device="cpu", nproc=2, per_device_batch=8, global_batch=16))
     assert job.max_steps(3) == 1
     out = capsys.readouterr().out
     assert ("warning: 3 training example(s), fewer than one global batch of 16 (8 per device × 1 accumulation × "
@@ -384,7 +384,7 @@ def test_the_script_takes_overrides_before_between_and_after_its_flags(tmp_path)
     args = arguments.parse(["lora.r=8", "--force", f"output_dir={tmp_path}", "--smoke", "max_steps=3"], "c.yaml")
     assert (args.force, args.smoke, args.overrides) == (True, True, ["lora.r=8", f"output_dir={tmp_path}",
                                                                       "max_steps=3"])
-    cfg, _ = arguments.settings(config.to_dict(config.load("configs/default.yaml")), {}, args)
+    cfg, _, _ = arguments.settings(config.to_dict(config.load("configs/default.yaml")), {}, args)
     assert (cfg.lora.r, cfg.output_dir, cfg.max_steps) == (8, str(tmp_path), 3)
     # The real script: the override after --force is read (and refused for its value, not as an argument).
     r = subprocess.run([sys.executable, str(ROOT / "train_ddp.py"), "lora.r=8", "--force", f"output_dir={tmp_path}",

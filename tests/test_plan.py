@@ -140,7 +140,7 @@ def test_cpu_only_tiny_default_plans_and_big_models_are_refused():
     assert p2.strategy == "ddp" and p2.launch == "torchrun --standalone --nproc_per_node=2 train_ddp.py"
     with pytest.raises(CannotTrain, match="too big to train on a CPU"):
         make_plan(CPU_ONLY, cfg("model=Qwen/Qwen3-1.7B"))
-    with pytest.raises(CannotTrain, match="needs a GPU"):
+    with pytest.raises(CannotTrain, match="needs a CUDA GPU"):
         make_plan(CPU_ONLY, cfg("method=qlora"))
     with pytest.raises(CannotTrain, match="GiB of RAM"):
         make_plan({**CPU_ONLY, "ram_bytes": 2**20}, cfg())

@@ -208,10 +208,10 @@ def test_a_script_given_a_config_on_one_of_two_nodes_plans_the_whole_world(monke
     monkeypatch.setattr(probe, "gather", lambda: probe.Facts.from_dict(gpu_table.synthesize("8xH100")))
     monkeypatch.setenv("WORLD_SIZE", "16")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
-    planned = arguments.replan(cfg(*QWEN8_QLORA, "global_batch=32"), "big.yaml")
-    assert (planned["strategy"], planned["nodes"], planned["nproc"]) == ("ddp", 2, 8)
-    assert planned["global_batch"] == planned["per_device_batch"] * planned["grad_accum"] * 16 == 32
-    assert "planned for these machines (2 nodes × 8× NVIDIA H100 80GB HBM3)" in planned["replanned"]
+    planned, note = arguments.replan(cfg(*QWEN8_QLORA, "global_batch=32"), "big.yaml")
+    assert (planned.strategy, planned.nodes, planned.nproc) == ("ddp", 2, 8)
+    assert planned.global_batch == planned.per_device_batch * planned.grad_accum * 16 == 32
+    assert "planned for these machines (2 nodes × 8× NVIDIA H100 80GB HBM3)" in note
 
 
 @pytest.mark.parametrize("spec,nodes,words", [

@@ -106,14 +106,14 @@ def test_the_reference_is_the_disabled_adapter_for_lora_and_a_copy_or_precompute
 
 
 def test_precomputed_reference_is_refused_on_several_processes():
-    from kit.planning import adapt
+    from kit.planning import settle
 
     c = cfg("trainer=dpo", "dpo.precompute_ref_log_probs=on")
-    planned = make_plan(CPU_ONLY, c).to_dict()
-    rank = adapt.RankFacts(device="cpu", world_size=2, under_torchrun=True)
+    planned = make_plan(CPU_ONLY, c)
+    rank = settle.RankFacts(device="cpu", world_size=2, under_torchrun=True)
     with pytest.raises(UsageError, match="one process only"):
-        adapt.adapt(planned, c, rank)
-    assert adapt.adapt(planned, c, adapt.RankFacts(device="cpu")).reference == "precomputed"
+        settle.for_rank(planned, c, rank)
+    assert settle.for_rank(planned, c, settle.RankFacts(device="cpu"))[0].reference == "precomputed"
 
 
 def test_unsloth_is_not_used_for_preference_training_and_says_why():
@@ -139,7 +139,7 @@ def test_a_checkpoint_of_another_trainer_needs_force():
 
 def _render(trainer: str) -> str:
     c = config.load(str(ROOT / f"configs/{trainer}-tiny.yaml"))
-    return render(c, make_plan(CPU_ONLY, c).to_dict(), f"configs/{trainer}-tiny.yaml", "cpu")
+    return render(c, make_plan(CPU_ONLY, c), f"configs/{trainer}-tiny.yaml", "cpu")
 
 
 @pytest.mark.parametrize("trainer, config_class, trainer_class, own", [
@@ -166,7 +166,7 @@ def test_a_script_refuses_settings_for_another_trainer(tmp_path):
     args = arguments.parse(["trainer=sft"], "configs/dpo-tiny.yaml")
     with pytest.raises(UsageError, match="rendered for trainer=dpo.*trainer=sft"):
         arguments.settings(namespace["SETTINGS"], namespace["PLAN"], args)
-    same, _ = arguments.settings(namespace["SETTINGS"], namespace["PLAN"], arguments.parse([], "x"))
+    same, _, _ = arguments.settings(namespace["SETTINGS"], namespace["PLAN"], arguments.parse([], "x"))
     assert same.trainer == "dpo" and same.dpo.beta == 0.1
 
 

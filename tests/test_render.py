@@ -93,7 +93,9 @@ def test_unsloth_plan_imports_unsloth_first():
     from kit.script import render
 
     cfg = config.load(str(ROOT / "configs" / "default.yaml"))
-    text = render.render(cfg, {"backend": "unsloth", "nproc": 1, "precision": "bf16", "strategy": "single"},
+    from kit.planning.plan import Plan
+
+    text = render.render(cfg, Plan(backend="unsloth", nproc=1, precision="bf16", strategy="single"),
                          "configs/default.yaml", "1 × H200")
     body = text.split('"""', 2)[2]
     # Before transformers, trl and peft (it patches them on import), inside the import guard.

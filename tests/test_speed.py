@@ -4,10 +4,12 @@ H200 measurements; the memory estimate follows the batching; the script's launch
 from __future__ import annotations
 
 import types
+from dataclasses import replace
 
 import pytest
 
-from kit.planning import adapt, config, memory, shapes, speed
+from kit.planning import config, memory, settle, shapes, speed
+from kit.planning.plan import Plan
 from kit.errors import CannotTrain, UsageError
 from kit.planning.plan import make_plan
 from tests.test_plan import A100, COLAB_T4, CPU_ONLY, H200, KAGGLE_T4X2, MI300X, QWEN8_QLORA, cfg, machine
@@ -139,52 +141,55 @@ def test_unknown_speed_settings_are_usage_errors(key, value):
         config.load(None, [f"{key}={value}"])
 
 
-def _ctx(device="cpu"):
-    return types.SimpleNamespace(device=types.SimpleNamespace(type=device), world_size=1, rank=0)
+CPU_RANK = settle.RankFacts("cpu")
+PLANNED = Plan(precision="bf16", strategy="single", per_device_batch=4, global_batch=4, backend="transformers",
+               optimizer="adamw_torch_fused", batching="padding_free", kernels="liger")
 
 
-PLANNED = {"precision": "bf16", "per_device_batch": 4, "global_batch": 4, "backend": "transformers",
-           "optimizer": "adamw_torch_fused", "batching": "padding_free", "kernels": "liger"}
+def _on_cpu(c, planned=PLANNED):
+    return settle.for_rank(planned, c, CPU_RANK)
 
 
 def test_runtime_keeps_the_batching_and_drops_what_the_cpu_cannot_run():
-    plan = adapt.plan_for(_ctx(), cfg(), PLANNED)
+    plan, notes = _on_cpu(cfg())
     assert plan.batching == "padding_free" and plan.padding_free
     assert plan.kernels == "none" and plan.optimizer == "adamw_torch"
-    assert any("Liger kernels off: this rank runs on the CPU" in n for n in plan.notes)
-    old = adapt.plan_for(_ctx(), cfg(), {k: v for k, v in PLANNED.items() if k not in ("batching", "kernels")})
-    assert old.batching == "padded" and old.kernels == "none"  # a script rendered before these existed
+    assert any("Liger kernels off: this rank runs on the CPU" in n for n in notes)
+    old, _ = _on_cpu(cfg(), replace(PLANNED, batching="padded", kernels="none"))  # rendered before these existed
+    assert old.batching == "padded" and old.kernels == "none"
 
 
 def test_runtime_refuses_liger_asked_for_where_it_cannot_run():
     with pytest.raises(CannotTrain, match="kernels=liger was asked for, but this rank runs on the CPU"):
-        adapt.plan_for(_ctx(), cfg("kernels=liger"), PLANNED)
+        _on_cpu(cfg("kernels=liger"))
 
 
 def test_launch_settles_padding_free_back_to_padded_for_long_rows():
-    plan = adapt.plan_for(_ctx(), cfg("seq_len=600"), PLANNED)
-    assert adapt.settle_batching(plan, cfg("seq_len=600"), mean_tokens=150) == [] and plan.batching == "padding_free"
-    notes = adapt.settle_batching(plan, cfg("seq_len=600"), mean_tokens=450)
-    assert plan.batching == "padded" and "rows average 450 tokens of seq_len 600" in notes[0]
-    chosen = adapt.plan_for(_ctx(), cfg("seq_len=600", "batching=padding_free"), PLANNED)
-    assert adapt.settle_batching(chosen, cfg("seq_len=600", "batching=padding_free"), 450) == []
-    assert chosen.batching == "padding_free"  # what the user set is kept
+    plan, _ = _on_cpu(cfg("seq_len=600"))
+    short, notes = settle.for_data(plan, cfg("seq_len=600"), settle.RowStats(150))
+    assert notes == [] and short.batching == "padding_free"
+    long, notes = settle.for_data(plan, cfg("seq_len=600"), settle.RowStats(450))
+    assert long.batching == "padded" and "rows average 450 tokens of seq_len 600" in notes[0]
+    assert plan.batching == "padding_free"  # the plan settled from is not changed
+    chosen, _ = _on_cpu(cfg("seq_len=600", "batching=padding_free"))
+    kept, notes = settle.for_data(chosen, cfg("seq_len=600", "batching=padding_free"), settle.RowStats(450))
+    assert notes == [] and kept.batching == "padding_free"  # what the user set is kept
 
 
 def _accumulating(*overrides):
     """A plan settled on this CPU from a GPU render with padding-free batches: 4 rows × 4 accumulation steps."""
     c = cfg("seq_len=600", *overrides)
-    return adapt.plan_for(_ctx(), c, {**PLANNED, "global_batch": 16}), c
+    return _on_cpu(c, replace(PLANNED, global_batch=16))[0], c
 
 
 def test_launch_packs_short_rows_where_accumulation_folds_and_keeps_the_rows_per_step():
     plan, c = _accumulating()
     assert (plan.per_device_batch, plan.grad_accum, plan.batching) == (4, 4, "padding_free")
-    assert adapt.settle_batching(plan, c, mean_tokens=150) == [] and plan.batching == "packed"
-    note = adapt.fold_batch(plan, c, 150, rows_per_sequence=3.6)
+    assert settle.may_pack(plan, c, 150)
+    folded, notes = settle.for_data(plan, c, settle.RowStats(150, rows_per_sequence=3.6))
     # 4 sequences of 3.6 rows in one micro-batch: 14.4 rows a step where 16 were asked, one forward instead of 4.
-    assert (plan.per_device_batch, plan.grad_accum, plan.global_batch) == (4, 1, 4)
-    assert "micro-batch 4 × accumulation 4 → 4 sequences × 1" in note and "~14 rows (16 unpacked)" in note
+    assert (folded.batching, folded.per_device_batch, folded.grad_accum, folded.global_batch) == ("packed", 4, 1, 4)
+    assert "micro-batch 4 × accumulation 4 → 4 sequences × 1" in notes[0] and "~14 rows (16 unpacked)" in notes[0]
 
 
 @pytest.mark.parametrize("per_device,accum,world,rows,expected", [
@@ -204,24 +209,24 @@ def test_folded_batch_keeps_the_rows_per_step_in_fewer_micro_batches(per_device,
 
 
 def test_launch_does_not_pack_without_accumulation_under_unsloth_or_when_batching_is_set():
-    plan = adapt.plan_for(_ctx(), cfg("seq_len=600"), PLANNED)  # 4 × 1: nothing to fold
-    assert adapt.settle_batching(plan, cfg("seq_len=600"), 150) == [] and plan.batching == "padding_free"
+    plan, _ = _on_cpu(cfg("seq_len=600"))  # 4 × 1: nothing to fold
+    assert not settle.may_pack(plan, cfg("seq_len=600"), 150)
+    assert settle.for_data(plan, cfg("seq_len=600"), settle.RowStats(150)) == (plan, [])
     plan, c = _accumulating()
-    plan.backend = "unsloth"  # packing not measured against padding-free under Unsloth
-    assert adapt.settle_batching(plan, c, 150) == [] and plan.batching == "padding_free"
+    plan = replace(plan, backend="unsloth")  # packing not measured against padding-free under Unsloth
+    assert not settle.may_pack(plan, c, 150) and settle.for_data(plan, c, settle.RowStats(150)) == (plan, [])
     plan, c = _accumulating("batching=padding_free")
-    assert adapt.settle_batching(plan, c, 150) == [] and plan.batching == "padding_free"
+    assert not settle.may_pack(plan, c, 150) and settle.for_data(plan, c, settle.RowStats(150)) == (plan, [])
 
 
 def test_a_fold_that_keeps_no_rows_per_step_goes_back_to_padding_free():
     plan, c = _accumulating()
-    adapt.settle_batching(plan, c, 150)
-    assert adapt.fold_batch(plan, c, 150, rows_per_sequence=1.2) is None
+    assert settle.for_data(plan, c, settle.RowStats(150, rows_per_sequence=1.2)) == (plan, [])
     assert (plan.batching, plan.per_device_batch, plan.grad_accum) == ("padding_free", 4, 4)
 
 
 def test_launch_packs_the_real_rows_and_folds_the_plan(tmp_path):
-    """data.settle_batching on the embedded data with the embedded tokenizer: rows packed, plan folded."""
+    """settle.for_data on the embedded data with the embedded tokenizer: rows packed, plan folded."""
     from transformers import AutoTokenizer
 
     from kit.train import data
@@ -230,9 +235,11 @@ def test_launch_packs_the_real_rows_and_folds_the_plan(tmp_path):
     c = config.load(ROOT / "configs" / "default.yaml", [])
     tok = AutoTokenizer.from_pretrained(ROOT / c.model)
     prepared = data.prepare(c, tok)
-    plan = adapt.plan_for(_ctx(), c, {**PLANNED, "per_device_batch": 8, "global_batch": 16})
+    plan, _ = _on_cpu(c, replace(PLANNED, per_device_batch=8, global_batch=16))
     assert (plan.per_device_batch, plan.grad_accum) == (8, 2)
-    rows, notes = data.settle_batching(plan, c, prepared)
+    assert settle.may_pack(plan, c, prepared.mean_tokens)
+    rows = data.packed(prepared, c.seq_len)
+    plan, notes = settle.for_data(plan, c, data.row_stats(prepared, rows))
     assert rows.packed_rows == len(prepared.train) and len(rows.train) < len(prepared.train) / 2
     assert set(rows.train.column_names) >= {"input_ids", "completion_mask", "seq_lengths"}
     assert max(len(x) for x in rows.train["input_ids"]) <= c.seq_len
@@ -240,8 +247,9 @@ def test_launch_packs_the_real_rows_and_folds_the_plan(tmp_path):
     assert plan.batching == "packed" and plan.grad_accum == 1
     assert abs(plan.per_device_batch * per_seq - 16) <= 4 and notes[0].startswith("batching packed:")
     c8 = config.load(ROOT / "configs" / "default.yaml", ["global_batch=8"])
-    same, none = data.settle_batching(adapt.plan_for(_ctx(), c8, {**PLANNED, "per_device_batch": 8}), c8, prepared)
-    assert same is prepared and none == []  # no accumulation: the rows stay as they were
+    unfolded, _ = _on_cpu(c8, replace(PLANNED, per_device_batch=8))
+    assert not settle.may_pack(unfolded, c8, prepared.mean_tokens)  # no accumulation: the rows stay as they were
+    assert settle.for_data(unfolded, c8, data.row_stats(prepared)) == (unfolded, [])
 
 
 def test_sampler_args_name_length_grouping_as_the_installed_transformers_does():
@@ -249,11 +257,13 @@ def test_sampler_args_name_length_grouping_as_the_installed_transformers_does():
 
     from transformers import TrainingArguments
 
-    grouped = adapt.plan_for(_ctx(), cfg("batching=grouped"), PLANNED)
-    args = adapt.sampler_args(grouped)
+    from kit.train import collate
+
+    grouped, _ = _on_cpu(cfg("batching=grouped"))
+    args = collate.sampler_args(grouped)
     assert set(args) <= {f.name for f in fields(TrainingArguments)} and len(args) == 1
     assert list(args.values())[0] in (True, "group_by_length")
-    assert adapt.sampler_args(adapt.plan_for(_ctx(), cfg(), PLANNED)) == {}
+    assert collate.sampler_args(_on_cpu(cfg())[0]) == {}
 
 
 def test_activation_offloading_auto_is_on_where_measured_and_the_estimate_drops_the_layer_inputs():
@@ -292,26 +302,25 @@ def test_activation_offloading_configured_and_off_on_the_cpu():
 
 
 @pytest.mark.parametrize("rank,backend,want", [
-    (adapt.RankFacts("cuda", vendor="nvidia", capability="9.0"), "transformers", (True, None)),
-    (adapt.RankFacts("cpu"), "transformers", (False, "this rank runs on the CPU")),
-    (adapt.RankFacts("cuda", vendor="nvidia", capability="9.0", installed=frozenset({"unsloth"})), "unsloth",
+    (settle.RankFacts("cuda", vendor="nvidia", capability="9.0"), "transformers", (True, None)),
+    (settle.RankFacts("cpu"), "transformers", (False, "this rank runs on the CPU")),
+    (settle.RankFacts("cuda", vendor="nvidia", capability="9.0", installed=frozenset({"unsloth"})), "unsloth",
      (False, "Unsloth offloads")),
 ])
 def test_launch_keeps_activation_offloading_only_where_it_can_run(rank, backend, want):
-    planned = {"per_device_batch": 1, "global_batch": 1, "backend": backend, "activation_offloading": True,
-               "gradient_checkpointing": True}
+    planned = Plan(strategy="single", backend=backend, activation_offloading=True, gradient_checkpointing=True)
     _settled_at_launch(planned, rank, "activation_offloading", "activation offloading off", want)
 
 
-def _settled_at_launch(planned: dict, rank, key: str, note: str, want: tuple) -> None:
+def _settled_at_launch(planned: Plan, rank, key: str, note: str, want: tuple) -> None:
     """The launch keeps planned `key` on where it can run (want[0]), else turns it off with a note
     that says why (want[1]); configured off, it stays off."""
-    launch = adapt.adapt(planned, cfg("method=lora"), rank)
+    launch, notes = settle.for_rank(planned, cfg("method=lora"), rank)
     attr = "compile_layers" if key == "compile" else key
     assert getattr(launch, attr) == want[0]
-    notes = [n for n in launch.notes if n.startswith(note)]
+    notes = [n for n in notes if n.startswith(note)]
     assert (want[1] is None and not notes) or (want[1] is not None and want[1] in notes[0])
-    assert not getattr(adapt.adapt(planned, cfg("method=lora", f"{key}=off"), rank), attr)
+    assert not getattr(settle.for_rank(planned, cfg("method=lora", f"{key}=off"), rank)[0], attr)
 
 
 def test_compile_auto_is_on_where_measured_with_the_numbers_and_how_to_turn_it_off():
@@ -358,19 +367,18 @@ def test_compile_auto_says_nothing_on_the_cpu():
     ("on", 1, 1, (True, None)),  # configured: compiled however short (a smoke run, a benchmark)
 ])
 def test_script_runs_a_job_too_short_to_repay_compiling_eagerly(setting, steps_left, accum, want):
-    launch = adapt.adapt({"per_device_batch": 1, "global_batch": accum, "backend": "transformers",
-                          "compile_layers": True, "strategy": "single"},
-                         cfg("method=lora", f"compile={setting}"), adapt.RankFacts("cuda", vendor="nvidia", capability="9.0"))
+    launch, _ = settle.for_rank(Plan(global_batch=accum, compile_layers=True, strategy="single"),
+                                cfg("method=lora", f"compile={setting}"),
+                                settle.RankFacts("cuda", vendor="nvidia", capability="9.0"))
     assert launch.grad_accum == accum and launch.compile_layers
-    notes = adapt.settle_compile(launch, cfg("method=lora", f"compile={setting}"), steps_left)
-    assert launch.compile_layers == want[0]
+    settled, notes = settle.for_steps(launch, cfg("method=lora", f"compile={setting}"), steps_left)
+    assert settled.compile_layers == want[0] and launch.compile_layers
     assert (want[1] is None and not notes) or (want[1] in notes[0] and "compile=on compiles anyway" in notes[0])
 
 
 def test_settling_compile_leaves_a_plan_without_it_alone():
-    launch = adapt.adapt({"per_device_batch": 1, "global_batch": 1, "backend": "transformers"}, cfg("method=lora"),
-                         adapt.RankFacts("cpu"))
-    assert not launch.compile_layers and adapt.settle_compile(launch, cfg("method=lora"), 1) == []
+    launch, _ = settle.for_rank(Plan(strategy="single"), cfg("method=lora"), settle.RankFacts("cpu"))
+    assert not launch.compile_layers and settle.for_steps(launch, cfg("method=lora"), 1) == (launch, [])
 
 
 @pytest.mark.parametrize("facts,extra,on,off_why", [
@@ -388,16 +396,15 @@ def test_compile_on_is_kept_where_it_can_run_and_says_why_not_elsewhere(facts, e
 
 
 @pytest.mark.parametrize("rank,backend,strategy,want", [
-    (adapt.RankFacts("cuda", vendor="nvidia", capability="9.0"), "transformers", "ddp", (True, None)),
-    (adapt.RankFacts("cpu"), "transformers", "ddp", (False, "this rank runs on the CPU")),
-    (adapt.RankFacts("cuda", vendor="nvidia", capability="9.0", installed=frozenset({"unsloth"})), "unsloth", "ddp",
+    (settle.RankFacts("cuda", vendor="nvidia", capability="9.0"), "transformers", "ddp", (True, None)),
+    (settle.RankFacts("cpu"), "transformers", "ddp", (False, "this rank runs on the CPU")),
+    (settle.RankFacts("cuda", vendor="nvidia", capability="9.0", installed=frozenset({"unsloth"})), "unsloth", "ddp",
      (False, "Unsloth compiles its own")),
-    (adapt.RankFacts("cuda", vendor="nvidia", capability="9.0", world_size=2, under_torchrun=True), "transformers",
+    (settle.RankFacts("cuda", vendor="nvidia", capability="9.0", world_size=2, under_torchrun=True), "transformers",
      "fsdp", (False, "strategy fsdp")),
 ])
 def test_launch_compiles_the_layers_only_where_it_was_measured(rank, backend, strategy, want):
-    planned = {"per_device_batch": 1, "global_batch": rank.world_size, "backend": backend, "compile_layers": True,
-               "strategy": strategy}
+    planned = Plan(global_batch=rank.world_size, backend=backend, compile_layers=True, strategy=strategy)
     _settled_at_launch(planned, rank, "compile", "compile off", want)
 
 

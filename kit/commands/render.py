@@ -64,12 +64,10 @@ def render_for(cfg, config_path: str, facts: dict, gpus_spec: str | None = None,
 
     plan = make_plan(facts, cfg)
     assert plan.strategy in RENDERABLE, plan.strategy
-    planned = plan.to_dict()
-    planned["gpu_name"] = plan.gpu
     rerender = render.rerender_command(config_path, machine_args(args) if args is not None else
                                        (["--gpus", gpus_spec] if gpus_spec else []),
                                        getattr(args, "overrides", None) or (), output)
-    return render.render(cfg, planned, config_path, machine_words(facts, gpus_spec), rerender, output), plan
+    return render.render(cfg, plan, config_path, machine_words(facts, gpus_spec), rerender, output), plan
 
 
 def run(args) -> int:

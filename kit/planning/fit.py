@@ -82,11 +82,13 @@ def strategies(cfg, n: int, nodes: int = 1, device: str = "cuda") -> list[tuple]
 
 
 def fit(model, cfg, precision, quantized, optimizer, n, budget, device="cuda", loop=None,
-        nodes=1, ram=None, why=None):
+        nodes=1, ram=None, why=None, speed=None):
     """First (strategy, world, per_device_batch, checkpointing, estimate) that fits, or None.
 
     `ram`: host RAM per node for loading (None: not checked); `why`: a list that collects why a
-    strategy was passed over for something other than GPU memory in training.
+    strategy was passed over for something other than GPU memory in training; `speed`: a function
+    of (strategy, checkpointing) giving memory.estimate's keywords for the speed choices made for
+    that candidate (batching, activation offloading), so each is estimated as it would run.
     """
     from kit.planning import hostram
 
@@ -116,9 +118,10 @@ def fit(model, cfg, precision, quantized, optimizer, n, budget, device="cuda", l
             batches = [b for b in batches if cfg.global_batch % (b * world) == 0]
         for b in batches:
             for gc in gcs:
+                run = {**(loop or {}), **(speed(strategy, gc) if speed else {})}
                 est = memory.estimate(model, cfg, precision, b, gc, quantized,
                                       world_size=n if sharding == "layers" else world,
-                                      sharding=sharding, optimizer=optimizer, device=device, **(loop or {}))
+                                      sharding=sharding, optimizer=optimizer, device=device, **run)
                 if est.total_bytes <= budget:
                     return strategy, world, b, gc, est
     return None

@@ -11,12 +11,13 @@ plan (reasons include the cheapest change that would fit), so `kit plan --json` 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from types import SimpleNamespace
 
 from kit.errors import CannotTrain, UsageError
 from kit.machine import gpu_table, verdicts
 from kit.machine.command import launch_command
-from kit.planning import hostram, memory, plan_words, precision, shapes, speed, tracking, trainers
+from kit.planning import device_rules, hostram, memory, plan_words, precision, shapes, speed, tracking, trainers
 from kit.planning.measured import MEASURED
 from kit.planning.names import check_data
 from kit.planning import nodes as nodes_mod
@@ -29,9 +30,11 @@ CPU_ASSUMED_RAM = 8 * GIB  # a CPU plan's budget where the machine's RAM is unkn
 __all__ = ["Plan", "batch_for_world", "make_plan"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
-    """How to run a config on a machine (see docs/CONTRACTS.md)."""
+    """How to run a config on a machine (see docs/CONTRACTS.md): decided once by `make_plan`, written
+    whole into train_ddp.py as its PLAN (`to_dict`, read back by `from_dict`), and changed after that
+    only by the pure settling functions of `kit.planning.settle`, each change a note."""
 
     precision: str = "fp32"
     strategy: str = "none"          # single | ddp | fsdp | model_parallel | none
@@ -48,18 +51,57 @@ class Plan:
     activation_offloading: bool = False  # checkpointed layer inputs kept in pinned CPU memory (kit.planning.speed)
     compile_layers: bool = False    # torch.compile of each decoder layer (kit.planning.speed)
     quantization: str | None = None  # "nf4" for QLoRA / a bnb-4bit checkpoint
+    prequantized: bool = False      # the base checkpoint itself is 4-bit (so any method trains on a 4-bit base)
+    reference: str | None = None    # dpo/kto: adapter_disabled | precomputed | model_copy (kit.planning.trainers)
     memory: dict = field(default_factory=lambda: {"per_gpu_bytes": 0, "budget_bytes": 0, "terms": {}})
-    reasons: list = field(default_factory=list)
+    reasons: tuple = ()
     launch: str = ""
     model: str = ""
     gpu: str = ""
     gpus: int = 0                   # GPUs used per node (model parallel: all of them, in one process)
     nodes: int = 1                  # machines; nproc is per node
-    node_launch: list = field(default_factory=list)  # with nodes > 1: one torchrun command per node
+    node_launch: tuple = ()         # with nodes > 1: one torchrun command per node
     snippets: dict = field(default_factory=dict)     # with nodes > 1: {"slurm": ..., "skypilot": ...}
+
+    @property
+    def packed_as_rows(self) -> bool:
+        """Packed sequences batched as rows, each with its own block-diagonal mask (kit.train.collate)."""
+        return self.batching == "packed" and self.backend == "transformers"
+
+    @property
+    def padding_free(self) -> bool:
+        """Whether TRL lays a micro-batch's rows end to end as one sequence (Unsloth's packed batches too)."""
+        return self.batching == "padding_free" or (self.batching == "packed" and not self.packed_as_rows)
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Plan":
+        """The plan `to_dict` wrote (a script's PLAN; one rendered by an older kit holds fewer keys,
+        the others take their defaults).
+
+        Raises:
+            UsageError: a key that is no field of a plan (an edited PLAN).
+        """
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(k for k in d if k not in names)
+        if unknown:
+            raise UsageError(f"the plan has unknown key(s) {', '.join(map(repr, unknown))}: re-render the script "
+                             "(python -m kit render …)")
+        return cls(**{k: tuple(v) if k in ("reasons", "node_launch") else v for k, v in d.items()})
+
+
+class _Draft:
+    """The plan while `make_plan` decides it, field by field; `freeze` is the Plan it comes to."""
+
+    def __init__(self, **values):
+        self.__dict__.update({f.name: getattr(Plan(), f.name) for f in fields(Plan)}, **values)
+        self.reasons, self.node_launch = list(self.reasons), list(self.node_launch)
+        self.memory = dict(self.memory)
+
+    def freeze(self) -> Plan:
+        return Plan.from_dict(dict(self.__dict__))
 
 
 def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
@@ -68,6 +110,10 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
 
     `nodes`: that many machines like `facts` (GPUs per node), started by torchrun's c10d
     rendezvous at `rdzv_endpoint` (HOST:PORT of node 0; default $MASTER_ADDR:29500).
+
+    One pass: the speed choices (backend, batching, kernels, activation offloading, compiled layers)
+    are made for each candidate strategy and checkpointing the search tries, and the memory of each
+    is estimated for exactly those choices; the first that fits is the plan, with that estimate.
 
     Raises:
         CannotTrain: the hardware cannot run it or it does not fit (`.plan` holds the "none" plan).
@@ -81,7 +127,7 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
     shapes.check_seq_len(cfg, model.max_position)
     check_data(cfg.data.path)
     trainers.check(cfg)  # settings the trainer's TRL trainer cannot run: before any plan
-    plan = Plan(model=cfg.model)
+    plan = _Draft(model=cfg.model, prequantized=model.prequantized is not None, reference=trainers.reference(cfg)[0])
     plan.reasons.append(f"{cfg.model}: {plan_words.count(model.params)} parameters, {model.layers} layers, vocab "
                         f"{model.vocab} (from {model.source}).")
     # A tracker the machine's facts show missing: refused here, as the script refuses it at launch.
@@ -95,7 +141,7 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
     if not facts.gpus:
         if nodes > 1:
             raise UsageError(f"--nodes {nodes} on CPU-only machines: multi-node training is for GPU machines")
-        return _cpu_plan(facts, cfg, model, plan, nproc)
+        return _cpu_plan(facts, cfg, model, plan, nproc, quantized)
 
     plan.gpu, plan.gpus = _machine_gpus(facts.gpus), len(facts.gpus)  # what a refusal below was planned for
     v = verdicts.judge(facts)
@@ -127,24 +173,32 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
     # A preference trainer pads its batches: the SFT batching reasons would only be taken back.
     plan.batching = speed.batching(cfg, gpu, plan.reasons if cfg.trainer == "sft" else [])
     trainers.plan_rules(cfg, plan, plan.reasons)
-    loop = {**training_loop(facts), "batching": plan.batching}
+    loop = training_loop(facts)
+    chosen = {}  # (strategy, checkpointing) -> the speed choices for it; the same pure rules each time
+
+    def choices(strategy: str, gc: bool, reasons: list | None = None) -> dict:
+        if reasons is not None or (strategy, gc) not in chosen:
+            chosen[strategy, gc] = _speed(cfg, facts, gpu, model, plan.batching, strategy, gc,
+                                          [] if reasons is None else reasons)
+        return chosen[strategy, gc]
+
     ram, why = hostram.budget(facts.ram_bytes), []
     found = fit(model, cfg, plan.precision, quantized, plan.optimizer, n, budget, loop=loop,
-                nodes=nodes, ram=ram, why=why)
+                nodes=nodes, ram=ram, why=why, speed=lambda strategy, gc: _as_run(choices(strategy, gc), strategy, gc))
     plan.memory["budget_bytes"] = budget
     plan.nodes = nodes
     if found is None:
         gc = cfg.gradient_checkpointing != "off"  # show what the smallest replica would need
         est = memory.estimate(model, cfg, plan.precision, cfg.per_device_batch or 1, gc, quantized,
-                              world_size=n, optimizer=plan.optimizer, **loop)
+                              world_size=n, optimizer=plan.optimizer, **loop, batching=plan.batching)
         plan.memory.update(per_gpu_bytes=est.total_bytes, allocated_bytes=est.allocated_bytes, terms=est.terms,
                            notes=[f"one replica at micro-batch {cfg.per_device_batch or 1}"] + est.notes)
         how = " with one full replica per GPU" if cfg.strategy == "ddp" and n > 1 else ""
         where = f"{nodes} nodes of {n}× {gpu['name']}" if nodes > 1 else f"{n}× {gpu['name']}"
         passed = f" (passed over {'; '.join(why)})" if why else ""
         _refuse(plan, f"{cfg.model} ({cfg.method}, seq_len {cfg.seq_len}) does not fit on {where}{how}{passed}: "
-                      + cheaper_change(model, cfg, plan.precision, plan.optimizer, n, budget, gpu["name"], loop,
-                                        nodes=nodes, ram=ram))
+                      + cheaper_change(model, cfg, plan.precision, plan.optimizer, n, budget, gpu["name"],
+                                        {**loop, "batching": plan.batching}, nodes=nodes, ram=ram))
     strategy, world, pdb, gc, est = found
     plan.strategy, plan.device, plan.gradient_checkpointing = strategy, "cuda", gc
     plan.per_device_batch, plan.grad_accum, plan.global_batch = batch_for_world(cfg, pdb, world)
@@ -156,26 +210,9 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
     plan.reasons += plan_words.strategy_reasons(strategy, n if strategy == "model_parallel" else world, gpu["name"],
                                                 est, budget, model, cfg, gc, quantized, plan, why)
     plan.reasons.append(plan_words.host_words(model, strategy, quantized, plan.nproc, cfg, ram, nodes))
-    plan.backend = trainers.backend(cfg, _backend(cfg, facts, gpu, strategy, plan.reasons), plan.reasons)
-    if plan.backend == "unsloth" and (speed.unsloth_batching(cfg, plan.batching, plan.reasons) != plan.batching
-                                      or plan.batching == "packed"):
-        if plan.batching != "packed":
-            plan.batching = "padded"  # and the estimate without the padding-free mask (Unsloth is single-GPU here)
-        # Unsloth's trainer lays packed sequences end to end (kit.train.collate keeps them rows only without it).
-        est = memory.estimate(model, cfg, plan.precision, pdb, gc, quantized, world_size=world,
-                              optimizer=plan.optimizer, **{**loop, "batching": plan.batching}, packed_as_rows=False)
-        plan.memory.update(per_gpu_bytes=est.total_bytes, allocated_bytes=est.allocated_bytes, terms=est.terms,
-                           notes=est.notes)
-    plan.kernels = speed.kernels(cfg, facts, gpu, plan.backend, model.model_type, plan.reasons)
-    plan.activation_offloading = speed.activation_offloading(cfg, gpu, plan.backend, strategy, gc, plan.reasons)
-    if plan.activation_offloading and plan.backend == "transformers" and strategy in ("single", "ddp") and gc:
-        est = memory.estimate(model, cfg, plan.precision, pdb, gc, quantized, world_size=world,
-                              optimizer=plan.optimizer, **{**loop, "batching": plan.batching},
-                              activation_offloading=True)
-        plan.memory.update(per_gpu_bytes=est.total_bytes, allocated_bytes=est.allocated_bytes, terms=est.terms,
-                           notes=est.notes)
-    plan.compile_layers = speed.compile_layers(cfg, gpu, plan.backend, strategy, plan.reasons)
-    trainers.plan_rules(cfg, plan, [])  # compiled layers: off for a preference trainer (its reason said above)
+    # The speed choices the estimate above was made for, now with their reasons.
+    for key, value in choices(strategy, gc, plan.reasons).items():
+        setattr(plan, key, value)
     plan.launch = _launch(strategy, plan.nproc, usable, facts, gpu)
     if nodes > 1:
         run_id = "kit-" + "".join(ch if ch.isalnum() else "-" for ch in cfg.model.split("/")[-1].lower())
@@ -189,7 +226,31 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
                             f"rendezvous at {endpoint}; only global rank 0 talks to the store, each node downloads the "
                             "model and data once and keeps its own output_dir; a node that dies ends the job (non-zero "
                             "exit), and the same commands resume it.")
-    return plan
+    return plan.freeze()
+
+
+def _speed(cfg, facts, gpu, model, batching: str, strategy: str, gc: bool, reasons: list) -> dict:
+    """The speed choices for one candidate of the search (its strategy and checkpointing), each with
+    its reason: the backend, the batching as that backend runs it, Liger's kernels, activation
+    offloading and compiled layers, and what the trainer overrides of them."""
+    backend = trainers.backend(cfg, _backend(cfg, facts, gpu, strategy, reasons), reasons)
+    if backend == "unsloth":  # Unsloth's trainer lays packed sequences end to end (kit.train.collate)
+        batching = speed.unsloth_batching(cfg, batching, reasons)
+    kernels = speed.kernels(cfg, facts, gpu, backend, model.model_type, reasons)
+    offloading = speed.activation_offloading(cfg, gpu, backend, strategy, gc, reasons)
+    ruled = SimpleNamespace(batching=batching, compile_layers=speed.compile_layers(cfg, gpu, backend, strategy, reasons))
+    trainers.plan_rules(cfg, ruled, [])  # compiled layers: off for a preference trainer (its reason said before)
+    return {"backend": backend, "batching": ruled.batching, "kernels": kernels, "activation_offloading": offloading,
+            "compile_layers": ruled.compile_layers}
+
+
+def _as_run(choice: dict, strategy: str, gc: bool) -> dict:
+    """memory.estimate's keywords for what `choice` runs: its batching (packed sequences as rows only on
+    the plain stack) and the activations it offloads (TRL's offloading, under checkpointing, one replica
+    per GPU: where it was measured)."""
+    plain = choice["backend"] == "transformers"
+    return {"batching": choice["batching"], "packed_as_rows": plain,
+            "activation_offloading": choice["activation_offloading"] and plain and gc and strategy in ("single", "ddp")}
 
 
 def _machine_gpus(gpus: list[dict]) -> str:
@@ -210,42 +271,38 @@ def _as_facts(facts):
     return facts
 
 
-def _refuse(plan: Plan, message: str):
+def _refuse(plan: _Draft, message: str):
     plan.strategy = "none"
     plan.reasons.append(message if message.endswith(".") else message + ".")
     err = CannotTrain(message)
-    err.plan = plan
+    err.plan = plan.freeze()
     raise err
 
 
-def _cpu_plan(facts, cfg, model, plan: Plan, nproc) -> Plan:
+def _cpu_plan(facts, cfg, model, plan: _Draft, nproc, quantized: bool) -> Plan:
     plan.device, plan.gpu, plan.nproc = "cpu", "cpu", nproc or 1
     plan.reasons.append("CPU-only: training will be CPU-slow; fine for the tiny default.")
     if model.params > CPU_MAX_PARAMS:
         _refuse(plan, f"{cfg.model} has {model.params / 1e9:.1f}B parameters: too big to train on a CPU; "
                       "use a GPU machine (Kaggle T4×2, Colab T4) or a model under 1B")
-    if cfg.method == "qlora" or model.prequantized:
-        _refuse(plan, "4-bit QLoRA needs a GPU (bitsandbytes): use method=lora on the CPU")
-    if cfg.backend == "unsloth" and cfg.trainer == "sft":  # the script would refuse it too (kit.planning.adapt)
-        _refuse(plan, "backend=unsloth needs a CUDA GPU: use backend=auto (or transformers) on the CPU")
+    refusal = device_rules.no_gpu_refusal(cfg, quantized)  # the script refuses the same at launch
+    if refusal:
+        _refuse(plan, refusal)
     try:
         plan.precision, _ = precision.choose(cfg.precision, "cpu")
     except CannotTrain as e:
         _refuse(plan, str(e))
     if cfg.strategy == "model_parallel":
-        _refuse(plan, "strategy model_parallel splits the layers over GPUs, and this machine has none: use "
-                      "strategy=auto")
+        _refuse(plan, device_rules.MODEL_PARALLEL_WITHOUT_GPU)
     if cfg.strategy == "fsdp" and plan.nproc < 2:
         _refuse(plan, "strategy fsdp on one CPU process has nothing to shard over (FSDP on the CPU is for checking "
                       "the script, over gloo): use --nproc 2 or more, or strategy=auto")
-    plan.optimizer = "adamw_torch" if cfg.optimizer in ("auto", "adamw_8bit", "paged_adamw_8bit") else cfg.optimizer
+    plan.optimizer, swapped = device_rules.cpu_optimizer("adamw_torch" if cfg.optimizer == "auto" else cfg.optimizer)
     ram = facts.ram_bytes or CPU_ASSUMED_RAM  # ranks on a CPU share the machine's memory
     plan.batching = speed.batching(cfg, None, plan.reasons if cfg.trainer == "sft" else [])
     trainers.plan_rules(cfg, plan, plan.reasons)
     speed.activation_offloading(cfg, None, "transformers", "single", False, plan.reasons)  # its reason; off here
     speed.compile_layers(cfg, None, "transformers", "single", plan.reasons)  # its reason when configured; off here
-    if cfg.optimizer == "adamw_torch_fused":
-        plan.optimizer = "adamw_torch"  # the fused kernel is CUDA's
     loop = {**training_loop(facts), "batching": plan.batching}
     found = fit(model, cfg, plan.precision, False, plan.optimizer, plan.nproc, ram // plan.nproc, device="cpu",
                 loop=loop)
@@ -266,8 +323,10 @@ def _cpu_plan(facts, cfg, model, plan: Plan, nproc) -> Plan:
                         (f"{plan.nproc} processes over gloo" if plan.nproc > 1 else "one process") +
                         (", FSDP-sharded (checks the script's FSDP path; no memory saved: the ranks share one RAM)."
                          if plan.strategy == "fsdp" else "."))
+    if swapped and cfg.optimizer != "auto":
+        plan.reasons.append(swapped + ".")
     plan.launch = launch_command(plan.nproc)
-    return plan
+    return plan.freeze()
 
 
 def _precision(cfg, gpu, reasons, plan) -> str:

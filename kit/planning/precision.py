@@ -1,5 +1,5 @@
 """The precision rule, written once: the planner uses it for the machine it plans for, and the
-script again at launch for the device each rank actually got (`kit.planning.adapt`).
+script again at launch for the device each rank actually got (`kit.planning.settle.for_rank`).
 
 Native bf16 is a fact of the architecture (`kit.machine.verdicts.bf16_native`: NVIDIA compute
 capability ≥ 8.0, or a ROCm arch that has it), never `torch.cuda.is_bf16_supported()`, which

@@ -237,7 +237,7 @@ OFFLOAD_PAYS = 0.97  # it is for memory: "auto" takes it where it costs no speed
 
 def compile_blocked(backend: str, strategy: str) -> str | None:
     """Why compiled layers stay off on a GPU with this backend and strategy; None where they can run.
-    The planner (`compile_layers`) and the launch (kit.planning.adapt) both ask."""
+    The planner (`compile_layers`) and the launch (kit.planning.settle.for_rank) both ask."""
     if backend == "unsloth":
         return "Unsloth compiles its own decoder blocks"
     if strategy not in ("single", "ddp"):
@@ -259,7 +259,7 @@ def compile_layers(cfg, gpu: dict | None, backend: str, strategy: str, reasons: 
     step on chat-length rows, whose changing lengths cost a second compile. Compiling takes 20-45 s
     in the first steps, so "auto" compiles on bf16-native NVIDIA GPUs with the plain backend and one
     replica per GPU, and the script runs eagerly a job of fewer than COMPILE_REPAID micro-batches
-    (kit.planning.adapt.settle_compile). With Liger, inductor takes the RMSNorm over from Liger's kernel.
+    (kit.planning.settle.for_steps). With Liger, inductor takes the RMSNorm over from Liger's kernel.
     """
     if cfg.compile == "off":
         return False

@@ -1,7 +1,7 @@
 """The generated script's command line: its flags, its settings, and the plan they are trained with.
 
     args = arguments.parse(argv, CONFIG_PATH)
-    cfg, planned = arguments.settings(SETTINGS, PLAN, args)
+    cfg, plan, notes = arguments.settings(SETTINGS, PLAN, args)
 
 Without `--config` the script trains the SETTINGS and PLAN written into it, with `key=value`
 overrides on top. `--config FILE` replaces both: that config's settings, planned again by the
@@ -15,6 +15,7 @@ import argparse
 
 from kit.parser import Parser
 from kit.planning import config
+from kit.planning.plan import Plan
 
 
 def parse(argv: list[str], config_path: str) -> argparse.Namespace:
@@ -37,24 +38,26 @@ def parse(argv: list[str], config_path: str) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def settings(embedded: dict, embedded_plan: dict, args: argparse.Namespace) -> tuple[config.RunConfig, dict]:
-    """(config, plan): the embedded ones with overrides, or `--config FILE` planned for this machine.
+def settings(embedded: dict, embedded_plan: dict, args: argparse.Namespace) -> tuple[config.RunConfig, Plan, list]:
+    """(config, plan, notes): the embedded ones with overrides, or `--config FILE` planned for this
+    machine (the note says so).
 
-    Checked here, before any model loads: the settings' values, and the tracker report_to names
-    (installed here; rank 0: its key, kit.train.tracking).
+    Checked here, before any model loads: the settings' values, the embedded plan's keys, and the
+    tracker report_to names (installed here; rank 0: its key, kit.train.tracking).
     """
     if not args.config:
         cfg = config.from_dict(embedded, source="train_ddp.py SETTINGS")
         for key, value in config.parse_overrides(args.overrides or ()):
             config.set_value(cfg, key, value, source="command line")
         same_trainer(cfg, embedded)
-        planned = embedded_plan
+        plan, notes = Plan.from_dict(embedded_plan), []
     else:
         cfg = config.load(args.config, args.overrides or ())
         same_trainer(cfg, embedded)
-        planned = replan(cfg, args.config)
+        plan, note = replan(cfg, args.config)
+        notes = [note]
     _settle_tracker(cfg)
-    return cfg, planned
+    return cfg, plan, notes
 
 
 def _settle_tracker(cfg: config.RunConfig) -> None:
@@ -80,8 +83,8 @@ def steps_given(args: argparse.Namespace) -> bool:
     return config.given(args.overrides or (), "max_steps")
 
 
-def replan(cfg: config.RunConfig, source: str) -> dict:
-    """The planner's plan for `cfg` on this machine (probed without CUDA), as the script's PLAN dict.
+def replan(cfg: config.RunConfig, source: str) -> tuple[Plan, str]:
+    """The planner's plan for `cfg` on this machine (probed without CUDA), and the note that says so.
 
     Raises the planner's errors: CannotTrain (exit 3) when this machine cannot train `cfg`.
     """
@@ -105,4 +108,4 @@ def replan(cfg: config.RunConfig, source: str) -> dict:
     note = (f"--config {source}: planned for {machines} ({where}): {plan.strategy}, {plan.precision}, micro-batch "
             f"{plan.per_device_batch} × {plan.grad_accum} accumulation, gradient checkpointing "
             f"{'on' if plan.gradient_checkpointing else 'off'}")
-    return {**plan.to_dict(), "replanned": note}
+    return plan, note

@@ -12,14 +12,12 @@ from string import Template
 from kit import __version__
 from kit.machine.command import launch_command, shell_word
 from kit.planning import config, config_values
+from kit.planning.plan import Plan
 from kit.script import failed_bootstrap
 from kit.errors import UsageError, shown
 from kit.files import check_output, same_content, write_atomic
 
 TEMPLATE = Path(__file__).parent / "templates" / "train_ddp.py.tmpl"
-PLAN_KEYS = ("precision", "strategy", "device", "nproc", "per_device_batch", "grad_accum", "global_batch",
-             "gradient_checkpointing", "backend", "optimizer", "batching", "kernels", "activation_offloading",
-             "compile_layers")
 # The trainer seam: each trainer is its TRL config and trainer classes, the config's own arguments
 # (templates/trainer_args/<name>.py.tmpl, spliced into the one SFTConfig/DPOConfig/… call of the
 # template) and any line after the trainer is built. A new trainer is one row and one arguments file.
@@ -34,18 +32,22 @@ METHOD_WORDS = {"lora": "LoRA", "qlora": "QLoRA (4-bit nf4 base + LoRA)", "full"
 
 
 def _literal(value, indent: int = 0) -> str:
-    """A Python literal of `value`, one key per line for dicts that don't fit on one."""
+    """A Python literal of `value`, one key (or item) per line for dicts, lists and tuples that don't fit on one."""
     flat = repr(value)
-    if not isinstance(value, dict) or not value or len(flat) + indent < 80:
+    if not isinstance(value, (dict, list, tuple)) or not value or len(flat) + indent < 80:
         return flat
     pad = " " * (indent + 4)
-    items = "".join(f"{pad}{k!r}: {_literal(v, indent + 4)},\n" for k, v in value.items())
-    return "{\n" + items + " " * indent + "}"
+    if isinstance(value, dict):
+        items = "".join(f"{pad}{k!r}: {_literal(v, indent + 4)},\n" for k, v in value.items())
+        return "{\n" + items + " " * indent + "}"
+    items = "".join(f"{pad}{_literal(v, indent + 4)},\n" for v in value)
+    opening, closing = ("[", "]") if isinstance(value, list) else ("(", ")")
+    return opening + "\n" + items + " " * indent + closing
 
 
 def _strategy_words(plan: dict) -> str:
     n, device = plan.get("nproc", 1), plan.get("device", "cuda")
-    where = "CPU processes (gloo)" if device == "cpu" else f"GPUs ({plan.get('gpu_name', 'GPU')})"
+    where = "CPU processes (gloo)" if device == "cpu" else f"GPUs ({plan.get('gpu') or 'GPU'})"
     if plan.get("strategy") == "ddp":
         return f"DDP over {n} {where}, {plan.get('precision')}"
     if plan.get("strategy") == "fsdp":
@@ -53,7 +55,7 @@ def _strategy_words(plan: dict) -> str:
     if plan.get("strategy") == "model_parallel":
         return f"model parallel over the {where} of one process, {plan.get('precision')}"
     if plan.get("strategy") == "single":
-        one = "process on the CPU" if device == "cpu" else f"GPU ({plan.get('gpu_name', 'GPU')})"
+        one = "process on the CPU" if device == "cpu" else f"GPU ({plan.get('gpu') or 'GPU'})"
         return f"single {one}, {plan.get('precision')}"
     return f"{plan.get('strategy')} on {n} {where}, {plan.get('precision')}"
 
@@ -75,9 +77,10 @@ def rerender_command(config_path: str, machine_args=(), overrides=(), output: st
     return "python -m kit render " + " ".join(words)
 
 
-def render(cfg: config.RunConfig, plan: dict, config_path: str, machine: str, rerender: str | None = None,
+def render(cfg: config.RunConfig, plan: Plan, config_path: str, machine: str, rerender: str | None = None,
            script: str = "train_ddp.py") -> str:
-    """The text of train_ddp.py for `cfg` planned as `plan` on `machine` (words).
+    """The text of train_ddp.py for `cfg` planned as `plan` on `machine` (words); the plan is written
+    whole, as its PLAN, which `Plan.from_dict` reads back equal.
 
     `rerender` is the command printed at the top that reproduces the file; by default the one for
     this machine, no overrides, `-o train_ddp.py`. `script` is where the file goes (`-o` as given):
@@ -86,14 +89,14 @@ def render(cfg: config.RunConfig, plan: dict, config_path: str, machine: str, re
     import shlex
 
     script = shlex.quote(_in_docstring(Path(script).as_posix()))
-    kept = {k: plan[k] for k in PLAN_KEYS if k in plan}
+    kept = plan.to_dict()
     backend = kept.get("backend")
     unsloth_import = ("    import unsloth  # noqa: F401  (first: Unsloth patches transformers and trl on import)\n\n"
                       if backend == "unsloth" else "")
     config_class, trainer_class, after = TRAINERS[cfg.trainer]
     words = {  # text from the user (paths, names, overrides) that lands in the docstring and comments
         "model": cfg.model, "method_words": METHOD_WORDS[cfg.method], "config_path": Path(config_path).as_posix(),
-        "strategy_words": _strategy_words(plan), "plan_machine": machine,
+        "strategy_words": _strategy_words(kept), "plan_machine": machine,
         "rerender": rerender or rerender_command(config_path),
     }
     return Template(TEMPLATE.read_text()).substitute(

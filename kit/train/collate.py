@@ -45,6 +45,24 @@ class PackedRows:
 
 
 def settle(trainer, plan) -> None:
-    """Packed sequences batched as rows where the plan says so (`LaunchPlan.packed_as_rows`)."""
+    """Packed sequences batched as rows where the plan says so (`Plan.packed_as_rows`)."""
     if plan.packed_as_rows:
         trainer.data_collator = PackedRows(trainer.data_collator.pad_token_id)
+
+
+def sampler_args(plan) -> dict:
+    """SFTConfig arguments for length-grouped batches, in the spelling of the installed transformers.
+
+    transformers 5.2x replaced `group_by_length=True` with `train_sampling_strategy="group_by_length"`;
+    older 5.x releases (5.17 on the H200 that measured this) know only the first.
+    """
+    if plan.batching != "grouped":
+        return {}
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    if "train_sampling_strategy" in names:
+        return {"train_sampling_strategy": "group_by_length"}
+    return {"group_by_length": True}

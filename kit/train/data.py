@@ -199,20 +199,13 @@ def packed(prepared: Prepared, seq_len: int) -> Prepared:
                                packed_rows=len(prepared.train))
 
 
-def settle_batching(plan, cfg, prepared: Prepared) -> tuple[Prepared, list[str]]:
-    """With the data in hand: padding-free batches for short rows only, and where "auto" chose
-    packing to fold gradient accumulation (`kit.planning.speed.settle_batching`), the rows packed
-    and the accumulation folded. Returns the data to train on and the notes for the log."""
-    from kit.planning import adapt
+def row_stats(prepared: Prepared, packed_rows: Prepared | None = None):
+    """The train rows as the planner's batching rules read them (`kit.planning.settle.RowStats`):
+    their mean length, and with `packed_rows` (the same rows `packed`) how many a sequence holds."""
+    from kit.planning.settle import RowStats
 
-    notes = adapt.settle_batching(plan, cfg, prepared.mean_tokens)
-    if plan.batching != "packed" or prepared.packed_rows is not None:
-        return prepared, notes
-    rows = packed(prepared, cfg.seq_len)
-    note = adapt.fold_batch(plan, cfg, prepared.mean_tokens, rows.packed_rows / len(rows.train))
-    if note is None:  # no fold keeps the rows per step: padding-free batches of the rows as they were
-        return prepared, notes
-    return rows, [*notes, note, rows.summary()]
+    per_sequence = packed_rows.packed_rows / len(packed_rows.train) if packed_rows is not None else None
+    return RowStats(prepared.mean_tokens, per_sequence)
 
 
 def _mean_length(ds) -> float:

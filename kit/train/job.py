@@ -24,8 +24,10 @@ from kit.errors import KitError
 from kit.evaluation import stage
 
 class Job:
-    def __init__(self, cfg, ctx, plan, *, smoke: bool = False, force: bool = False, steps_given: bool = False):
+    def __init__(self, cfg, ctx, plan, *, notes=(), smoke: bool = False, force: bool = False,
+                 steps_given: bool = False):
         self.cfg, self.ctx, self.plan, self.smoke, self.force = cfg, ctx, plan, smoke, force
+        self.notes = list(notes)  # how the plan was settled for this rank, said once the job starts
         self.steps_given = steps_given  # max_steps from the command line: the target (resume.current_target)
         self.store = self.sync = self.lease = self._dir_lock = None
         self.decision = resume.Decision()
@@ -61,7 +63,9 @@ class Job:
         return self.decision.complete
 
     def start(self) -> None:
-        dist.same_on_every_rank({k: v for k, v in self.plan.to_dict().items() if k != "notes"}, "the plan")
+        # The decisions, not the estimate and its reasons (free GPU memory read a moment apart may differ).
+        decided = {k: v for k, v in self.plan.to_dict().items() if k not in ("memory", "reasons")}
+        dist.same_on_every_rank(decided, "the plan")
         if self.smoke:
             from kit.train.smoke import Folder
 
@@ -94,7 +98,7 @@ class Job:
         self.log(f"plan: {self.plan.precision}, {self.ctx.world_size} × {self.ctx.device.type}, "
                  f"batch {self.plan.per_device_batch} × accumulation {self.plan.grad_accum} × "
                  f"{self.ctx.world_size} = {self.plan.global_batch}; deadline: {self._deadline_words()}")
-        for note in self.plan.notes:
+        for note in self.notes:
             self.log(note)
         if self.decision.complete:
             self.log(f"already complete: step {self.decision.step} of {self.decision.max_steps} "
@@ -198,23 +202,32 @@ class Job:
             self.log(note)
 
     # -- training ---------------------------------------------------------------------------
-    def max_steps(self, n_train: int) -> int:
+    def max_steps(self, n_train: int, plan=None) -> int:
+        """The step the job trains to, for `n_train` train rows batched as `plan` says (default: the job's plan)."""
+        plan = plan or self.plan
         if self.smoke:
             self._max_steps = 1
         elif self.cfg.max_steps:
             # A job extended past the config's max_steps keeps its current target (resume.current_target).
             self._max_steps = self.decision.max_steps or self.cfg.max_steps
         else:
-            per_step = self.plan.per_device_batch * self.ctx.world_size
-            self._max_steps = max(1, math.ceil(self.cfg.epochs * math.ceil(n_train / per_step) / self.plan.grad_accum))
-        if not self.smoke and n_train < self.plan.global_batch:
+            per_step = plan.per_device_batch * self.ctx.world_size
+            self._max_steps = max(1, math.ceil(self.cfg.epochs * math.ceil(n_train / per_step) / plan.grad_accum))
+        if not self.smoke and n_train < plan.global_batch:
             # Every step would see the same few examples: say so, with the numbers, before training.
             self.log(f"warning: {n_train} training example(s), fewer than one global batch of "
-                     f"{self.plan.global_batch} ({self.plan.per_device_batch} per device × {self.plan.grad_accum} "
+                     f"{plan.global_batch} ({plan.per_device_batch} per device × {plan.grad_accum} "
                      f"accumulation × {self.ctx.world_size} process(es)): each of the {self._max_steps} steps "
                      f"repeats all of them ({self._max_steps} epochs); add data, or lower global_batch / "
                      "per_device_batch")
         return self._max_steps
+
+    def settled(self, plan, notes=()) -> None:
+        """The plan settled for the data and the job's length (`kit.planning.settle`): the one the
+        callbacks, the closing lines and the session record report; each note logged."""
+        self.plan = plan
+        for note in notes:
+            self.log(note)
 
     def _save_cost_s(self) -> float:
         upload = (self.sync.last_upload_s or 0.0) if self.sync is not None else 0.0
