@@ -233,3 +233,45 @@ def test_a_prequantized_base_under_fsdp_loads_the_same_from_the_script_and_from_
     assert (script.strategy, script.quantization) == (replanned.strategy, replanned.quantization) == ("fsdp", "nf4")
     assert sharding.loads_on_cpu(script) is sharding.loads_on_cpu(replanned) is False
     assert script == replanned
+
+
+# ---- the device rules, written once: the planner's for a CPU machine, the launch's on a CPU rank ------------
+@pytest.mark.parametrize("overrides,planned,words", [
+    (("method=qlora",), Plan(strategy="single", quantization="nf4"), "method=qlora needs a CUDA GPU"),
+    # A bnb-4bit base with method=lora: main's launch did not refuse it, and the planner said to use method=lora.
+    (("model=unsloth/Qwen3-0.6B-bnb-4bit", "method=lora"), Plan(strategy="single", prequantized=True),
+     "is a 4-bit checkpoint, and 4-bit weights need a CUDA GPU"),
+    (("backend=unsloth",), Plan(strategy="single", backend="unsloth"), "backend=unsloth needs a CUDA GPU"),
+    (("strategy=model_parallel",), Plan(strategy="model_parallel"),
+     "strategy model_parallel splits the layers over GPUs, and this machine has none"),
+])
+def test_the_planner_and_the_launch_refuse_the_same_on_a_cpu_in_the_same_words(overrides, planned, words):
+    with pytest.raises(CannotTrain) as by_planner:
+        make_plan(CPU_ONLY, cfg(*overrides))
+    with pytest.raises(CannotTrain) as at_launch:
+        settle.for_rank(planned, cfg(*overrides), CPU)
+    assert str(by_planner.value) == str(at_launch.value) and words in str(at_launch.value)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw_8bit", "paged_adamw_8bit", "adamw_torch_fused"])
+def test_a_gpu_optimizer_runs_as_adamw_torch_on_a_cpu_planned_or_launched(optimizer):
+    plan = make_plan(CPU_ONLY, cfg(f"optimizer={optimizer}"))
+    settled, notes = settle.for_rank(Plan(strategy="single", optimizer=optimizer), cfg(f"optimizer={optimizer}"),
+                                     CPU)
+    assert plan.optimizer == settled.optimizer == "adamw_torch"
+    said = [r for r in plan.reasons if r.startswith(f"optimizer {optimizer}")]
+    assert said and said[0].rstrip(".") in notes
+
+
+def test_every_change_the_launch_makes_to_the_plan_is_a_note():
+    """main changed the precision (fp16 → fp32 on a CPU) and the accumulation (for 1 process instead of 2)
+    of the rendered plan without a word; now each field that differs is named, and a rank that runs the
+    plan as rendered hears nothing."""
+    c = config.load("configs/default.yaml")
+    planned = make_plan(machine_2xt4(), c)
+    settled, notes = settle.for_rank(planned, c, CPU)
+    assert (settled.precision, settled.grad_accum) == ("fp32", 2)
+    assert any("precision fp16 → fp32" in n and "grad_accum 1 → 2" in n for n in notes)
+    as_rendered = RankFacts("cuda", world_size=2, vendor="nvidia", capability="7.5", name="Tesla T4",
+                            under_torchrun=True)
+    assert settle.for_rank(planned, c, as_rendered) == (planned, [])

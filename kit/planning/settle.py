@@ -85,15 +85,18 @@ def for_rank(plan: Plan, cfg, rank: RankFacts) -> tuple[Plan, list[str]]:
     quantization = "nf4" if cfg.method == "qlora" or plan.prequantized else None
     if not cuda and quantization:
         raise CannotTrain(device_rules.no_gpu_refusal(cfg, quantized=True))
+    said = set()  # the fields whose change a note below explains
     precision, _ = precision_rule.choose(cfg.precision, rank.device, rank.vendor, rank.capability, rank.name)
     if cfg.precision == "auto" and cuda and plan.precision not in (precision, "fp32"):
         notes.append(f"precision {precision} on this GPU (the rendered plan said {plan.precision})")
+        said.add("precision")
     # Keep the global batch the plan was made for, whatever the number of processes now.
     wanted = dataclasses.replace(cfg, global_batch=cfg.global_batch or plan.global_batch)
     per_device, accum, global_batch = batch_for_world(wanted, cfg.per_device_batch or plan.per_device_batch,
                                                       rank.world_size)
     trainers.check(cfg)  # an override the trainer cannot run (batching=packed for dpo…): one line, exit 2
     trainers.one_process_precompute(cfg, rank.world_size)
+    before = len(notes)
     backend = trainers.backend(cfg, plan.backend if cfg.backend == "auto" else cfg.backend, notes)  # dpo/kto: plain
     missing = device_rules.unsloth_missing(rank.device, rank.installed) if backend == "unsloth" else None
     if missing:
@@ -101,24 +104,52 @@ def for_rank(plan: Plan, cfg, rank: RankFacts) -> tuple[Plan, list[str]]:
             raise CannotTrain(device_rules.unsloth_refusal(rank.device, rank.installed))
         notes.append(f"Unsloth is not available here ({missing}): using the transformers backend")
         backend = "transformers"
+    said |= {"backend"} if len(notes) > before else set()
     optimizer = plan.optimizer if cfg.optimizer == "auto" else cfg.optimizer
     if not cuda:
         optimizer, swapped = device_rules.cpu_optimizer(optimizer)
         notes += [swapped] if swapped else []
+        said |= {"optimizer"} if swapped else set()
     if cfg.gradient_checkpointing == "auto":
         checkpointing = plan.gradient_checkpointing
     else:
         checkpointing = cfg.gradient_checkpointing == "on"
     batching = plan.batching if cfg.batching == "auto" else cfg.batching
+    before = len(notes)
     kernels = _kernels(cfg, rank, plan.kernels, backend, notes)
+    said |= {"kernels"} if len(notes) > before else set()
+    before = len(notes)
     strategy = _strategy(rank, cfg, plan.strategy, notes)
+    said |= {"strategy"} if len(notes) > before else set()
+    before = len(notes)
     offloading = _offloading(cfg, rank, plan.activation_offloading, backend, notes)
+    said |= {"activation_offloading"} if len(notes) > before else set()
+    before = len(notes)
     compiled = _compiled(cfg, rank, plan.compile_layers, backend, strategy, notes)
-    return replace(plan, precision=precision, per_device_batch=per_device, grad_accum=accum,
-                   global_batch=global_batch, gradient_checkpointing=checkpointing, backend=backend,
-                   optimizer=optimizer, batching=batching, kernels=kernels, strategy=strategy,
-                   quantization=quantization, activation_offloading=offloading, compile_layers=compiled,
-                   reference=trainers.reference(cfg)[0]), notes
+    said |= {"compile_layers"} if len(notes) > before else set()
+    settled = replace(plan, precision=precision, per_device_batch=per_device, grad_accum=accum,
+                      global_batch=global_batch, gradient_checkpointing=checkpointing, backend=backend,
+                      optimizer=optimizer, batching=batching, kernels=kernels, strategy=strategy,
+                      quantization=quantization, activation_offloading=offloading, compile_layers=compiled,
+                      reference=trainers.reference(cfg)[0])
+    return settled, notes + _unsaid(plan, settled, cfg, rank, said)
+
+
+# The fields `for_rank` settles (the reference follows the config alone: kit.planning.trainers.reference).
+SETTLED = ("precision", "strategy", "per_device_batch", "grad_accum", "global_batch", "gradient_checkpointing",
+           "backend", "optimizer", "batching", "kernels", "quantization", "activation_offloading", "compile_layers")
+
+
+def _unsaid(plan: Plan, settled: Plan, cfg, rank: RankFacts, said: set) -> list[str]:
+    """One note for the changes no rule above explained: what the command line set, and what the
+    device or the number of processes made of the rendered plan."""
+    changed = [f for f in SETTLED if f not in said and getattr(plan, f) != getattr(settled, f)]
+    if not changed:
+        return []
+    processes = f"{rank.world_size} process" + ("es" if rank.world_size != 1 else "")
+    where = "on the CPU" if rank.device != "cuda" else f"on {rank.name or 'this GPU'}"
+    words = ", ".join(f"{f} {getattr(plan, f)} → {getattr(settled, f)}" for f in changed)
+    return [f"plan settled for {processes} {where} and the settings given: {words}"]
 
 
 def may_pack(plan: Plan, cfg, mean_tokens: float) -> bool:
