@@ -148,10 +148,15 @@ def _words(completions, **kwargs):
     return ["good" for _ in completions]
 
 
+def _huge(completions, **kwargs):
+    return [10 ** 400 for _ in completions]
+
+
 @pytest.mark.parametrize("func, words", [
     (_broken, "the reward function _broken raised ZeroDivisionError: float division by zero"),
     (_short, f"the reward function _short returned 1 values for {N_EVAL} completions"),
     (_words, "the reward function _words returned a str; each value must be a number or None"),
+    (_huge, "the reward function _huge returned a number too large for a float"),
 ])
 def test_a_failing_reward_function_is_a_recorded_skip_naming_it(tiny, tmp_path, func, words):
     model, tok = tiny
@@ -218,6 +223,16 @@ def test_a_reward_none_everywhere_is_said_not_divided_by_zero(tmp_path):
     record = {"result": {"rows": 2, **summary}}
     assert "judge none scored" in results.words(record) and "length 3" in results.words(record)
     assert math.isfinite(summary["reward"])
+
+
+def test_nan_is_left_out_of_the_mean_as_none_is(tiny, tmp_path):
+    model, tok = tiny
+
+    def judge(completions, **kwargs):
+        return [float("nan") if i % 2 else 1.0 for i in range(len(completions))]
+
+    r = stage.measure(_cfg(tmp_path), model, tok, _prompts("text"), 4, "baseline", reward_funcs=[judge])["result"]
+    assert r["rewards"] == {"judge": 1.0} and r["scored"] == {"judge": N_EVAL // 2} and r["reward"] == 1.0
 
 
 def test_names_are_trls_and_a_repeated_name_is_numbered():

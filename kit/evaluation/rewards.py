@@ -5,8 +5,8 @@
   `_calculate_rewards`): `prompts=`, `completions=` (the decoded text for text prompts, a list
   `[{"role": "assistant", "content": text}]` for message prompts), `completion_ids=`, and every
   column of the rows but kit's own as keywords; `trainer_state` is None and `log_extra`/`log_metric`
-  do nothing, as in the dry call at start (kit.train.rewards). A None value is skipped, as TRL's
-  nanmean skips it; the mean is None when every value is None.
+  do nothing, as in the dry call at start (kit.train.rewards). A None (or NaN) value is skipped, as
+  TRL's nanmean skips it; the mean is None when every value is None.
 - reward: the mean over prompts of the sum of the functions' values (None values left out, a prompt
   every function left unscored left out), what TRL logs as `reward` during training.
 - samples: the first `eval.samples` prompts, their answers and each function's value.
@@ -122,7 +122,10 @@ def _call(func, name: str, prompts, completions, completion_ids, columns: dict) 
     if bad:
         raise RewardFailed(f"the reward function {name} returned a {type(bad[0]).__name__}; each value must be a "
                            "number or None")
-    return [None if v is None else float(v) for v in values]
+    try:  # NaN (v != v) is unscored, as TRL's nanmean leaves it out
+        return [None if v is None or v != v else float(v) for v in values]
+    except OverflowError:  # an int past float's range
+        raise RewardFailed(f"the reward function {name} returned a number too large for a float") from None
 
 
 def _prompt_ids(tokenizer, prompt) -> list[int]:
