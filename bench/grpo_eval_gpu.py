@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 from bench.grpo_speed import TOKENIZER, build_model, even_tokens  # noqa: E402
 
 GIB = 2**30
-MICRO_BATCHES = (1, 2, 8)
+MICRO_BATCHES = (2, 8)
 
 
 def length(completions, completion_ids=None, **kwargs):

@@ -118,6 +118,27 @@ def test_the_same_seed_gives_the_same_numbers_whatever_the_batch_and_leaves_trai
     assert [s["output"] for s in other["result"]["samples"]] != [s["output"] for s in first["samples"]]
 
 
+def test_out_of_gpu_memory_goes_again_in_halves_with_the_same_answers(tiny, tmp_path, monkeypatch):
+    import torch
+
+    model, tok = tiny
+    cfg, ds = _cfg(tmp_path), _prompts("text")
+    first = stage.measure(cfg, model, tok, ds, 4, "baseline", reward_funcs=[Recorder().length])["result"]
+    real, sizes = model.generate, []
+
+    def small_gpu(*args, input_ids, **kwargs):  # stands in for a GPU that has room for 3 rows (none here)
+        sizes.append(len(input_ids))
+        if len(input_ids) > 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(*args, input_ids=input_ids, **kwargs)
+
+    monkeypatch.setattr(model, "generate", small_gpu)
+    again = stage.measure(cfg, model, tok, ds, 4, "final", reward_funcs=[Recorder().length])
+    assert again["skipped"] is None and sizes[:3] == [N_EVAL, 8, 4] and max(sizes[3:]) <= 2
+    assert [s["output"] for s in again["result"]["samples"]] == [s["output"] for s in first["samples"]]
+    assert again["result"]["rewards"] == first["rewards"]
+
+
 @pytest.mark.parametrize("temperature", [0.5, 2.0])
 def test_the_noise_samples_softmax_at_the_temperature(temperature):
     import torch

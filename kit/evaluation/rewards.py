@@ -24,9 +24,9 @@ are never touched (a resumed run samples as an uninterrupted one would).
 At most `grpo.max_completion_length` new tokens, as in training, fewer only where the model's
 context (`max_position_embeddings`) ends sooner. Prompts go `GENERATE_BATCH_FACTOR` training
 micro-batches at a time (generation keeps no activations for a backward pass); out of GPU memory,
-the same prompts go again in halves, which changes no answer. A reward function that raises, returns the wrong
-number of values or a value that is not a number: `RewardFailed` naming it (the evaluation records
-it as skipped; the job is kept). Rank 0 runs this alone on the unwrapped model.
+the same prompts go again in halves, each row with the same noise. A reward function that raises,
+returns the wrong number of values or a value that is not a number: `RewardFailed` naming it (the
+evaluation records it as skipped; the job is kept). Rank 0 runs this alone on the unwrapped model.
 """
 
 from __future__ import annotations
