@@ -12,7 +12,14 @@ Recorded per training micro-batch (the evaluation generates 4 of them at a time)
 `max_memory_allocated`, each reward's mean, and the share of completions identical to those of the
 largest batch (the noise is per row, so only bf16 rounding of other batch shapes can move a token;
 random weights leave near-ties). Also: plain greedy decoding of the same prompts at the largest
-batch (what the noise costs), and whether the CUDA and CPU random states were left as they were.
+batch (what the noise costs), the noise alone per decoding step, one batch generated directly with
+and without the noise (no warm-up in it), and whether the CUDA and CPU random states were left as
+they were.
+
+Results: grpo_eval_h100.json (`--micro 8 --rows 32`, the current noise); grpo_eval_h100_batch_sizes.json
+(`--micro 2,8`, 64 rows) was measured with an earlier form of the same noise (float64, the same hash
+over 32 bits): what it shows, how far bf16 answers hold across batch shapes, does not depend on it.
+The first stage.measure of a process includes the warm-up of its first generation.
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ def main() -> int:
     from datasets import Dataset
     from transformers import AutoTokenizer
 
-    from kit.evaluation import heldout, stage
+    from kit.evaluation import heldout, rewards, stage
     from kit.planning import config
     from kit.train.data import Prepared
 
@@ -52,7 +59,9 @@ def main() -> int:
     p.add_argument("--model", default="Qwen/Qwen3-1.7B")
     p.add_argument("--rows", type=int, default=64)
     p.add_argument("--tokens", type=int, default=256)
+    p.add_argument("--micro", default=",".join(map(str, MICRO_BATCHES)), help="training micro-batches, e.g. 2,8")
     args = p.parse_args()
+    micro_batches = tuple(int(m) for m in args.micro.split(","))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = build_model(args.model if device == "cuda" else "tiny", device)
     model.eval()
@@ -95,8 +104,8 @@ def main() -> int:
                 "rng_untouched": torch.equal(torch.random.get_rng_state(), cpu_state) and (
                     cuda_state is None or torch.equal(torch.cuda.get_rng_state(), cuda_state))}
 
-    runs = [run(m) for m in sorted(MICRO_BATCHES, reverse=True)]
-    ref = seen[max(MICRO_BATCHES)]
+    runs = [run(m) for m in sorted(micro_batches, reverse=True)]
+    ref = seen[max(micro_batches)]
     for r in runs:
         mine = seen[r["micro_batch"]]
         r["identical_to_largest_batch"] = sum(a == b for a, b in zip(mine, ref)) / len(ref)
@@ -104,7 +113,7 @@ def main() -> int:
                                                           len(a)) for a, b in zip(mine, ref)) / len(ref), 1)
     prompts = [list(tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True,
                                             return_dict=True)["input_ids"]) for r in rows]
-    big = max(MICRO_BATCHES) * heldout.GENERATE_BATCH_FACTOR
+    big = max(micro_batches) * heldout.GENERATE_BATCH_FACTOR
     if device == "cuda":
         torch.cuda.synchronize()
     started = time.perf_counter()
@@ -113,10 +122,45 @@ def main() -> int:
     if device == "cuda":
         torch.cuda.synchronize()
     greedy = round(time.perf_counter() - started, 2)
+    from transformers import LogitsProcessorList
+
+    direct = {}
+    batch = prompts[:big]
+    width = max(map(len, batch))
+    x = torch.tensor([[0] * (width - len(q)) + q for q in batch], device=device)
+    att = torch.tensor([[0] * (width - len(q)) + [1] * len(q) for q in batch], device=device)
+    for name, extra in (("greedy", {}), ("noise", {"logits_processor": LogitsProcessorList([
+            rewards.GumbelNoise(cfg.seed, list(range(len(batch))), width, 1.0)])})):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        with torch.no_grad():
+            gen = model.generate(input_ids=x, attention_mask=att, max_new_tokens=args.tokens, do_sample=False,
+                                 use_cache=True, pad_token_id=0, temperature=None, top_p=None, top_k=None, **extra)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        steps = gen.shape[1] - width
+        direct[name] = {"seconds": round(time.perf_counter() - started, 2), "steps": steps,
+                        "ms_per_step": round(1000 * (time.perf_counter() - started) / max(1, steps), 2),
+                        "mean_tokens_before_eos": round(sum(next((i for i, t in enumerate(r) if t == 2), len(r))
+                                                            for r in gen[:, width:].tolist()) / len(batch), 1)}
+    noise = rewards.GumbelNoise(cfg.seed, list(range(big)), 100, cfg.grpo.temperature)
+    scores = torch.randn(big, model.config.vocab_size, device=device)
+    ids = torch.zeros(big, 101, dtype=torch.long, device=device)
+    noise(ids, scores)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(20):
+        noise(ids, scores)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    noise_ms = round((time.perf_counter() - started) / 20 * 1000, 3)
     out = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "model": args.model,
            "rows": args.rows, "completion_tokens": args.tokens, "torch": torch.__version__,
            "transformers": __import__("transformers").__version__, "runs": runs,
-           "greedy_seconds_at_largest_batch": greedy}
+           "greedy_seconds_at_largest_batch": greedy, "noise_ms_per_step_at_largest_batch": noise_ms,
+           "generate_direct_at_largest_batch": direct}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     name = "grpo_eval_" + ("h100" if "H100" in out["device"] else "h200" if "H200" in out["device"] else device)
     (Path(args.out) / f"{name}.json").write_text(json.dumps(out, indent=1))
