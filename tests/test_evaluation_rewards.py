@@ -185,6 +185,8 @@ def test_a_failing_reward_function_is_a_recorded_skip_naming_it(tiny, tmp_path, 
     record, notes = stage.before(stage.open_run(cfg, None), cfg, model, tok, _prompts("text"), None, batch_size=4,
                                  force=False, reward_funcs=[Recorder().length, func])
     assert record["result"] is None and words in record["skipped"]
+    assert results.primary(record, record) == {"name": "reward", "baseline": None, "final": None,
+                                               "higher_is_better": True}
     assert words in json.loads((Path(cfg.output_dir) / results.BASELINE_LOCAL).read_text())["skipped"]
     assert notes[-1].startswith("baseline: skipped: ") and words in notes[-1]
 

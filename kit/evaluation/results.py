@@ -71,9 +71,11 @@ def _parse(text: str | None) -> dict | None:
 
 
 def primary(baseline: dict | None, final: dict | None) -> dict:
-    """The headline number: the task metric where both have it, else eval loss (lower is better)."""
+    """The headline number: for prompt data (grpo) the mean summed reward; else the task metric where both
+    have it, else eval loss (lower is better)."""
     b, f = (baseline or {}).get("result") or {}, (final or {}).get("result") or {}
-    if "rewards" in b or "rewards" in f:  # prompt rows (kit.evaluation.rewards): the summed reward, as TRL logs it
+    if "prompts" in ((baseline or {}).get("data_format"), (final or {}).get("data_format")):
+        # prompt rows (kit.evaluation.rewards): the summed reward, as TRL logs it, measured or not
         return {"name": "reward", "baseline": b.get("reward"), "final": f.get("reward"), "higher_is_better": True}
     if (b.get("metric") or {}).get("name") and (f.get("metric") or {}).get("name"):
         return {"name": b["metric"]["name"], "baseline": b["metric"]["value"], "final": f["metric"]["value"],
