@@ -82,6 +82,19 @@ def make_pairs(path: Path, seq: int, rows: int = 64, seed: int = 0) -> Path:
     return path
 
 
+def make_kto_rows(path: Path, seq: int, rows: int = 128, seed: int = 0) -> Path:
+    """KTO rows of the same lengths: a request of ~0.4 × seq tokens and one answer of ~1.5 × seq, labelled
+    desirable or not in turn, so prompt + answer is always cut to seq tokens."""
+    rng = random.Random(seed)
+    words = lambda n: " ".join(rng.choice(WORDS) for _ in range(n))  # noqa: E731
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(rows):
+            f.write(json.dumps({"prompt": [{"role": "user", "content": words(seq // 4)}],
+                                "completion": [{"role": "assistant", "content": words(seq)}],
+                                "label": i % 2 == 0}) + "\n")
+    return path
+
+
 def env(**extra) -> dict:
     paths = [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
     caches = Path(tempfile.mkdtemp(prefix="kit-bench-cache-"))
@@ -146,16 +159,18 @@ CAP_RUNNER = ("import sys, runpy, torch; total = torch.cuda.get_device_propertie
 
 
 def run_kit(args, work: Path, gpus: str | None, cap_gib: float | None, precision: str, global_batch: int,
-            extra: tuple = ()) -> dict:
+            extra: tuple = (), config: str = "configs/dpo-tiny.yaml", data: Path | None = None,
+            per_device: int | None = None) -> dict:
+    per_device = per_device or args.pairs
     overrides = [*extra, f"model={args.model_dir}", "method=qlora" if args.model != "tiny" else "method=lora",
-                 f"seq_len={args.seq}", f"per_device_batch={args.pairs}", f"global_batch={global_batch}",
-                 "gradient_checkpointing=on", f"max_steps={args.steps}", f"data.path={args.data}",
+                 f"seq_len={args.seq}", f"per_device_batch={per_device}", f"global_batch={global_batch}",
+                 "gradient_checkpointing=on", f"max_steps={args.steps}", f"data.path={data or args.data}",
                  "data.format=auto", "data.eval_fraction=0", "learning_rate=0.0001", "warmup_steps=0",
                  "logging_steps=1", "eval_steps=null", f"save_steps={10 * args.steps}", "store=null",
                  f"output_dir={work / 'out'}", f"precision={precision}", "lora.alpha=32", "lora.dropout=0.0"]
     work.mkdir(parents=True, exist_ok=True)
     base = [sys.executable, "-m", "kit"]
-    where = ["--config", "configs/dpo-tiny.yaml"] + (["--gpus", gpus] if gpus else [])
+    where = ["--config", config] + (["--gpus", gpus] if gpus else [])
     plan = subprocess.run(base + ["plan", *where, *overrides, "--json"], cwd=ROOT, env=env(),
                           capture_output=True, text=True)
     if plan.returncode != 0:
@@ -248,6 +263,17 @@ def main() -> None:
         elif variant == "kit-no-offload":  # kit's choices but activation offloading off
             results[variant] = run_kit(args, work / variant, None, None, "auto", args.pairs,
                                        ("activation_offloading=off",))
+        elif variant == "kit-plain":  # kit's choices on the plain stack (where Unsloth is installed "auto" takes it)
+            results[variant] = run_kit(args, work / variant, None, None, "auto", args.pairs, ("backend=transformers",))
+        elif variant == "kit-compile":  # the plain stack with compiled decoder layers
+            results[variant] = run_kit(args, work / variant, None, None, "auto", args.pairs,
+                                       ("backend=transformers", "compile=on"))
+        elif variant == "kit-unsloth":
+            results[variant] = run_kit(args, work / variant, None, None, "auto", args.pairs, ("backend=unsloth",))
+        elif variant == "kto":  # kit's KTO script, automatic choices, 2 × pairs rows of the same lengths a step
+            rows = make_kto_rows(work / "kto.jsonl", args.seq)
+            results[variant] = run_kit(args, work / variant, None, None, "auto", 2 * args.pairs,
+                                       config="configs/kto-tiny.yaml", data=rows, per_device=2 * args.pairs)
         elif variant == "t4":
             results["t4"] = run_kit(args, work / "t4", "2xT4", T4_CAP_GIB, "auto", 2 * args.pairs)
             results["t4"]["cap_gib"] = T4_CAP_GIB
@@ -263,6 +289,22 @@ def main() -> None:
     if kit_peak and kit_run.get("estimate_allocated_gib"):
         results["kit_peak_vs_estimate"] = round(kit_peak / GIB / kit_run["estimate_allocated_gib"], 3)
     results["kit_tokens_per_s_own_count"] = kit_tps
+    summary = {}
+    for name, run in results.items():
+        if not isinstance(run, dict) or "session" not in run:
+            continue
+        step, peak = find(run["session"], "step_s"), find(run["session"], "peak_allocated_bytes")
+        tokens = 2 * args.pairs * args.seq  # DPO: pairs × 2 answers; KTO: 2 × pairs rows of one answer
+        row = {"step_s": step, "tokens_per_s": round(tokens / step, 1) if step else None,
+               "peak_allocated_gib": round(peak / GIB, 3) if peak else None,
+               "estimate_allocated_gib": run.get("estimate_allocated_gib"), "plan": run.get("plan")}
+        if peak and run.get("estimate_allocated_gib"):
+            row["peak_vs_estimate_allocated"] = round(peak / GIB / run["estimate_allocated_gib"], 3)
+        for base in ("trl", "trl-liger"):
+            if step and results.get(base, {}).get("tokens_per_s"):
+                row[f"vs_{base}_tokens_per_s"] = round(tokens / step / results[base]["tokens_per_s"], 3)
+        summary[name] = row
+    results["summary"] = summary
     t4_peak = find(results.get("t4", {}).get("session") or {}, "peak_allocated_bytes")
     if t4_peak and results["t4"].get("estimate_allocated_gib"):
         results["t4_peak_vs_estimate"] = round(t4_peak / GIB / results["t4"]["estimate_allocated_gib"], 3)
