@@ -2,6 +2,7 @@
 Kaggle 2×T4 plan under a T4-sized allocator.
 
     python bench/dpo_speed.py --out DIR [--model Qwen/Qwen3-8B] [--steps 12] [--variants trl,kit,t4]
+        [--work DIR]   # reuse the model (and data) built there by an earlier run
 
 One random-weight model of the shape in kit's table (seeded bf16 weights built on the GPU, saved
 next to the tiny tokenizer of models/tiny-qwen3; no downloads), QLoRA nf4 (double quantisation,
@@ -14,6 +15,11 @@ compile caches:
   kit  `kit render` of configs/dpo-tiny.yaml with the same settings and everything else automatic
        (kernels, offloading, compile, batching: the plan of this machine), run as `python train_dpo.py`.
   kit-no-offload  the same with activation_offloading=off (what offloading costs here).
+  kit-plain  backend=transformers, the rest automatic (where Unsloth is installed "auto" picks it for `kit`).
+  kit-compile  backend=transformers compile=on (each decoder layer compiled, Liger's RMSNorm left to inductor).
+  kit-unsloth  backend=unsloth (Unsloth's patched DPOTrainer, its model loading and checkpointing).
+  kto  kit's KTO script (configs/kto-tiny.yaml), automatic choices, 2 × pairs rows of one answer a step of
+       the same lengths (the same tokens a step as the DPO rows).
   t4   `kit render --gpus 2xT4` (fp16) run as one rank with torch.cuda.set_per_process_memory_fraction
        capping the allocator at a T4's usable 14.06 GiB: does it fit, peak vs kit's estimate.
 
