@@ -106,12 +106,21 @@ def test_the_same_seed_gives_the_same_numbers_whatever_the_batch_and_leaves_trai
 
     model, tok = tiny
     cfg, ds = _cfg(tmp_path), _prompts("messages")
-    state = torch.random.get_rng_state()
-    first = stage.measure(cfg, model, tok, ds, 4, "baseline", reward_funcs=[Recorder().length])["result"]
-    assert torch.equal(torch.random.get_rng_state(), state)  # the trainer's sampler RNG is not consumed
+    import random
+
+    import numpy
+
+    def noisy(completions, **kwargs):  # a reward function that draws from every generator
+        return [random.random() + numpy.random.rand() + torch.rand(1).item() for _ in completions]
+
+    state, py, np_state = torch.random.get_rng_state(), random.getstate(), numpy.random.get_state()
+    first = stage.measure(cfg, model, tok, ds, 4, "baseline", reward_funcs=[Recorder().length, noisy])["result"]
+    # The trainer's sampler and the data order are left as they were, whatever the reward functions draw.
+    assert torch.equal(torch.random.get_rng_state(), state) and random.getstate() == py
+    assert numpy.array_equal(numpy.random.get_state()[1], np_state[1])
     torch.manual_seed(1234)  # another global state: the evaluation's noise is its own
     again = stage.measure(cfg, model, tok, ds, 1, "final", reward_funcs=[Recorder().length])["result"]
-    assert again["rewards"] == first["rewards"] and again["rows_sha256"] == first["rows_sha256"]
+    assert again["rewards"]["length"] == first["rewards"]["length"] and again["rows_sha256"] == first["rows_sha256"]
     assert [s["output"] for s in again["samples"]] == [s["output"] for s in first["samples"]]
     # Sampled, not greedy: another seed draws other completions.
     other = stage.measure(_cfg(tmp_path, "seed=7"), model, tok, ds, 4, "baseline", reward_funcs=[Recorder().length])

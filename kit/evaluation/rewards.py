@@ -19,7 +19,8 @@ rule: the chosen token is argmax(logits / temperature + G), G a Gumbel noise com
 (seed, the row's index, the token position, the vocabulary index) by an integer hash. So each row
 gets the same noise before and after training, in whatever batch it is generated: the before and
 after numbers differ by the model, not by a sampler, and the training's random number generators
-are never touched (a resumed run samples as an uninterrupted one would). On a GPU in 16 bits,
+are never touched, not even by a reward function that draws random numbers (their states are put
+back): a resumed run samples as an uninterrupted one would. On a GPU in 16 bits,
 another batch shape rounds the logits differently and a near-tie can go the other way: before and
 after use the same batches (the same rows, the same micro-batch), so this happens only where a
 resume elsewhere planned another micro-batch or memory ran out (random-weight Qwen3-1.7B, where near
@@ -40,6 +41,7 @@ evaluation records it as skipped; the job is kept). Rank 0 runs this alone on th
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import numbers
 import time
@@ -91,8 +93,9 @@ def measure(model, tokenizer, rows: dict, keys: list[int], funcs, cfg, batch_siz
     completions = [[{"role": "assistant", "content": t}] for t in texts] if chat else texts
     columns = {k: list(v) for k, v in rows.items() if k not in NOT_KWARGS}
     names = reward_names(funcs)
-    values = {name: _call(func, name, prompts, completions, completion_ids, columns)
-              for name, func in zip(names, funcs)}
+    with _random_states_kept(next(model.parameters()).device):  # a reward function may draw random numbers
+        values = {name: _call(func, name, prompts, completions, completion_ids, columns)
+                  for name, func in zip(names, funcs)}
     result = {"rows": len(prompts), "rows_sha256": rows_fingerprint(ids), **summary(values),
               "decoding": {"temperature": cfg.grpo.temperature, "seed": cfg.seed,
                            "max_new_tokens": cfg.grpo.max_completion_length},
@@ -135,6 +138,23 @@ def _call(func, name: str, prompts, completions, completion_ids, columns: dict) 
         return [None if v is None or v != v else float(v) for v in values]
     except OverflowError:  # an int past float's range
         raise RewardFailed(f"the reward function {name} returned a number too large for a float") from None
+
+
+@contextlib.contextmanager
+def _random_states_kept(device):
+    """Python's, NumPy's and torch's random states (CPU and this GPU) as they were after the block."""
+    import random
+
+    import numpy
+    import torch
+
+    states = random.getstate(), numpy.random.get_state()
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            yield
+    finally:
+        random.setstate(states[0])
+        numpy.random.set_state(states[1])
 
 
 def _prompt_ids(tokenizer, prompt) -> list[int]:
