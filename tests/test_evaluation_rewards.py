@@ -178,6 +178,10 @@ def _words(completions, **kwargs):
     return ["good" for _ in completions]
 
 
+def _leaky(completions, **kwargs):
+    raise RuntimeError("bad key hf_" + "abcdefghijklmnopqrstuvwxyz0123 \x1b[31mred\nsecond line")
+
+
 def _huge(completions, **kwargs):
     return [10 ** 400 for _ in completions]
 
@@ -187,6 +191,8 @@ def _huge(completions, **kwargs):
     (_short, f"the reward function _short returned 1 values for {N_EVAL} completions"),
     (_words, "the reward function _words returned a str; each value must be a number or None"),
     (_huge, "the reward function _huge returned a number too large for a float"),
+    # one line, the token redacted, the escape shown escaped
+    (_leaky, "the reward function _leaky raised RuntimeError: bad key *** \\x1b[31mred (on 12"),
 ])
 def test_a_failing_reward_function_is_a_recorded_skip_naming_it(tiny, tmp_path, func, words):
     model, tok = tiny

@@ -47,6 +47,8 @@ import numbers
 import time
 
 from kit.evaluation.heldout import GENERATE_BATCH_FACTOR, rows_fingerprint
+from kit.redaction import redact
+from kit.shown import shown
 
 FORMATS = ("prompts",)
 # Columns the reward functions do not receive as keywords: TRL's own, and kit's row hash.
@@ -56,7 +58,11 @@ _GOLDEN = 0x9E3779B9
 
 
 class RewardFailed(Exception):
-    """A reward function failed on the evaluation's completions; the message names it."""
+    """A reward function failed on the evaluation's completions; the message names it (one line, shown,
+    a token in it redacted: it is the user's code's own text)."""
+
+    def __init__(self, message: str):
+        super().__init__(shown(redact(message), 600))
 
 
 def reward_names(funcs) -> list[str]:
