@@ -12,7 +12,6 @@ plan (reasons include the cheapest change that would fit), so `kit plan --json` 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from types import SimpleNamespace
 
 from kit.errors import CannotTrain, UsageError
 from kit.machine import gpu_table, verdicts
@@ -238,19 +237,21 @@ def _speed(cfg, facts, gpu, model, batching: str, strategy: str, gc: bool, reaso
         batching = speed.unsloth_batching(cfg, batching, reasons)
     kernels = speed.kernels(cfg, facts, gpu, backend, model.model_type, reasons)
     offloading = speed.activation_offloading(cfg, gpu, backend, strategy, gc, reasons)
-    ruled = SimpleNamespace(batching=batching, compile_layers=speed.compile_layers(cfg, gpu, backend, strategy, reasons))
-    trainers.plan_rules(cfg, ruled, [])  # compiled layers: off for a preference trainer (its reason said before)
-    return {"backend": backend, "batching": ruled.batching, "kernels": kernels, "activation_offloading": offloading,
-            "compile_layers": ruled.compile_layers}
+    said: list = []  # the compile reasons alone: a trainer's own reason replaces them (trainers.compiled)
+    compiled = trainers.compiled(cfg, speed.compile_layers(cfg, gpu, backend, strategy, said), said)
+    reasons += said
+    return {"backend": backend, "batching": batching, "kernels": kernels, "activation_offloading": offloading,
+            "compile_layers": compiled}
 
 
 def _as_run(choice: dict, strategy: str, gc: bool) -> dict:
     """memory.estimate's keywords for what `choice` runs: its batching (packed sequences as rows only on
-    the plain stack) and the activations it offloads (TRL's offloading, under checkpointing, one replica
-    per GPU: where it was measured)."""
+    the plain stack) and the layer inputs checkpointing keeps in CPU memory: TRL's activation offloading
+    (one replica per GPU: where it was measured), or Unsloth's own checkpointing (memory.UNSLOTH)."""
     plain = choice["backend"] == "transformers"
-    return {"batching": choice["batching"], "packed_as_rows": plain,
-            "activation_offloading": choice["activation_offloading"] and plain and gc and strategy in ("single", "ddp")}
+    offloaded = (choice["activation_offloading"] and strategy in ("single", "ddp") if plain else
+                 memory.UNSLOTH["offloads_checkpoints"])
+    return {"batching": choice["batching"], "packed_as_rows": plain, "activation_offloading": gc and offloaded}
 
 
 def _machine_gpus(gpus: list[dict]) -> str:
@@ -358,11 +359,19 @@ def _backend(cfg, facts, gpu, strategy, reasons) -> str:
                            "limited; use backend=transformers if it fails.")
         return "unsloth"
     if has_unsloth and gpu["vendor"] == "nvidia" and strategy == "single":
+        dpo = MEASURED["unsloth_dpo"]
         reasons.append("backend unsloth: installed and one NVIDIA GPU (measured in one run on an H200 for Qwen3-8B "
                        "QLoRA, seq_len 2048 × 4: 1.20× the tokens/s of kit's plain stack with Liger, 10,358 against "
                        "8,631, and 86 % of its memory, 8.32 against 9.65 GiB; on chat-length rows padding-free, "
                        f"1.60× its trained tokens/s, {MEASURED['unsloth_backend_vs_direct']:.3f}× Unsloth driven directly "
-                       "on the same batches; the estimate above is the plain stack's).")
+                       "on the same batches" + (
+                           f"; trainer dpo: {dpo['vs_trl']:.2f}× the tokens/s of TRL's DPOTrainer driven directly, "
+                           f"{dpo['tokens_per_s']:,} against {dpo['trl_tokens_per_s']:,}, where kit's plain stack with "
+                           f"Liger gave {dpo['plain_vs_trl']:.2f}× in the same run (H100, Qwen3-8B QLoRA, 2 pairs × "
+                           f"1,024 tokens), at {dpo['peak_gib']} against {dpo['trl_peak_gib']} GiB"
+                           if cfg.trainer == "dpo" else "")
+                       + "; the memory estimate is Unsloth's: its checkpointing keeps each layer's input in CPU "
+                       "memory).")
         return "unsloth"
     if has_unsloth and strategy != "single":
         reasons.append("backend transformers: Unsloth is installed but its multi-GPU support is limited.")
