@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -21,6 +23,40 @@ def cpu_env(**extra) -> dict:
                OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", KIT_PLATFORM="local")
     env.update({k: str(v) for k, v in extra.items()})
     return env
+
+
+@contextlib.contextmanager
+def environment(env: dict):
+    """os.environ is exactly `env` for the block (as a subprocess started with env=env would see it)."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def kit_cli(args: list[str], *, env: dict | None = None, cwd=ROOT) -> subprocess.CompletedProcess:
+    """`python -m kit ARGS` in this process, through kit.cli: its exit code, stdout and stderr.
+
+    The same command line, environment (cpu_env() unless given) and working directory as the
+    subprocess a user's shell starts, without paying ~8 s of imports per call. Tests whose point
+    is a separate process (locks held by another pid, kill -9, import-time behaviour) keep `run`.
+    """
+    from kit.cli import run as kit_run
+
+    out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
+    with environment(env or cpu_env()), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        os.chdir(cwd)
+        try:
+            code = kit_run([str(a) for a in args]).code
+        except SystemExit as e:  # argparse's --help / usage errors exit like the real command
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        finally:
+            os.chdir(here)
+    return subprocess.CompletedProcess(["kit", *map(str, args)], code, out.getvalue(), err.getvalue())
 
 
 def torchrun_cmd(script=SCRIPT, nproc: int = 2) -> list[str]:

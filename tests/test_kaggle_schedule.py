@@ -23,7 +23,7 @@ import pytest
 
 from tests.hubserver import WRITE_TOKEN, HubServer
 from tests.kaggleserver import QUOTA_MESSAGE, KaggleServer
-from tests.scripts import FAST, ROOT, cpu_env, train
+from tests.scripts import FAST, ROOT, cpu_env, kit_cli, train
 from tests.test_resume import assert_same_training
 
 pytest.importorskip("papermill")
@@ -61,6 +61,9 @@ def schedule(tmp: Path, env: dict, *extra: str, ref: str = REF, store: str = "hf
     args = ["schedule", "--kaggle", ref, "--config", "configs/default.yaml", "--kit-repo", str(ROOT),
             "--runs-dir", str(tmp / "runs"), "--poll", "0.5", "--nproc", "1", *extra, *JOB,
             f"store={store}", f"output_dir={tmp / 'local-out'}"]
+    if "--loop" not in extra:  # one session's push or refusal: in this process
+        return kit_cli(args, env=env)
+    # A loop of sessions: a subprocess, so that its timeout ends a loop that would not stop.
     return subprocess.run([sys.executable, "-m", "kit", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
