@@ -213,8 +213,9 @@ def test_a_second_scheduler_on_the_same_runs_dir_refuses(tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()
     with RunsLock(runs):  # a live scheduler: this test's own process; the second one is another process
-        r = subprocess.run([sys.executable, "-m", "kit", *schedule_args(runs, tmp_path / "out", str(tmp_path / "store"))],
-                           cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=60)
+        args = schedule_args(runs, tmp_path / "out", str(tmp_path / "store"))
+        r = subprocess.run([sys.executable, "-m", "kit", *args], cwd=ROOT, env=cpu_env(), capture_output=True,
+                           text=True, timeout=60)
     _refused(r, 2, "another `kit schedule`", f"pid {os.getpid()}")
     # What a process killed with -9 leaves (the OS dropped its lock) does not block the next one.
     (runs / ".kit-schedule.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": 2**22 + 12345}))
