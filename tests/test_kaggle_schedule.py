@@ -78,9 +78,8 @@ def whole_job(tmp_path_factory):
             KaggleServer(tmp / "kaggle", users={USER: KEY}, kernel_env=session_env(hub.url), cut_after_s=cuts) as k:
         env = kaggle_env(tmp, hub.url, k)
         done = schedule(tmp, env, "--loop")
-        shown = subprocess.run([sys.executable, "-m", "kit", "status", "--config", "configs/default.yaml", *JOB,
-                                "store=hf://me/kaggle-job", "--json", "--plot", str(tmp / "progress.png")],
-                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        shown = kit_cli(["status", "--config", "configs/default.yaml", *JOB, "store=hf://me/kaggle-job", "--json",
+                         "--plot", str(tmp / "progress.png")], env=env)
         assert shown.returncode == 0, shown.stderr
         yield {"run": done, "server": k, "tmp": tmp, "cuts": cuts, "status": json.loads(shown.stdout)}
 
@@ -90,8 +89,7 @@ def reference(tmp_path_factory):
     """The same job uninterrupted, with the script a session renders for this machine (as the kernel does)."""
     tmp = tmp_path_factory.mktemp("kaggle-reference")
     script, out = tmp / "train_ddp.py", tmp / "run"
-    rendered = subprocess.run([sys.executable, "-m", "kit", "render", "--config", "configs/default.yaml", "-o",
-                               str(script)], cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=120)
+    rendered = kit_cli(["render", "--config", "configs/default.yaml", "-o", str(script)])
     assert rendered.returncode == 0, rendered.stderr
     r = train([f"output_dir={out}", *JOB], nproc=1, script=script)
     assert r.returncode == 0, r.stderr[-3000:]
