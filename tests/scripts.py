@@ -74,6 +74,35 @@ def train(args: list[str], *, nproc: int = 2, timeout: float = 300, env: dict | 
     return run(cmd + list(args), timeout=timeout, env=env)
 
 
+def train_here(args: list[str], *, env: dict | None = None, script=SCRIPT, cwd=ROOT) -> subprocess.CompletedProcess:
+    """`python SCRIPT ARGS` in this process: the script's own __main__ block through runpy, with that
+    command line, environment (cpu_env() unless given) and working directory; its exit code, stdout and
+    stderr (an exception that escapes is printed there as Python prints it, exit code 1). For runs
+    whose separate process is not the point (no torchrun, no signal, no kill): ~8 s of imports fewer each."""
+    import runpy
+    import traceback
+
+    out, err, here, argv = io.StringIO(), io.StringIO(), os.getcwd(), sys.argv
+    with environment(env or cpu_env()), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        os.chdir(cwd)
+        sys.argv = [str(script), *map(str, args)]
+        try:
+            runpy.run_path(str(script), run_name="__main__")
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            if isinstance(e.code, str):
+                print(e.code, file=sys.stderr)
+        except Exception:  # what `python SCRIPT` would print before exiting with 1
+            traceback.print_exc()
+            code = 1
+        finally:
+            sys.argv = argv
+            os.chdir(here)
+    return subprocess.CompletedProcess([sys.executable, str(script), *map(str, args)], code, out.getvalue(),
+                                       err.getvalue())
+
+
 def kill_job(proc: subprocess.Popen, marker: str, sig: int = signal.SIGKILL) -> None:
     """Kill a whole torchrun job like a platform cutting the session: torchrun and every rank.
 
