@@ -58,6 +58,8 @@ def _shape(schema: str, rows: list[tuple[str, str, str]]) -> dict[str, list]:
                 "label": [i % 2 == 0 for i in range(len(rows))]}
     if schema == "prompt":  # GRPO & co: prompts only, the trainer generates the completions
         return {"prompt": [[{"role": "user", "content": u}] for u in user]}
+    if schema == "prompt_text":  # the same, as plain text
+        return {"prompt": user}
     if schema == "prompt_completion":
         return {"prompt": user, "completion": assistant}
     if schema == "text":
