@@ -162,3 +162,65 @@ def test_dry_run_prompts_come_in_the_format_the_notebook_reads():
 
     rows = StandIns(schema="prompt_text", extra=["answer"]).load_dataset("org/math", split="train")
     assert isinstance(rows[0]["prompt"], str) and isinstance(rows[0]["answer"], str)
+
+
+def test_dry_run_checks_the_notebooks_reward_functions_on_their_calls(tmp_path, capsys):
+    """In the dry run the notebook's own reward functions run (not stand-ins); one that raises or answers
+    in the wrong shape stopped it with a traceback from deep inside TRL's step. Now: one line naming the
+    function and its cell, exit 2."""
+    import inspect
+
+    from kit.notebooks.convert.standins import StandIns
+
+    cells = ["import re\ndef fmt(completions, **kwargs):\n    return [0.5 if re.search('#', c) else 0.0 for c in completions]",
+             "def bad(prompts, completions, answer, **kwargs):\n    return [float(a) for a in answer]",
+             FIT.replace("REWARDS", "[fmt, bad, 'org/reward-model']")]
+    code = convert_notebook(make_nb(tmp_path, cells), dry_run=True).source.split('"""', 2)[2]
+    assert "reward_funcs=kit_dry_run.rewards([fmt, bad, 'org/reward-model'], cells={'fmt': 1, 'bad': 2})" in code
+
+    def fmt(completions, **kwargs):
+        return [1.0] * len(completions)
+
+    def bad(prompts, completions, answer, **kwargs):
+        return [float(a) for a in answer]
+
+    def short(completions, **kwargs):
+        return [1.0]
+
+    def words(completions, **kwargs):
+        return ["good" for _ in completions]
+
+    stand = StandIns()
+    checked = stand.rewards([fmt, bad, short, words, "org/reward-model"], cells={"bad": 2, "short": 3})
+    assert checked[-1] == "org/reward-model" and checked[0].__name__ == "fmt"
+    assert inspect.signature(checked[1]) == inspect.signature(bad)  # TRL passes the columns it names
+    assert checked[0](prompts=["a", "b"], completions=["x", "y"]) == [1.0, 1.0]
+    for func, line in ((checked[1], "error: cell 2: the reward function `bad` raised ValueError: could not convert"),
+                       (checked[2], "error: cell 3: the reward function `short` returned 1 values for 2 completions"),
+                       (checked[3], "error: the reward function `words` returned str 'good', not a number or None")):
+        with pytest.raises(SystemExit) as stop:
+            func(prompts=["a", "b"], completions=["x", "y"], answer=["4", "four"])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and err.startswith(line) and err.count("\n") == 1, err
+
+
+@pytest.mark.slow
+def test_dry_run_of_a_grpo_notebook_with_a_broken_reward_function(tmp_path, capfd, monkeypatch):
+    """Under torchrun (2 CPU ranks, `--run`): the notebook's reward function fails on the stand-in rows in
+    the first GRPO step; the run ends with its one line naming the function and cell, and kit's exit line."""
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH", "")]))
+    cells = ["from datasets import load_dataset\nfrom trl import GRPOConfig, GRPOTrainer\n"
+             "d = load_dataset('org/math', split='train')\nd = d.map(lambda x: {'answer': x['solution']})",
+             "def numeric(completions, answer, **kwargs):\n    return [len(c) for c in completion]  # a typo",
+             "trainer = GRPOTrainer(model='Qwen/Qwen3-0.6B', reward_funcs=[numeric], train_dataset=d,\n"
+             "                      args=GRPOConfig(output_dir='o', max_steps=5, report_to='none'))\ntrainer.train()"]
+    from kit.cli import main
+
+    assert main(["convert", str(make_nb(tmp_path, cells)), "-o", "bad.py", "--dry-run", "--run"]) == 1
+    err = capfd.readouterr().err
+    assert "error: cell 2: the reward function `numeric` raised NameError: name 'completion' is not defined" in err
+    assert "error: the dry run of bad.py exited 1" in err

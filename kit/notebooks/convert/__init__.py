@@ -38,6 +38,7 @@ from kit.notebooks.convert.ports import Ports
 from kit.notebooks.convert.ranks import (Guard, barrier_statement, rank0_block, shown_result, side_effect,
                                          split_statements, writes_file)
 from kit.notebooks.convert.refusals import check_convertible, check_launched, check_written_script
+from kit.notebooks.convert.rewards import defined_cells
 from kit.machine.command import launch_command, shell_word
 from kit.notebooks.convert.script import (DOCSTRING, DRY_NOTE, OWN_TOKEN, RANK_BLOCK, TOKEN_CHECK, TRY_TEMPLATE,
                                           BlankLines, docstring, dropped_note, is_future_import, merge_main_blocks,
@@ -151,7 +152,8 @@ def _convert(path, precision, script_name, keep_global_batch, dry_run, dry_run_m
     dry = None
     if dry_run:
         extra = {k: v for k, v in (("model", dry_run_model), ("data", dry_run_data)) if v is not None}
-        dry = DryRun([t for _, t in trees], push=dry_run_push, **extra)
+        dry = DryRun([t for _, t in trees], push=dry_run_push, reward_cells={
+            name: cell for name, (cell, _) in defined_cells(trees).items()}, **extra)
 
     items, pending, found_args = [], [], False
     split_at = None

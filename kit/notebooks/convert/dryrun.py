@@ -226,9 +226,11 @@ def _family(owners: set[str]) -> str:
 class DryRun(cst.CSTTransformer):
     """Rewrites one cell for a dry run; `notes` say what changed."""
 
-    def __init__(self, trees: list[ast.Module], model: Path | None = None, data: Path = TINY_DATA, push: bool = False):
+    def __init__(self, trees: list[ast.Module], model: Path | None = None, data: Path = TINY_DATA, push: bool = False,
+                 reward_cells: dict[str, int] | None = None):
         super().__init__()
         self.push = push  # --dry-run-push: Hub writes go through, to the Hub HF_ENDPOINT names (kit's tests)
+        self.reward_cells = reward_cells or {}  # function name -> the cell that defines it
         self.plan = Plan(trees)
         self.produced, self.literals, self.schema, self.extra = (self.plan.produced, self.plan.literals,
                                                                  self.plan.schema, self.plan.extra)
@@ -353,6 +355,13 @@ class DryRun(cst.CSTTransformer):
         if short.endswith("Trainer") and kwarg(updated, "quantization_config") is not None:  # trainer loads it
             updated = drop_kwarg(updated, "quantization_config")
             self.notes.append(f"{name}: quantization_config dropped (a tiny model on any device)")
+        if short.endswith("Trainer") and (a := kwarg(updated, "reward_funcs")) is not None:
+            cells = {n: c for n, c in self.reward_cells.items() if n in code(a.value)}
+            self.notes.append(f"{short}: the notebook's reward functions checked on each call (a failure: one "
+                              "line naming the function and its cell)")
+            updated = set_kwarg(updated, "reward_funcs", code(self._helper(
+                "rewards", cst.Arg(a.value), cst.Arg(cst.parse_expression(repr(cells)), keyword=cst.Name("cells"),
+                                    equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))))))
         if name in ("pipeline", "transformers.pipeline", "LLM", "vllm.LLM") or (
                 short.endswith("Trainer") and (a := kwarg(updated, "model")) is not None
                 and isinstance(a.value, (cst.SimpleString, cst.Name))):

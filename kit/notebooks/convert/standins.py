@@ -234,6 +234,53 @@ class StandIns:
             first = next(iter(columns))
             out.write_text("".join(f"{v}\n" for v in columns[first]), encoding="utf-8")
 
+    # --- GRPO's reward functions ------------------------------------------------------------------
+
+    def rewards(self, funcs, cells=None):
+        """The notebook's own reward functions, each checked on its calls in the dry run's GRPO steps: one
+        that raises, or returns other than one number (or None) per completion, stops the run with one
+        `error:` line naming it and the cell that defines it (TRL's own error would come from deep inside
+        its step). Reward models (an id, an nn.Module) and async functions are passed as they are."""
+        import inspect
+
+        one = not isinstance(funcs, (list, tuple))
+        out = [f if not callable(f) or inspect.iscoroutinefunction(f) or hasattr(f, "forward")
+               else self._checked(f, (cells or {}).get(getattr(f, "__name__", ""))) for f in ([funcs] if one else funcs)]
+        return out[0] if one else out
+
+    def _checked(self, func, cell):
+        import functools
+
+        name = getattr(func, "__name__", "reward function")
+        where = f"cell {cell}: " if cell else ""
+
+        def stop(what: str):
+            print(f"error: {where}the reward function `{name}` {what} (the dry run's GRPO step, on stand-in "
+                  "prompts): fix it in the notebook and convert again", file=sys.stderr, flush=True)
+            raise SystemExit(2)
+
+        @functools.wraps(func)
+        def checked(*args, **kwargs):
+            completions = kwargs.get("completions", args[1] if len(args) > 1 else ())
+            try:
+                out = func(*args, **kwargs)
+            except Exception as exc:  # the notebook's code: its failure is named in one line
+                stop(f"raised {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}")
+            try:
+                values = list(out)
+            except TypeError:
+                stop(f"returned {type(out).__name__}, not a list of {len(completions)} numbers")
+            if len(values) != len(completions):
+                stop(f"returned {len(values)} values for {len(completions)} completions")
+            for v in values:
+                try:
+                    None if v is None else float(v)
+                except (TypeError, ValueError):
+                    stop(f"returned {type(v).__name__} {str(v)[:40]!r}, not a number or None")
+            return out
+
+        return checked
+
     # --- GPU-only queries -------------------------------------------------------------------------
 
     def cuda(self, name: str, *args, **kwargs):
