@@ -61,6 +61,8 @@ def test_unsloth_fast_inference_notebook_converts_to_transformers_generation(tmp
     assert "dropped fast_inference, gpu_memory_utilization, max_lora_rank" in lines[0] and WHY in lines[0]
     doc = ast.get_docstring(ast.parse(source))
     assert WHY in " ".join(doc.split()) and "fast_inference=True" in doc
+    dry = convert_notebook(UNSLOTH, dry_run=True).source  # text prompts (it builds its chats from them), short samples
+    assert "StandIns(schema='prompt_text', extra=['answer', 'solution']" in dry and "max_tokens = 8)" in dry
 
 
 def test_trl_use_vllm_is_dropped_from_the_config(tmp_path, capsys):

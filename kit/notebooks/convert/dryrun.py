@@ -396,6 +396,8 @@ class DryRun(cst.CSTTransformer):
             return self._helper("cuda", cst.Arg(cst.SimpleString(repr(short))), *updated.args)
         if short in ("generate", "fast_generate") and kwarg(updated, "max_new_tokens") is not None:
             return set_kwarg(updated, "max_new_tokens", str(MAX_NEW_TOKENS))
+        if short == "SamplingParams" and kwarg(updated, "max_tokens") is not None:  # vLLM's (kit_vllm's) spelling
+            return set_kwarg(updated, "max_tokens", str(MAX_NEW_TOKENS))
         return updated
 
     def _tiny_load(self, call: cst.Call, name: str) -> cst.Call:
