@@ -162,8 +162,11 @@ def test_dry_run_prompts_come_in_the_format_the_notebook_reads():
     assert chat.schema == "prompt"
     from kit.notebooks.convert.standins import StandIns
 
-    rows = StandIns(schema="prompt_text", extra=["answer"]).load_dataset("org/math", split="train")
-    assert isinstance(rows[0]["prompt"], str) and isinstance(rows[0]["answer"], str)
+    rows = StandIns(schema="prompt_text", extra=["answer", "expected_answer", "problem"]).load_dataset("org/math",
+                                                                                                     split="train")
+    assert isinstance(rows[0]["prompt"], str) and isinstance(rows[0]["problem"], str)
+    # a math notebook's reference answers are numbers (as text): `float(answer)` and numeric filters run
+    assert all(float(r["answer"]) > 0 and float(r["expected_answer"]) > 0 for r in rows)
 
 
 def test_dry_run_checks_the_notebooks_reward_functions_on_their_calls(tmp_path, capsys):

@@ -27,6 +27,8 @@ TINY_DATA = ROOT / "data" / "ha_commands.jsonl"
 FAMILIES = {"causal": TINY_MODEL, "masked": MODELS / "tiny-bert", "seq2seq": MODELS / "tiny-t5"}
 BUILDERS = {"json", "csv", "parquet", "text", "arrow", "imagefolder", "audiofolder", "webdataset", "pandas"}
 LABELS = {"label", "labels"}  # class ids, not text
+PROMPT_SCHEMAS = ("prompt", "prompt_text")  # GRPO & co: prompts, plus the columns the reward functions read
+REFERENCE_WORDS = ("answer", "solution")  # a GRPO reference column: a number, as math data sets have it
 HELD_OUT = 16
 # Packages that need a CUDA GPU, with a CPU stand-in here, used when the dry run has no GPU.
 CPU_PACKAGES = Path(__file__).resolve().parent / "cpu_packages"
@@ -69,11 +71,20 @@ def _shape(schema: str, rows: list[tuple[str, str, str]]) -> dict[str, list]:
 
 
 def _columns(schema: str, path: str, extra=()) -> dict[str, list]:
+    """The rows in `schema`'s columns, plus each `extra` column: class ids for a label; for GRPO's prompt
+    rows, a number as text for an answer or solution (the reference a math notebook's reward functions and
+    filters read: `float(answer)`, `pd.to_numeric(df["expected_answer"])`); else the row's text."""
     rows = _rows(path)
     columns = _shape(schema, rows)
     for name in extra:
-        if name not in columns:
-            columns[name] = [i % 2 for i in range(len(rows))] if name in LABELS else [f"{u}\n{a}" for _, u, a in rows]
+        if name in columns:
+            continue
+        if name in LABELS:
+            columns[name] = [i % 2 for i in range(len(rows))]
+        elif schema in PROMPT_SCHEMAS and any(w in name.lower() for w in REFERENCE_WORDS):
+            columns[name] = [str(len(u.split())) for _, u, _ in rows]
+        else:
+            columns[name] = [f"{u}\n{a}" for _, u, a in rows]
     return columns
 
 
