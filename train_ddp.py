@@ -138,7 +138,7 @@ def main(argv: list[str]) -> int:
     try:
         plan = adapt.plan_for(ctx, cfg, planned)  # the planner's rules again, for this device and world size
         job = Job(cfg, ctx, plan, smoke=args.smoke, force=args.force,
-                  steps_given=arguments.steps_given(args))
+                  steps_given=arguments.steps_given(args), config_path=args.config or CONFIG_PATH)
         job.start()  # rank 0 finds the newest complete checkpoint (local, then store); all ranks agree
         if job.complete:  # nothing to train; a final/ the store lacks is pushed
             ok, code = True, job.exit_code

@@ -102,10 +102,13 @@ def render(cfg, run: dict, results: dict, facts: dict) -> str:
     return "\n".join(lines)
 
 
-TRAINER_NAMES = {"sft": "SFTTrainer", "dpo": "DPOTrainer", "kto": "KTOTrainer"}
+TRAINER_NAMES = {"sft": "SFTTrainer", "dpo": "DPOTrainer", "kto": "KTOTrainer", "grpo": "GRPOTrainer"}
 
 
 def _trainer_words(cfg) -> str:
+    if cfg.trainer == "grpo":
+        return (f"GRPO on prompts, rewards {cfg.grpo.rewards}, {cfg.grpo.num_generations} completions per prompt of "
+                f"up to {cfg.grpo.max_completion_length} tokens, beta {cfg.grpo.beta:g}, loss {cfg.grpo.loss_type}")
     if cfg.trainer == "dpo":
         return f"DPO on preference pairs, beta {cfg.dpo.beta:g}, loss {cfg.dpo.loss_type}"
     return (f"KTO on answers labelled desirable or not, beta {cfg.kto.beta:g}, weights "

@@ -209,7 +209,8 @@ def activation_offloading(cfg, gpu: dict | None, backend: str, strategy: str, ch
         reasons.append(f"activation_offloading {cfg.activation_offloading} as configured.{why}")
         return on
     ratio = MEASURED["offload_vs_liger"]
-    why = ("not on a GPU" if gpu is None else
+    why = ("trainer grpo: TRL's GRPOConfig has no activation offloading" if cfg.trainer == "grpo" else
+           "not on a GPU" if gpu is None else
            "not an NVIDIA GPU" if gpu["vendor"] != "nvidia" else
            "Unsloth offloads checkpointed activations its own way" if backend == "unsloth" else
            "gradient checkpointing is off, so every activation would cross PCIe twice a step (unmeasured)"
@@ -228,7 +229,8 @@ def activation_offloading(cfg, gpu: dict | None, backend: str, strategy: str, ch
                        f"the same losses.")
         return True
     if gpu is not None:
-        reasons.append(f"activation_offloading off ({why}); activation_offloading=on turns it on.")
+        reasons.append(f"activation_offloading off ({why})" +
+                       ("." if cfg.trainer == "grpo" else "; activation_offloading=on turns it on."))
     return False
 
 
