@@ -87,6 +87,7 @@ def test_a_fixed_indivisible_batch_is_one_line_naming_the_nearest_valid_ones(cap
     ({"grpo__rewards": "rewards.py"}, "is not FILE.py:NAME"),
     ({"activation_offloading": "on"}, "TRL's GRPOConfig has no activation offloading"),
     ({"batching": "packed"}, "batching=packed is for trainer sft"),
+    ({"eval_steps": 5}, "eval_steps=5 is not for trainer grpo"),
 ])
 def test_settings_grpo_cannot_run_are_refused_at_plan_time(change, words):
     from kit.errors import UsageError

@@ -137,6 +137,11 @@ def _check_grpo(cfg) -> None:
     if cfg.activation_offloading == "on":
         raise UsageError("activation_offloading=on is not for trainer grpo: TRL's GRPOConfig has no activation "
                          "offloading; use activation_offloading=auto or off")
+    if cfg.eval_steps:
+        raise UsageError(f"eval_steps={cfg.eval_steps} is not for trainer grpo: TRL would generate num_generations "
+                         "completions for every held-out prompt at each evaluation, in batches it refuses unless they "
+                         "hold whole groups; kit measures each reward's mean on the held-out prompts before and after "
+                         "training (eval.baseline, eval.final): set eval_steps=null")
     if cfg.grpo.num_generations < 2:
         raise UsageError(grpo.batch_problem(per_device_batch=1, world_size=1, accumulation=1,
                                             num_generations=cfg.grpo.num_generations))
