@@ -357,3 +357,21 @@ def test_kill_9_then_rerun_ends_with_the_uninterrupted_adapter(script, server, t
     rewards = [[h["reward"] for h in json.loads((d / "checkpoint-12" / "trainer_state.json").read_text())
                 ["log_history"] if "reward" in h] for d in (reference, out)]
     assert rewards[0] == rewards[1]
+
+
+def test_a_rank_that_cannot_import_the_rewards_stops_with_one_line(tmp_path):
+    # The other ranks import the file rank 0 checked; one that cannot (a file only rank 0's machine has) raises
+    # the error on every rank (dist.gather) instead of leaving the others waiting in training.
+    from types import SimpleNamespace
+
+    from kit.errors import UsageError
+    from kit.train.job import Job
+
+    (tmp_path / "job.yaml").write_text("trainer: grpo\n")
+    job = Job(grpo_cfg(grpo__rewards="gone.py:ok"), SimpleNamespace(rank=1, is_main=False, world_size=2), None,
+              config_path=str(tmp_path / "job.yaml"))
+    with pytest.raises(UsageError, match=r"rank 1: rewards: .*gone.py not found"):
+        job._rewards_on_every_rank()
+    (tmp_path / "gone.py").write_text(GOOD)
+    job._rewards_on_every_rank()
+    assert [f.__name__ for f in job.reward_funcs] == ["ok"]

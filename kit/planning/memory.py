@@ -392,9 +392,9 @@ def grpo_estimate(model, cfg, precision: str, *, completions_per_device: int, pr
     seq = prompt_tokens + completion_tokens
     generated = generated_per_device or completions_per_device
     # The training pass is a supervised one over prompt + completion tokens (trainer "sft" in the estimate).
-    train = estimate(model, replace(cfg, seq_len=seq, trainer="sft"), precision, completions_per_device, gradient_checkpointing,
-                     quantized, world_size=world_size, optimizer=optimizer, device=device, fused_lm_head=True,
-                     autocast=True, qlora_bf16_adapters=qlora_bf16_adapters)
+    train = estimate(model, replace(cfg, seq_len=seq, trainer="sft"), precision, completions_per_device,
+                     gradient_checkpointing, quantized, world_size=world_size, optimizer=optimizer, device=device,
+                     fused_lm_head=True, autocast=True, qlora_bf16_adapters=qlora_bf16_adapters)
     train_terms = {k: v for k, v in train.terms.items() if k not in ("allocator_slack", "cuda_context")}
     notes = list(train.notes)
     if beta > 0 and cfg.method == "full":

@@ -94,10 +94,8 @@ class Job:
             self._release()
             raise value[0](value[1])
         self.decision, self.run = value
-        if self.cfg.trainer == "grpo" and self.reward_funcs is None:  # checked by rank 0: imported here
-            from kit.train.rewards import load_rewards
-
-            self.reward_funcs = load_rewards(self.cfg.grpo.rewards, base=self._config_folder())
+        if self.cfg.trainer == "grpo":
+            self._rewards_on_every_rank()
         self.log(f"run id: {self.run['run_id']}")
         self._localize()
         for w in self.decision.warnings:
@@ -137,6 +135,22 @@ class Job:
         self.log(f"rewards: {', '.join(f.__name__ for f in self.reward_funcs)} from {self.cfg.grpo.rewards} "
                  f"(dry-called with {len(rows['prompt'])} rows; TRL runs them on every rank, each on its own "
                  "completions)")
+
+    def _rewards_on_every_rank(self) -> None:
+        """Rank 0 checked and dry-called the reward functions; the other ranks import the same file. A rank
+        that cannot is one line on every rank (each raises it), not a rank left waiting in training."""
+        from kit.train.rewards import load_rewards
+
+        problem = None
+        if self.reward_funcs is None:
+            try:
+                self.reward_funcs = load_rewards(self.cfg.grpo.rewards, base=self._config_folder())
+            except KitError as e:
+                problem = (type(e), f"rank {self.ctx.rank}: {e}")
+        problems = [p for p in dist.gather(problem) if p is not None]
+        if problems:
+            self._release()
+            raise problems[0][0](problems[0][1])
 
     def _localize(self) -> None:
         """On several nodes each keeps its own output_dir: resume from this node's copy of the
