@@ -375,3 +375,14 @@ def test_a_rank_that_cannot_import_the_rewards_stops_with_one_line(tmp_path):
     (tmp_path / "gone.py").write_text(GOOD)
     job._rewards_on_every_rank()
     assert [f.__name__ for f in job.reward_funcs] == ["ok"]
+
+
+def test_an_epoch_of_prompts_is_num_generations_completions_of_each():
+    from types import SimpleNamespace
+
+    from kit.train.job import Job
+
+    cfg = grpo_cfg(max_steps=None, epochs=1.0)  # 4 generations, 2 completions a micro-batch, global batch 8
+    plan = SimpleNamespace(per_device_batch=2, grad_accum=2, global_batch=8)
+    job = Job(cfg, SimpleNamespace(rank=0, is_main=True, world_size=2), plan)
+    assert job.max_steps(144) == 72  # 144 prompts x 4 completions / 8 a step (before: 18, a quarter of them)

@@ -241,6 +241,8 @@ class Job:
 
     # -- training ---------------------------------------------------------------------------
     def max_steps(self, n_train: int) -> int:
+        # GRPO's batches count completions: each training prompt is answered num_generations times an epoch.
+        n_train *= self.cfg.grpo.num_generations if self.cfg.trainer == "grpo" else 1
         if self.smoke:
             self._max_steps = 1
         elif self.cfg.max_steps:
