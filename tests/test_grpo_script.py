@@ -227,11 +227,13 @@ def prompt_rows(rows) -> str:
     ({"p.jsonl": prompt_rows([{"question": "q", "answer": "x"}] * 4)}, ["data.path=p.jsonl",
                                                                         "data.columns={prompt: query}"],
      "data.columns maps prompt → 'query'"),
+    ({"p.jsonl": prompt_rows([{"prompt": f"light {i}", "completions": "x"} for i in range(4)])},
+     ["data.path=p.jsonl"], "p.jsonl has a column completions, a name TRL passes the reward functions itself"),
     ({}, ["global_batch=6"], "global_batch 6 is not a multiple of per_device_batch 2|num_generations=4"),
     ({}, ["global_batch=10", "per_device_batch=null"], "num_generations=4.*global_batch=8 or 12"),
     ({}, ["grpo.num_generations=1"], "it needs at least 2"),
-], ids=["sft-data", "prompt-not-text", "prompt-empty", "bad-role", "columns-missing", "indivisible", "indivisible-picked",
-        "one-generation"])
+], ids=["sft-data", "prompt-not-text", "prompt-empty", "bad-role", "columns-missing", "reserved-column",
+        "indivisible", "indivisible-picked", "one-generation"])
 def test_a_wrong_data_shape_or_batch_is_one_line_exit_2_before_the_model_loads(box, capfd, files, argv, want):
     for name, text in files.items():
         (box / name).write_text(text)

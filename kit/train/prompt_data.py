@@ -23,6 +23,8 @@ from kit.train.data_checks import as_messages, row_problem, split_held_out
 
 FORMAT = "prompts"
 COLUMNS = ("prompt",)
+# Keywords TRL's GRPOTrainer gives every reward function besides the data's columns.
+RESERVED = {"prompts", "completions", "trainer_state", "log_extra", "log_metric", "environments"}
 SFT_COLUMNS = {"messages", "conversations", "completion", "text", "output", "chosen", "rejected"}
 
 
@@ -77,8 +79,13 @@ def load(cfg):
 
     ds, locate = load_located(cfg.data, cfg.seq_len)
     names = detect_format(ds.column_names, cfg)
-    if "row_hash" in ds.column_names:
-        raise UsageError(f"{cfg.data.path} has a column row_hash, a name kit uses for its duplicate check: rename it")
+    taken = [c for c in ds.column_names if c in RESERVED or c == "row_hash"]
+    if taken:
+        raise UsageError(f"{cfg.data.path} has a column {taken[0]}, a name "
+                         + ("kit uses for its duplicate check" if taken[0] == "row_hash" else
+                            "TRL passes the reward functions itself (it would be given twice)")
+                         + f": rename it, e.g. with data.columns, or in the data ({', '.join(sorted(RESERVED))} and "
+                         "row_hash are taken)")
     for index, row in enumerate(ds):
         problem = row_problem_of(row, names)
         if problem:
