@@ -169,7 +169,9 @@ def kernels(cfg, facts, gpu: dict | None, backend: str, model_type: str, reasons
                            + ("" if installed else " liger-kernel is not installed there: `pip install liger-kernel`."))
         return "liger"
     ratio = MEASURED["liger_vs_plain"]
-    why = ("not on a GPU" if gpu is None else
+    why = ("trainer grpo: TRL then swaps in Liger's fused GRPO loss, which kit has not measured; kernels=liger turns "
+           "it on" if cfg.trainer == "grpo" else
+           "not on a GPU" if gpu is None else
            "not an NVIDIA GPU" if gpu["vendor"] != "nvidia" else
            "Unsloth brings its own kernels" if backend == "unsloth" else
            f"{model_type} is not a family Liger patches" if model_type not in LIGER_MODEL_TYPES else
@@ -272,6 +274,8 @@ def compile_layers(cfg, gpu: dict | None, backend: str, strategy: str, reasons: 
         return why is None
     if why is None and not (gpu["vendor"] == "nvidia" and verdicts.bf16_native(gpu["vendor"], gpu["capability"])):
         why = f"measured on an H200 only, not on {verdicts.arch_name(gpu['vendor'], gpu['capability'])}"
+    if why is None and getattr(cfg, "trainer", "sft") != "sft":  # said here, where the sft reason would be
+        why = f"trainer {cfg.trainer}: compiled layers were measured for sft only"
     if why is None:
         reasons.append(f"compile on: each decoder layer runs through torch.compile, rounding as eager does: with Liger "
                        f"and activation offloading {MEASURED['compile_offload_vs_unsloth']:.2f}× Unsloth direct's "
@@ -281,8 +285,9 @@ def compile_layers(cfg, gpu: dict | None, backend: str, strategy: str, reasons: 
                        f"(H200, Qwen3-8B QLoRA); compiling takes 20-45 s at the start, so a job of fewer than "
                        f"{COMPILE_REPAID} micro-batches runs eagerly; compile=off turns it off.")
         return True
-    if gpu is not None:
-        reasons.append(f"compile off ({why}); compile=on turns it on.")
+    if gpu is not None:  # compile=on is refused for another trainer (kit.planning.trainers.check)
+        reasons.append(f"compile off ({why})" + ("; compile=on turns it on." if getattr(cfg, "trainer", "sft") == "sft"
+                                                  else "."))
     return False
 
 
