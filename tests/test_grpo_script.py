@@ -322,7 +322,7 @@ def test_two_ranks_train_deliver_and_push_once(script, server, tmp_path):
     assert (out / "final" / "adapter_model.safetensors").is_file()
     assert "ref" not in {p.name for p in (out / "final").iterdir()}
     card = (out / "final" / "README.md").read_text()
-    assert "TRL GRPOTrainer" in card and "grpo_rewards.py:json_format,brevity" in card
+    assert "TRL GRPOTrainer" in card and "json_format" in card and "brevity" in card  # the reward functions by name
     pushed = server.files("me/grpo-tiny")
     assert "final/adapter_model.safetensors" in pushed and "final/eval_results.json" in pushed
     history = json.loads((out / "checkpoint-12" / "trainer_state.json").read_text())["log_history"]
