@@ -5,6 +5,7 @@ kill -9 and resume."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import re
@@ -19,7 +20,7 @@ import pytest
 
 from kit import cli
 from kit.planning import config, grpo, memory, shapes
-from kit.planning.adapt import RankFacts, adapt
+from kit.planning.fit import batch_for_world
 from kit.planning.plan import make_plan
 from kit.machine import gpu_table
 from tests.hubserver import WRITE_TOKEN, HubServer
@@ -60,11 +61,13 @@ def test_the_planner_picks_a_global_batch_of_whole_groups(gpus, nproc, pdb, gene
     if pdb:
         assert plan.per_device_batch == pdb
     assert any(f"num_generations={generations}" in r for r in plan.reasons)
-    # The same rule at launch, for the world size the script actually gets.
+    # The same rule at launch (the script settles the plan's global batch through fit.batch_for_world), for the
+    # number of processes the script actually gets.
+    at_launch = dataclasses.replace(cfg, global_batch=plan.global_batch)
     for world in (1, 2, 4):
-        launch = adapt(plan.to_dict(), cfg, RankFacts("cpu", world_size=world))
-        assert launch.global_batch % generations == 0
-        assert launch.per_device_batch * launch.grad_accum * world == launch.global_batch
+        per_device, accum, global_batch = batch_for_world(at_launch, cfg.per_device_batch or plan.per_device_batch,
+                                                          world)
+        assert global_batch == plan.global_batch and per_device * accum * world == global_batch
 
 
 def test_a_fixed_indivisible_batch_is_one_line_naming_the_nearest_valid_ones(capsys):
