@@ -274,8 +274,6 @@ def compile_layers(cfg, gpu: dict | None, backend: str, strategy: str, reasons: 
         return why is None
     if why is None and not (gpu["vendor"] == "nvidia" and verdicts.bf16_native(gpu["vendor"], gpu["capability"])):
         why = f"measured on an H200 only, not on {verdicts.arch_name(gpu['vendor'], gpu['capability'])}"
-    if why is None and getattr(cfg, "trainer", "sft") != "sft":  # said here, where the sft reason would be
-        why = f"trainer {cfg.trainer}: compiled layers were measured for sft only"
     if why is None:
         reasons.append(f"compile on: each decoder layer runs through torch.compile, rounding as eager does: with Liger "
                        f"and activation offloading {MEASURED['compile_offload_vs_unsloth']:.2f}× Unsloth direct's "
@@ -285,9 +283,8 @@ def compile_layers(cfg, gpu: dict | None, backend: str, strategy: str, reasons: 
                        f"(H200, Qwen3-8B QLoRA); compiling takes 20-45 s at the start, so a job of fewer than "
                        f"{COMPILE_REPAID} micro-batches runs eagerly; compile=off turns it off.")
         return True
-    if gpu is not None:  # compile=on is refused for another trainer (kit.planning.trainers.check)
-        reasons.append(f"compile off ({why})" + ("; compile=on turns it on." if getattr(cfg, "trainer", "sft") == "sft"
-                                                  else "."))
+    if gpu is not None:
+        reasons.append(f"compile off ({why}); compile=on turns it on.")
     return False
 
 

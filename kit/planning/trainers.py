@@ -148,12 +148,12 @@ def _check_grpo(cfg) -> None:
 
 
 def backend(cfg, chosen: str, reasons: list) -> str:
-    """The backend for this trainer: kit runs DPO, KTO and GRPO on the plain stack only (kit has not wired
-    and measured Unsloth's patches for them), said in the reasons."""
+    """The backend for this trainer: kit runs DPO and KTO on the plain stack only (kit has not wired and
+    measured Unsloth's preference patches), said in the reasons."""
     if chosen != "unsloth" or of(cfg).name == "sft":
         return chosen
-    reasons.append(f"backend transformers for trainer {of(cfg).name}: kit runs Unsloth for sft only (its "
-                   f"{of(cfg).name.upper()} patches are not wired into kit's script yet).")
+    reasons.append(f"backend transformers for trainer {of(cfg).name}: kit runs Unsloth for sft only (its DPO/KTO "
+                   "patches are not wired into kit's script yet).")
     return "transformers"
 
 
