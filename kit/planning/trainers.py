@@ -106,18 +106,18 @@ def check(cfg) -> None:
     t = of(cfg)
     if t.name == "sft":
         return
-    if cfg.batching not in ("auto", *t.batchings):
-        raise UsageError(f"batching={cfg.batching} is for trainer sft: TRL's {t.name.upper()}Trainer pads its "
-                         f"{'pairs' if t.sequences == 2 else 'rows'}; use batching=auto or padded")
-    if cfg.compile == "on":
-        raise UsageError(f"compile=on is for trainer sft: TRL's {t.name.upper()}Trainer patches the model's forward "
-                         "with its fused log-probability head, which kit has not measured compiled; use compile=auto")
     if not t.shards and cfg.strategy in ("fsdp", "model_parallel"):
         raise UsageError(f"strategy={cfg.strategy} is not for trainer {t.name}: each rank generates its completions "
                          "with a whole replica of the model (kit has not run TRL's generation sharded); use "
                          "strategy=auto or ddp")
     if t.name == "grpo":
         _check_grpo(cfg)
+    if cfg.batching not in ("auto", *t.batchings):
+        raise UsageError(f"batching={cfg.batching} is for trainer sft: TRL's {t.name.upper()}Trainer pads its "
+                         f"{'pairs' if t.sequences == 2 else 'rows'}; use batching=auto or padded")
+    if cfg.compile == "on":
+        raise UsageError(f"compile=on is for trainer sft: TRL's {t.name.upper()}Trainer patches the model's forward "
+                         "with its fused log-probability head, which kit has not measured compiled; use compile=auto")
     if cfg.per_device_batch is not None and cfg.per_device_batch < t.min_batch:
         raise UsageError(f"trainer={t.name} needs per_device_batch of at least {t.min_batch} (its KL term pairs each "
                          f"row with another of the same micro-batch), got {cfg.per_device_batch}")
@@ -162,10 +162,11 @@ def plan_rules(cfg, plan, reasons: list) -> None:
     t = of(cfg)
     if t.name == "sft":
         return
+    if t.name == "grpo":
+        return _grpo_rules(cfg, plan, reasons)
     if plan.batching not in t.batchings:
-        reasons.append(f"batching padded for trainer {t.name}: TRL's {t.name.upper()}Trainer pads its batches" +
-                       (" (prompts on the left, completions on the right)." if t.name == "grpo" else
-                        " (its padding_free falls back to padding)."))
+        reasons.append(f"batching padded for trainer {t.name}: TRL's {t.name.upper()}Trainer pads its batches "
+                       "(its padding_free falls back to padding).")
         plan.batching = "padded"
     if plan.compile_layers:
         reasons.append(f"compile off for trainer {t.name}: its fused log-probability head patches the forward; "
@@ -173,17 +174,29 @@ def plan_rules(cfg, plan, reasons: list) -> None:
         plan.compile_layers = False
     kind, why = reference(cfg)
     reasons.append(why + ".")
-    if t.name == "grpo":
-        reasons.append(f"grpo: the global batch counts completions and holds whole groups of num_generations="
-                       f"{cfg.grpo.num_generations} (TRL compares a prompt's completions with each other); "
-                       + ("with global_batch null kit makes it the smallest multiple of per_device x ranks that does, "
-                          "through accumulation steps." if cfg.global_batch is None else
-                          f"global_batch={cfg.global_batch} as configured."))
-        reasons.append("grpo generation: transformers' generate in TRL's GRPOTrainer; on CUDA kit switches it to a "
-                       "static KV cache and compiled one-token decoding (kit.train.generation, measured 0.21x TRL's "
-                       "step time on an H100), eager decoding elsewhere; vLLM is not used (it would generate in its "
-                       "own memory outside PyTorch's allocator, with paged attention, and TRL would copy the adapter "
-                       "into it every step).")
+
+
+def _grpo_rules(cfg, plan, reasons: list) -> None:
+    """`plan_rules` for grpo: padded batches, no compiled layers, the reference, the batch rule and the generation."""
+    if plan.batching != "padded":
+        reasons.append("batching padded for trainer grpo: TRL's GRPOTrainer pads its batches (prompts on the left, "
+                       "completions on the right).")
+        plan.batching = "padded"
+    if plan.compile_layers:
+        reasons.append("compile off for trainer grpo: compiled decoder layers were measured for sft only (the "
+                       "generation pass is compiled on CUDA, see below).")
+        plan.compile_layers = False
+    reasons.append(reference(cfg)[1] + ".")
+    reasons.append(f"grpo: the global batch counts completions and holds whole groups of num_generations="
+                   f"{cfg.grpo.num_generations} (TRL compares a prompt's completions with each other); "
+                   + ("with global_batch null kit makes it the smallest multiple of per_device x ranks that does, "
+                      "through accumulation steps." if cfg.global_batch is None else
+                      f"global_batch={cfg.global_batch} as configured."))
+    reasons.append("grpo generation: transformers' generate in TRL's GRPOTrainer; on CUDA kit switches it to a "
+                   "static KV cache and compiled one-token decoding (kit.train.generation, measured 0.21x TRL's "
+                   "step time on an H100), eager decoding elsewhere; vLLM is not used (it would generate in its "
+                   "own memory outside PyTorch's allocator, with paged attention, and TRL would copy the adapter "
+                   "into it every step).")
 
 
 def one_process_precompute(cfg, world_size: int) -> None:
