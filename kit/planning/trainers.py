@@ -123,30 +123,6 @@ def check(cfg) -> None:
                          f"row with another of the same micro-batch), got {cfg.per_device_batch}")
 
 
-def _check_grpo(cfg) -> None:
-    """GRPO's settings before any plan: the batch the user fixed (kit.planning.grpo), the rewards named."""
-    from kit.errors import UsageError
-    from kit.planning import grpo
-
-    if not cfg.grpo.rewards:
-        raise UsageError("trainer=grpo needs reward functions: set grpo.rewards: FILE.py:NAME[,NAME...] (a Python "
-                         "file beside the config, each function taking completions and **kwargs)")
-    from kit.train.rewards import parse_spec
-
-    parse_spec(cfg.grpo.rewards)  # the spec's shape; the file and its functions are checked at launch
-    if cfg.activation_offloading == "on":
-        raise UsageError("activation_offloading=on is not for trainer grpo: TRL's GRPOConfig has no activation "
-                         "offloading; use activation_offloading=auto or off")
-    if cfg.eval_steps:
-        raise UsageError(f"eval_steps={cfg.eval_steps} is not for trainer grpo: TRL would generate num_generations "
-                         "completions for every held-out prompt at each evaluation, in batches it refuses unless they "
-                         "hold whole groups; kit measures each reward's mean on the held-out prompts before and after "
-                         "training (eval.baseline, eval.final): set eval_steps=null")
-    if cfg.grpo.num_generations < 2:
-        raise UsageError(grpo.batch_problem(per_device_batch=1, world_size=1, accumulation=1,
-                                            num_generations=cfg.grpo.num_generations))
-
-
 def backend(cfg, chosen: str, reasons: list) -> str:
     """The backend for this trainer: kit runs DPO and KTO on the plain stack only (kit has not wired and
     measured Unsloth's preference patches), said in the reasons."""
@@ -176,6 +152,40 @@ def plan_rules(cfg, plan, reasons: list) -> None:
     reasons.append(why + ".")
 
 
+def one_process_precompute(cfg, world_size: int) -> None:
+    """Refuse precomputed reference log-probabilities on several processes (see the module docstring)."""
+    from kit.errors import UsageError
+
+    if world_size > 1 and reference(cfg)[0] == "precomputed":
+        raise UsageError(f"{cfg.trainer}.precompute_ref_log_probs=on runs in one process only: TRL shares the "
+                         f"values through a dataset cache file the other {world_size - 1} process(es) cannot read; "
+                         f"set {cfg.trainer}.precompute_ref_log_probs=auto, or start one process")
+
+
+def _check_grpo(cfg) -> None:
+    """GRPO's settings before any plan: the batch the user fixed (kit.planning.grpo), the rewards named."""
+    from kit.errors import UsageError
+    from kit.planning import grpo
+
+    if not cfg.grpo.rewards:
+        raise UsageError("trainer=grpo needs reward functions: set grpo.rewards: FILE.py:NAME[,NAME...] (a Python "
+                         "file beside the config, each function taking completions and **kwargs)")
+    from kit.train.rewards import parse_spec
+
+    parse_spec(cfg.grpo.rewards)  # the spec's shape; the file and its functions are checked at launch
+    if cfg.activation_offloading == "on":
+        raise UsageError("activation_offloading=on is not for trainer grpo: TRL's GRPOConfig has no activation "
+                         "offloading; use activation_offloading=auto or off")
+    if cfg.eval_steps:
+        raise UsageError(f"eval_steps={cfg.eval_steps} is not for trainer grpo: TRL would generate num_generations "
+                         "completions for every held-out prompt at each evaluation, in batches it refuses unless they "
+                         "hold whole groups; kit measures each reward's mean on the held-out prompts before and after "
+                         "training (eval.baseline, eval.final): set eval_steps=null")
+    if cfg.grpo.num_generations < 2:
+        raise UsageError(grpo.batch_problem(per_device_batch=1, world_size=1, accumulation=1,
+                                            num_generations=cfg.grpo.num_generations))
+
+
 def _grpo_rules(cfg, plan, reasons: list) -> None:
     """`plan_rules` for grpo: padded batches, no compiled layers, the reference, the batch rule and the generation."""
     if plan.batching != "padded":
@@ -197,13 +207,3 @@ def _grpo_rules(cfg, plan, reasons: list) -> None:
                    "step time on an H100), eager decoding elsewhere; vLLM is not used (it would generate in its "
                    "own memory outside PyTorch's allocator, with paged attention, and TRL would copy the adapter "
                    "into it every step).")
-
-
-def one_process_precompute(cfg, world_size: int) -> None:
-    """Refuse precomputed reference log-probabilities on several processes (see the module docstring)."""
-    from kit.errors import UsageError
-
-    if world_size > 1 and reference(cfg)[0] == "precomputed":
-        raise UsageError(f"{cfg.trainer}.precompute_ref_log_probs=on runs in one process only: TRL shares the "
-                         f"values through a dataset cache file the other {world_size - 1} process(es) cannot read; "
-                         f"set {cfg.trainer}.precompute_ref_log_probs=auto, or start one process")
