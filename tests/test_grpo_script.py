@@ -402,3 +402,4 @@ def test_the_reasons_say_what_the_plan_chose_for_grpo():
     assert plan.compile_layers is False and plan.kernels == "none" and plan.activation_offloading is False
     assert "activation_offloading off (trainer grpo" in words and "Liger off (trainer grpo" in words
     assert "activation_offloading=on turns it on" not in words  # it is refused for grpo
+    assert "compile off for trainer grpo: compiled decoder layers were measured for sft and dpo only" in words

@@ -171,6 +171,8 @@ def compiled(cfg, chosen: bool, reasons: list) -> bool:
         f"compiled layers measured {MEASURED['dpo_compile_vs_trl_liger']:.2f}× the tokens/s of TRL's DPOTrainer "
         "with Liger driven directly (H100, Qwen3-8B QLoRA), within the spread between runs; compile=on turns "
         "them on." if t.name in COMPILES else
+        "compiled decoder layers were measured for sft and dpo only (its generation pass is compiled on CUDA: "
+        "kit.train.generation)." if t.name == "grpo" else
         "its fused log-probability head patches the forward; compiled layers were measured for sft and dpo only.")]
     return False
 
@@ -210,15 +212,12 @@ def _check_grpo(cfg) -> None:
 
 
 def _grpo_rules(cfg, plan, reasons: list) -> None:
-    """`plan_rules` for grpo: padded batches, no compiled layers, the reference, the batch rule and the generation."""
+    """`plan_rules` for grpo: padded batches, the reference, the batch rule and the generation pass (compiled layers:
+    `compiled`)."""
     if plan.batching != "padded":
         reasons.append("batching padded for trainer grpo: TRL's GRPOTrainer pads its batches (prompts on the left, "
                        "completions on the right).")
         plan.batching = "padded"
-    if plan.compile_layers:
-        reasons.append("compile off for trainer grpo: compiled decoder layers were measured for sft only (the "
-                       "generation pass is compiled on CUDA, see below).")
-        plan.compile_layers = False
     reasons.append(reference(cfg)[1] + ".")
     reasons.append(f"grpo: the global batch counts completions and holds whole groups of num_generations="
                    f"{cfg.grpo.num_generations} (TRL compares a prompt's completions with each other); "
