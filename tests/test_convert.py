@@ -680,7 +680,7 @@ def test_vllm(tmp_path, capsys):
     fast = make_nb(tmp_path, ["m, t = FastLanguageModel.from_pretrained(model_name='x', fast_inference=True)",
                               "trainer = GRPOTrainer(model=m, args=GRPOConfig(output_dir='o'))\ntrainer.train()"])
     src = convert_notebook(fast).source
-    assert "fast_inference=False" in src
+    assert "fast_inference" not in src.split("training_ok")[1]  # dropped: vLLM is off (tests/test_convert_grpo.py)
     before = make_nb(tmp_path, ["from vllm import LLM\nllm = LLM(model='x')\nrows = llm.generate(['a'])", *TRAIN], "b.ipynb")
     code, _, err = cli([str(before), "-o", str(tmp_path / "x.py")], capsys)
     assert code == 2 and err.startswith("error: cell 1, line 2: vLLM's LLM() before training ends")
