@@ -184,7 +184,7 @@ def main(argv: list[str]) -> int:
         # The plan settled for this device, the number of processes and what is installed here.
         plan, rank_notes = settle.for_rank(plan, cfg, settle.RankFacts.of(ctx))
         job = Job(cfg, ctx, plan, notes=notes + rank_notes, smoke=args.smoke, force=args.force,
-                  steps_given=arguments.steps_given(args))
+                  steps_given=arguments.steps_given(args), config_path=args.config or CONFIG_PATH)
         job.start()  # rank 0 finds the newest complete checkpoint (local, then store); all ranks agree
         if job.complete:  # nothing to train; a final/ the store lacks is pushed
             ok, code = True, job.exit_code
@@ -268,7 +268,9 @@ def main(argv: list[str]) -> int:
             logging_steps=cfg.logging_steps,
             eval_strategy="steps" if cfg.eval_steps and dataset.eval is not None else "no",
             eval_steps=cfg.eval_steps,
-            seed=cfg.seed + ctx.rank,  # each rank its own dropout masks
+            # Each rank its own dropout masks. grpo: one seed, so every rank's sampler draws the same prompt groups
+            # (TRL's GRPOTrainer then offsets the seed of each rank's sampling itself).
+            seed=cfg.seed + (ctx.rank if cfg.trainer != "grpo" else 0),
             data_seed=cfg.seed,  # one shuffle for all ranks, so their shards don't overlap
             # Experiment tracking (report_to: none in the settings): rank 0 alone logs, the other ranks
             # "none"; the tracked run is kit's run id, so a resumed job continues it. See kit/train/tracking.py.

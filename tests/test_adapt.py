@@ -164,7 +164,7 @@ def test_the_rendered_script_holds_the_whole_plan(tmp_path, monkeypatch, capsys)
     import ast
 
     from kit.cli import main
-    from tests.test_plan import ROOT
+    from tests.scripts import ROOT
 
     monkeypatch.chdir(ROOT)
     out = tmp_path / "t.py"
@@ -209,7 +209,7 @@ def test_a_prequantized_base_under_fsdp_loads_the_same_from_the_script_and_from_
     from kit.cli import main
     from kit.machine import probe
     from kit.train import sharding
-    from tests.test_plan import ROOT
+    from tests.scripts import ROOT
 
     monkeypatch.chdir(ROOT)
     settings = {"model": "unsloth/Qwen3-8B-bnb-4bit", "method": "lora", "strategy": "fsdp", "seq_len": 512}

@@ -4,8 +4,6 @@ exit codes and error lines through a real subprocess."""
 import copy
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -13,8 +11,8 @@ from kit.planning import config
 from kit.machine import gpu_table
 from kit.errors import CannotTrain, UsageError
 from kit.planning.plan import batch_for_world, make_plan
+from tests.scripts import kit_cli
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 2**30
 CU128 = ["sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
 
@@ -227,9 +225,7 @@ def test_bad_facts_dict_is_a_usage_error():
 # ---- `kit plan` as users run it ---------------------------------------------------------------
 
 def kit_plan(*args, tmp_path=None):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "kit", "plan", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
+    return kit_cli(["plan", *args], env={**os.environ, "HF_HUB_OFFLINE": "1"})  # in this process
 
 
 def test_cli_plan_text_and_json():
