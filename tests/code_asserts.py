@@ -17,12 +17,13 @@ def _matches(name: str, func: str) -> bool:
 
 def calls(source: str, func: str) -> list[dict]:
     """Every call to `func` (`SFTConfig`, or the tail of a dotted name: `init_process_group`), in source
-    order, each as {0: first positional argument's source, …, keyword: its value's source, "line": n}."""
+    order, each as {0: first positional argument's source, …, keyword: its value's source, "**": a
+    `**mapping`'s source, "line": n}."""
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Call) and _matches(_name(node.func), func):
             args: dict = {i: ast.unparse(a) for i, a in enumerate(node.args)}
-            args.update({k.arg: ast.unparse(k.value) for k in node.keywords if k.arg})
+            args.update({k.arg or "**": ast.unparse(k.value) for k in node.keywords})
             args["line"] = node.lineno
             found.append(args)
     return sorted(found, key=lambda a: a["line"])
@@ -96,3 +97,12 @@ def ifexp(code: str) -> tuple[str, str, str]:
     node = ast.parse(code, mode="eval").body
     assert isinstance(node, ast.IfExp), code
     return ast.unparse(node.body), ast.unparse(node.test), ast.unparse(node.orelse)
+
+
+def mapping(code: str) -> dict[str, str]:
+    """`{'k': v, …}` or `dict(k=v, …)` as {k: v's source}."""
+    node = ast.parse(code, mode="eval").body
+    if isinstance(node, ast.Dict):
+        return {ast.literal_eval(k): ast.unparse(v) for k, v in zip(node.keys, node.values)}
+    assert isinstance(node, ast.Call) and ast.unparse(node.func) == "dict" and not node.args, code
+    return {k.arg: ast.unparse(k.value) for k in node.keywords}
