@@ -399,7 +399,7 @@ def test_existing_output_needs_force(tmp_path, capsys):
     assert code == 0 and out.read_text().startswith('"""Rank-aware') and "# mine" not in out.read_text()
     lines = stdout.splitlines()
     assert lines[0].startswith("kit convert: ") and "tiny_cpu_sft.ipynb ->" in lines[0]
-    assert re.search(r"\b\d+ changes, 0 to review", lines[0])
+    assert re.search(r"\d+ changes, 0 to review", lines[0])
     assert all(line.startswith("  cell ") for line in lines[1:-1]) and lines[-1].startswith("next: torchrun ")
 
 
@@ -483,7 +483,10 @@ def test_notebook_launcher_keeps_a_lambda_whole(tmp_path):
     nb = make_nb(tmp_path, ["from accelerate import notebook_launcher",
                             "def train(n):\n    " + TRAIN[1].replace("\n", "\n    "),
                             "notebook_launcher(lambda n: train(n), args=(2,), num_processes=2)"])
-    assert squeeze("(lambda n: train(n))(*(2,))") in squeeze(convert_notebook(nb).source)
+    tree = ast.parse(convert_notebook(nb).source)
+    launched = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Lambda)]
+    assert [(ast.unparse(n.func), [ast.unparse(a) for a in n.args]) for n in launched] == [
+        ("lambda n: train(n)", ["*(2,)"])]
 
 
 # --- the converted tiny notebook, for real --------------------------------------------------------
@@ -714,7 +717,7 @@ def test_keep_global_batch(tmp_path):
     assert changed(default, 1, "N GPUs train on N times", review=False)
     one = make_nb(tmp_path, ["args = SFTConfig(output_dir='o')\ntrainer = SFTTrainer(args=args)\ntrainer.train()"], "one.ipynb")
     assert changed(convert_notebook(one, keep_global_batch=True), 1, "--keep-global-batch",
-                   "gradient_accumulation_steps is 1", review=True)
+                   "gradient_accumulation_steps", "is 1", review=True)
 
 
 def test_vllm(tmp_path, capsys):
@@ -836,7 +839,7 @@ def test_dry_run_refuses_a_head_its_stand_in_has_not(tmp_path, capsys, loader, r
     code, _, err = cli([str(nb), "-o", str(out), "--dry-run"], capsys)
     if refused:
         assert code == 2 and err.count("\n") == 1 and not out.exists()
-        assert f"--dry-run: {loader}.from_pretrained needs a model with a" in err and "--dry-run-model" in err
+        assert f"--dry-run: {loader}" in err and ".from_pretrained needs" in err and "--dry-run-model" in err
     else:
         assert code == 0 and out.exists(), err
 
@@ -866,7 +869,7 @@ def test_a_collective_inside_a_print_runs_on_every_rank(tmp_path):
     assert "json.dump(kit_result, f)" in shown and any("{kit_result.metrics[" in s for s in shown)
     assert line(conv.source, "trainer.predict") < line(conv.source, "print", "kit_result.metrics")
     assert line(conv.source, "trainer.evaluate", "(d)") < line(conv.source, "json.dump")
-    assert changed(conv, 3, "trainer.predict() taken out", review=False)
+    assert changed(conv, 3, "trainer.predict()", "taken out", review=False)
 
 
 def test_hub_use_in_dead_code_asks_for_no_token(tmp_path):
@@ -1359,7 +1362,7 @@ def test_a_shell_cell_kit_does_not_run_is_listed_line_by_line(tmp_path):
     assert "    hf upload me/m out\n" in after and "hf_abcdef" not in conv.source
     assert not any("dropped the whole cell" in c for c in changes)
     assert any(c.text.startswith("dropped `git clone") for c in changed(conv, 1, review=False))
-    assert any(c.text.startswith("dropped `export HF_TOKEN=***") for c in changed(conv, 4, review=True))
+    assert any(c.text.startswith("dropped `export HF_TOKEN") for c in changed(conv, 4, "=***", review=True))
 
 
 def test_a_device_map_in_a_kwargs_dict_is_pinned_to_the_rank(tmp_path):
