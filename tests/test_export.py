@@ -176,7 +176,8 @@ def test_export_refuses_another_base_revision_unless_forced(adapter, tmp_path, c
     line = _error(capsys)
     assert "trained on base revision" in line and "local-sha256:0000" in line
     assert cli.main(["export", "--adapter", str(moved), "-o", str(tmp_path / "m2"), "--force"]) == 0
-    assert "warning: --force: " in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "warning: --force: " in out and "adapter" in out.split("warning: --force: ")[1]
 
 
 @pytest.mark.parametrize("case, words", [
