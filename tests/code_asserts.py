@@ -36,7 +36,7 @@ def call(source: str, func: str) -> dict:
     return found[0]
 
 
-def line(source: str, func: str, holding: str = "") -> int:
+def line_of(source: str, func: str, holding: str = "") -> int:
     """The line of the first call to `func` whose code holds `holding`: for asserting what runs before what."""
     found = sorted(node.lineno for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
                    and _matches(_name(node.func), func) and holding in ast.unparse(node))

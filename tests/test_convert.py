@@ -20,7 +20,7 @@ from kit.cli import main
 from kit.machine.command import shell_word
 from kit.notebooks.convert import convert_notebook
 from kit.errors import UsageError
-from tests.code_asserts import assigns, call, calls, changed, guarded, ifexp, line, mapping, squeeze, words_in
+from tests.code_asserts import assigns, call, calls, changed, guarded, ifexp, line_of, mapping, squeeze, words_in
 
 TRIPLE = '"' * 3
 FIXTURES = Path(__file__).parent / "fixtures" / "notebooks"
@@ -142,7 +142,7 @@ def test_trl_notebook_device_map_auto_and_login():
     assert "get_token() is None" in src and "HF_TOKEN" in src
     assert changed(conv, 2, "notebook_login(…)", "removed", review=False)
     # The token check comes before any work, even before the process group starts.
-    assert line(src, "huggingface_hub.get_token") < line(src, "init_process_group")
+    assert line_of(src, "huggingface_hub.get_token") < line_of(src, "init_process_group")
     assert {"trainer.save_model", "trainer.push_to_hub"} <= guarded_calls(src)
     assert keywords(src, "SFTConfig")["ddp_find_unused_parameters"] == "False"
     assert keywords(src, "SFTConfig")["gradient_checkpointing_kwargs"] == "{'use_reentrant': False}"
@@ -288,7 +288,7 @@ def test_mechanical_fixes_and_reload_barrier(tmp_path):
     assert changed(conv, 3, "drive.mount() removed", review=False)
     # Saved on rank 0, then everyone waits before loading it again.
     assert "m.save_pretrained('base')" in guarded(src)
-    assert line(src, "m.save_pretrained") < line(src, "wait_for_all") < line(src, "AutoModelForCausalLM.from_pretrained")
+    assert line_of(src, "m.save_pretrained") < line_of(src, "wait_for_all") < line_of(src, "AutoModelForCausalLM.from_pretrained")
 
 
 def test_logins_go_and_the_token_check_comes_first(tmp_path):
@@ -305,7 +305,7 @@ def test_logins_go_and_the_token_check_comes_first(tmp_path):
         assert any(c.startswith(f"cell {cell}: ") and "login(…) removed" in c for c in changes), cell
     # A token written in the notebook needs a person: it must move to HF_TOKEN.
     assert changed(conv, 7, "login(…) removed", "set HF_TOKEN", review=True)
-    assert line(conv.source, "huggingface_hub.get_token") < line(conv.source, "trainer.train")
+    assert line_of(conv.source, "huggingface_hub.get_token") < line_of(conv.source, "trainer.train")
 
 
 def test_training_args_call_without_keywords_is_completed(tmp_path):
@@ -548,7 +548,7 @@ def test_side_effects_before_training_are_guarded_at_any_depth(tmp_path):
         assert any(needle in b for b in blocks), needle
     assert "return x" in src and not any("return x" in b for b in blocks)  # the function still returns for all
     # Rank 0 wrote rows.jsonl and notes.txt; every rank reads rows.jsonl: a barrier between.
-    assert any(line(src, "ds.to_json") < c["line"] < line(src, "load_dataset", "rows.jsonl")
+    assert any(line_of(src, "ds.to_json") < c["line"] < line_of(src, "load_dataset", "rows.jsonl")
                for c in calls(src, "wait_for_all"))
 
 
@@ -564,10 +564,10 @@ def test_after_the_last_collective_rank0_runs_alone(tmp_path):
     tree = ast.parse(src)
     split = src.index("dist.destroy_process_group()\n")
     # evaluate() needs every rank: it stays before the split, with its print on rank 0.
-    assert line(src, "trainer.evaluate") < line(src, "destroy_process_group") and "print(metrics)" in guarded(src)
+    assert line_of(src, "trainer.evaluate") < line_of(src, "destroy_process_group") and "print(metrics)" in guarded(src)
     tail = src[split:]
     assert any(g.startswith("def helper(x):") for g in guarded(src)) and "def helper(x)" in tail
-    assert line(src, "helper", "pipe(p)") > line(src, "destroy_process_group")
+    assert line_of(src, "helper", "pipe(p)") > line_of(src, "destroy_process_group")
     assert "unknown_upload(results)" in tail and "model.save_pretrained_gguf('g'" in tail
     [try_node] = [n for n in tree.body if isinstance(n, ast.Try)]
     last = try_node.body[-2]
@@ -745,7 +745,7 @@ def test_written_and_launched_script_is_converted(tmp_path):
     # The launch is this script now: listed to run after it, it would train the job twice.
     doc = ast.get_docstring(ast.parse(conv.source))
     assert "accelerate launch" not in doc and "--num_processes" not in doc
-    assert call_at(conv.source, "subprocess.run", "'ls o'")["line"] > line(conv.source, "destroy_process_group")
+    assert call_at(conv.source, "subprocess.run", "'ls o'")["line"] > line_of(conv.source, "destroy_process_group")
     assert changed(conv, 3, "`!accelerate launch", "replaced by this script")
     assert not any("accelerate" in c and "REVIEW" in c for c in texts(conv))
 
@@ -862,13 +862,12 @@ def test_a_collective_inside_a_print_runs_on_every_rank(tmp_path):
     (the corpus notebook hf_trainer_clm_full runs this shape under real torchrun)."""
     conv = convert_notebook(make_nb(tmp_path, [*TRAIN, "print(f\"F1: {trainer.predict(test).metrics['f1']}\")\n"
                                                        "for d in sets:\n    json.dump(trainer.evaluate(d), f)"]))
-    body = conv.source.split("training_ok = False", 1)[1]
     made = assigns(conv.source)
     assert ("kit_result", "trainer.predict(test)") in made and ("kit_result", "trainer.evaluate(d)") in made
     shown = guarded(conv.source)
     assert "json.dump(kit_result, f)" in shown and any("{kit_result.metrics[" in s for s in shown)
-    assert line(conv.source, "trainer.predict") < line(conv.source, "print", "kit_result.metrics")
-    assert line(conv.source, "trainer.evaluate", "(d)") < line(conv.source, "json.dump")
+    assert line_of(conv.source, "trainer.predict") < line_of(conv.source, "print", "kit_result.metrics")
+    assert line_of(conv.source, "trainer.evaluate", "(d)") < line_of(conv.source, "json.dump")
     assert changed(conv, 3, "trainer.predict()", "taken out", review=False)
 
 
@@ -935,7 +934,7 @@ def test_device_map_after_training_is_the_notebooks(tmp_path):
         *TRAIN, "base = AutoModelForCausalLM.from_pretrained('a', device_map='auto')\nbase.push_to_hub('me/x')"]))
     body = conv.source.split("training_ok = False", 1)[1]
     before, after = body.split("dist.destroy_process_group()", 1)
-    split = line(conv.source, "destroy_process_group")
+    split = line_of(conv.source, "destroy_process_group")
     [first, last] = calls(conv.source, "AutoModelForCausalLM.from_pretrained")
     assert first["line"] < split < last["line"]
     assert (first[0], first["device_map"]) == ("'a'", "{'': rank_device}")
@@ -993,7 +992,7 @@ def test_a_result_a_cell_showed_after_training_is_printed_by_rank_0(tmp_path):
                                                "outputs = model.generate(x)\ntokenizer.batch_decode(outputs)",
                                                "model.save_pretrained('o')"]))
     tail = rank0_tail(conv.source)
-    split = line(conv.source, "destroy_process_group")
+    split = line_of(conv.source, "destroy_process_group")
     printed = {c[0].split("(")[0]: c for c in calls(conv.source, "print") if 0 in c}
     assert printed["metric.compute"]["line"] > split and printed["tokenizer.batch_decode"]["line"] > split
     assert squeeze(printed["metric.compute"][0]) == "metric.compute(predictions=p,references=r)" and "print(model.save_pretrained" not in tail
@@ -1073,8 +1072,8 @@ def test_after_training_any_value_a_cell_showed_is_printed_unless_none(tmp_path)
     shown = shown_if_not_none(conv.source)  # a save's None result is never shown
     assert len(shown) == 2 and shown[0].startswith("classifier(") and "I love this" in shown[0]
     assert shown[1].startswith("tokenizer.decode(ids).replace(") and "'<pad>', ''" in shown[1]
-    assert "print(a + b)" in tail and "plot_losses();" in tail and line(conv.source, "print", "a + b") > \
-        line(conv.source, "destroy_process_group")
+    assert "print(a + b)" in tail and "plot_losses();" in tail and line_of(conv.source, "print", "a + b") > \
+        line_of(conv.source, "destroy_process_group")
     before = convert_notebook(make_nb(tmp_path, ["prepare(ds)", *TRAIN], "before.ipynb")).source
     assert "shown :=" not in before  # before training every rank runs it: left as it was
 
@@ -1207,7 +1206,7 @@ SETUP = [
 
 def test_setup_outside_the_trainer_is_removed_with_its_reason(tmp_path):
     conv = convert_notebook(make_nb(tmp_path, SETUP))
-    src, changes = conv.source, texts(conv)
+    src = conv.source
     code = src.split(TRIPLE, 2)[2]
     for gone in ("'CUDA_VISIBLE_DEVICES'", "'WORLD_SIZE'", "MASTER_PORT", "set_device(0)", "pip install -q peft",
                  "'install', 'trl==0.9'", "fsdp_plugin", "mixed_precision", "prepare"):
@@ -1218,7 +1217,7 @@ def test_setup_outside_the_trainer_is_removed_with_its_reason(tmp_path):
     doc = ast.get_docstring(ast.parse(src))
     assert "!pip install -q peft" in doc_lines(src) and words_in(doc, "!python", "-m", "pip", "install", "trl==0.9")
     kept = call(src, "os.system")  # after training: rank 0 alone, kept
-    assert "llama-cpp-python" in kept[0] and kept["line"] > line(src, "destroy_process_group")
+    assert "llama-cpp-python" in kept[0] and kept["line"] > line_of(src, "destroy_process_group")
     assert changed(conv, None, "CUDA_VISIBLE_DEVICES'", "removed", "each rank's own GPU")
     assert changed(conv, None, "`torch.cuda.set_device(0)`", "removed", "rank block already set")
     assert changed(conv, None, "Accelerator():", "fsdp_plugin,", "mixed_precision removed")
@@ -1290,14 +1289,14 @@ SERVICE_AFTER = [
 
 def test_a_service_and_its_users_are_kept_or_dropped_together_and_logins_never_run(tmp_path):
     conv = convert_notebook(make_nb(tmp_path, SERVICE_AFTER))
-    tail, changes = rank0_tail(conv.source), texts(conv)
+    tail = rank0_tail(conv.source)
     # The server cell runs (through bash, on rank 0), and so does the cell that queries it.
     assert "nohup python -m" in tail and "http.server 18573" in tail and "executable='/bin/bash'" in tail
     assert "urlopen('http://localhost:18573')" in tail
     # The one kit cannot run (a token in it) takes its users along, and says so.
     assert "docker run" not in tail and "8080/generate" not in tail and "docker stop" not in tail
     assert len(changed(conv, None, "dropped with cell 5", "starts the service")) == 2
-    split = line(conv.source, "destroy_process_group")
+    split = line_of(conv.source, "destroy_process_group")
     ls = call_at(conv.source, "subprocess.run", "'ls out'")  # other shell lines still run in place
     assert ls["shell"] == "True" and ls["line"] > split
     # Interactive logins: never run, each dropped with its reason; a login with its key still runs.
@@ -1382,6 +1381,6 @@ def test_a_device_map_in_a_kwargs_dict_is_pinned_to_the_rank(tmp_path):
     assert mapping(made["kw2"]) == {"device_map": "{'': rank_device}", "trust_remote_code": "False"}
     assert mapping(made["keep"]) == {"device_map": "'cpu'"}  # an intentional CPU load stays
     merged = call_at(conv.source, "AutoModelForCausalLM.from_pretrained", "'o'")
-    assert mapping(merged["**"]) == {"device_map": "'auto'"} and merged["line"] > line(conv.source, "destroy_process_group")
+    assert mapping(merged["**"]) == {"device_map": "'auto'"} and merged["line"] > line_of(conv.source, "destroy_process_group")
     assert len(changed(conv, 1, "device_map='auto' →", '{"": rank_device}')) == 1
     assert len(changed(conv, 1, "device_map='balanced' →")) == 1
