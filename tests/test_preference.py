@@ -63,8 +63,8 @@ def test_every_trainer_plans_on_the_gpus_users_bring(trainer, facts, precision):
     assert plan.precision == precision  # the T4 fp16 path holds for every trainer
     assert plan.batching == "padded" and not plan.compile_layers
     assert plan.per_device_batch >= (2 if trainer == "kto" else 1)
-    assert any("reference: the base with the LoRA adapter disabled" in r for r in plan.reasons)
-    assert any(r.startswith(f"batching padded for trainer {trainer}") for r in plan.reasons)
+    assert any(r.startswith("reference: ") and "adapter disabled" in r for r in plan.reasons)
+    assert any(r.startswith("batching padded") and f"for trainer {trainer}" in r for r in plan.reasons)
     assert not any(r.startswith("batching padding_free") for r in plan.reasons)  # not said, then taken back
     assert any(n.startswith(f"{trainer}: ") for n in plan.memory["notes"])
     assert plan.memory["per_gpu_bytes"] <= plan.memory["budget_bytes"]
@@ -102,7 +102,7 @@ def test_the_reference_is_the_disabled_adapter_for_lora_and_a_copy_or_precompute
     assert "reference_model" not in lora.terms and "reference_model" not in pre.terms
     assert full.terms["reference_model"] == model.params * 2  # a 16-bit second copy
     assert any("adapter disabled" in n for n in lora.notes)
-    assert any("computed once before training" in n for n in pre.notes)
+    assert any("computed once before" in n for n in pre.notes)
 
 
 def test_precomputed_reference_is_refused_on_several_processes():
@@ -121,7 +121,7 @@ def test_unsloth_is_not_used_for_preference_training_and_says_why():
     with_unsloth["packages"]["unsloth"] = "2026.1.1"
     plan = make_plan(with_unsloth, cfg(*QWEN8_QLORA, "trainer=dpo"), nproc=1)
     assert plan.backend == "transformers"
-    assert any("backend transformers for trainer dpo" in r for r in plan.reasons)
+    assert any(r.startswith("backend transformers") and "for trainer dpo" in r for r in plan.reasons)
     asked = make_plan(with_unsloth, cfg(*QWEN8_QLORA, "trainer=kto", "backend=unsloth"), nproc=1)
     assert asked.backend == "transformers"
 
@@ -190,7 +190,7 @@ def test_the_shipped_data_loads_for_its_trainer():
 def test_sft_data_for_dpo_names_the_expected_columns(tmp_path):
     with pytest.raises(UsageError) as e:
         preference_data.load(cfg("trainer=dpo", f"data.path={ROOT / 'data/ha_commands.jsonl'}"))
-    assert "needs columns prompt, chosen, rejected" in str(e.value) and "set trainer=sft" in str(e.value)
+    assert "prompt, chosen, rejected" in str(e.value) and "set trainer=sft" in str(e.value)
     with pytest.raises(UsageError, match="set trainer=dpo"):  # pairs given to kto
         _load(tmp_path, [PAIR] * 3, trainer="kto")
 
