@@ -2,6 +2,7 @@
 Kaggle 2×T4 plan under a T4-sized allocator.
 
     python bench/dpo_speed.py --out DIR [--model Qwen/Qwen3-8B] [--steps 12] [--variants trl,kit,t4]
+        [--work DIR]   # reuse the model (and data) built there by an earlier run
 
 One random-weight model of the shape in kit's table (seeded bf16 weights built on the GPU, saved
 next to the tiny tokenizer of models/tiny-qwen3; no downloads), QLoRA nf4 (double quantisation,
@@ -14,6 +15,11 @@ compile caches:
   kit  `kit render` of configs/dpo-tiny.yaml with the same settings and everything else automatic
        (kernels, offloading, compile, batching: the plan of this machine), run as `python train_dpo.py`.
   kit-no-offload  the same with activation_offloading=off (what offloading costs here).
+  kit-plain  backend=transformers, the rest automatic (where Unsloth is installed "auto" picks it for `kit`).
+  kit-compile  backend=transformers compile=on (each decoder layer compiled, Liger's RMSNorm left to inductor).
+  kit-unsloth  backend=unsloth (Unsloth's patched DPOTrainer, its model loading and checkpointing).
+  kto  kit's KTO script (configs/kto-tiny.yaml), automatic choices, 2 × pairs rows of one answer a step of
+       the same lengths (the same tokens a step as the DPO rows).
   t4   `kit render --gpus 2xT4` (fp16) run as one rank with torch.cuda.set_per_process_memory_fraction
        capping the allocator at a T4's usable 14.06 GiB: does it fit, peak vs kit's estimate.
 
@@ -82,6 +88,19 @@ def make_pairs(path: Path, seq: int, rows: int = 64, seed: int = 0) -> Path:
     return path
 
 
+def make_kto_rows(path: Path, seq: int, rows: int = 128, seed: int = 0) -> Path:
+    """KTO rows of the same lengths: a request of ~0.4 × seq tokens and one answer of ~1.5 × seq, labelled
+    desirable or not in turn, so prompt + answer is always cut to seq tokens."""
+    rng = random.Random(seed)
+    words = lambda n: " ".join(rng.choice(WORDS) for _ in range(n))  # noqa: E731
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(rows):
+            f.write(json.dumps({"prompt": [{"role": "user", "content": words(seq // 4)}],
+                                "completion": [{"role": "assistant", "content": words(seq)}],
+                                "label": i % 2 == 0}) + "\n")
+    return path
+
+
 def env(**extra) -> dict:
     paths = [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
     caches = Path(tempfile.mkdtemp(prefix="kit-bench-cache-"))
@@ -146,16 +165,18 @@ CAP_RUNNER = ("import sys, runpy, torch; total = torch.cuda.get_device_propertie
 
 
 def run_kit(args, work: Path, gpus: str | None, cap_gib: float | None, precision: str, global_batch: int,
-            extra: tuple = ()) -> dict:
+            extra: tuple = (), config: str = "configs/dpo-tiny.yaml", data: Path | None = None,
+            per_device: int | None = None) -> dict:
+    per_device = per_device or args.pairs
     overrides = [*extra, f"model={args.model_dir}", "method=qlora" if args.model != "tiny" else "method=lora",
-                 f"seq_len={args.seq}", f"per_device_batch={args.pairs}", f"global_batch={global_batch}",
-                 "gradient_checkpointing=on", f"max_steps={args.steps}", f"data.path={args.data}",
+                 f"seq_len={args.seq}", f"per_device_batch={per_device}", f"global_batch={global_batch}",
+                 "gradient_checkpointing=on", f"max_steps={args.steps}", f"data.path={data or args.data}",
                  "data.format=auto", "data.eval_fraction=0", "learning_rate=0.0001", "warmup_steps=0",
                  "logging_steps=1", "eval_steps=null", f"save_steps={10 * args.steps}", "store=null",
                  f"output_dir={work / 'out'}", f"precision={precision}", "lora.alpha=32", "lora.dropout=0.0"]
     work.mkdir(parents=True, exist_ok=True)
     base = [sys.executable, "-m", "kit"]
-    where = ["--config", "configs/dpo-tiny.yaml"] + (["--gpus", gpus] if gpus else [])
+    where = ["--config", config] + (["--gpus", gpus] if gpus else [])
     plan = subprocess.run(base + ["plan", *where, *overrides, "--json"], cwd=ROOT, env=env(),
                           capture_output=True, text=True)
     if plan.returncode != 0:
@@ -248,6 +269,17 @@ def main() -> None:
         elif variant == "kit-no-offload":  # kit's choices but activation offloading off
             results[variant] = run_kit(args, work / variant, None, None, "auto", args.pairs,
                                        ("activation_offloading=off",))
+        elif variant == "kit-plain":  # kit's choices on the plain stack (where Unsloth is installed "auto" takes it)
+            results[variant] = run_kit(args, work / variant, None, None, "auto", args.pairs, ("backend=transformers",))
+        elif variant == "kit-compile":  # the plain stack with compiled decoder layers
+            results[variant] = run_kit(args, work / variant, None, None, "auto", args.pairs,
+                                       ("backend=transformers", "compile=on"))
+        elif variant == "kit-unsloth":
+            results[variant] = run_kit(args, work / variant, None, None, "auto", args.pairs, ("backend=unsloth",))
+        elif variant == "kto":  # kit's KTO script, automatic choices, 2 × pairs rows of the same lengths a step
+            rows = make_kto_rows(work / "kto.jsonl", args.seq)
+            results[variant] = run_kit(args, work / variant, None, None, "auto", 2 * args.pairs,
+                                       config="configs/kto-tiny.yaml", data=rows, per_device=2 * args.pairs)
         elif variant == "t4":
             results["t4"] = run_kit(args, work / "t4", "2xT4", T4_CAP_GIB, "auto", 2 * args.pairs)
             results["t4"]["cap_gib"] = T4_CAP_GIB
@@ -263,6 +295,22 @@ def main() -> None:
     if kit_peak and kit_run.get("estimate_allocated_gib"):
         results["kit_peak_vs_estimate"] = round(kit_peak / GIB / kit_run["estimate_allocated_gib"], 3)
     results["kit_tokens_per_s_own_count"] = kit_tps
+    summary = {}
+    for name, run in results.items():
+        if not isinstance(run, dict) or "session" not in run:
+            continue
+        step, peak = find(run["session"], "step_s"), find(run["session"], "peak_allocated_bytes")
+        tokens = 2 * args.pairs * args.seq  # DPO: pairs × 2 answers; KTO: 2 × pairs rows of one answer
+        row = {"step_s": step, "tokens_per_s": round(tokens / step, 1) if step else None,
+               "peak_allocated_gib": round(peak / GIB, 3) if peak else None,
+               "estimate_allocated_gib": run.get("estimate_allocated_gib"), "plan": run.get("plan")}
+        if peak and run.get("estimate_allocated_gib"):
+            row["peak_vs_estimate_allocated"] = round(peak / GIB / run["estimate_allocated_gib"], 3)
+        for base in ("trl", "trl-liger"):
+            if step and results.get(base, {}).get("tokens_per_s"):
+                row[f"vs_{base}_tokens_per_s"] = round(tokens / step / results[base]["tokens_per_s"], 3)
+        summary[name] = row
+    results["summary"] = summary
     t4_peak = find(results.get("t4", {}).get("session") or {}, "peak_allocated_bytes")
     if t4_peak and results["t4"].get("estimate_allocated_gib"):
         results["t4_peak_vs_estimate"] = round(t4_peak / GIB / results["t4"]["estimate_allocated_gib"], 3)

@@ -16,6 +16,7 @@ from kit.planning.plan import make_plan
 from kit.script import arguments
 from kit.script.render import render
 from kit.train import preference_data
+from tests.code_asserts import call, ifexp
 from tests.test_plan import A100, COLAB_T4, CPU_ONLY, H200, KAGGLE_P100, KAGGLE_T4X2, QWEN8_QLORA, cfg
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,7 +47,7 @@ def test_bad_trainer_settings_are_one_line_exit_2(override, words, capsys):
 @pytest.mark.parametrize("overrides, words", [
     (("trainer=dpo", "batching=packed"), "batching=packed is for trainer sft"),
     (("trainer=kto", "per_device_batch=1"), "at least 2"),
-    (("trainer=dpo", "compile=on"), "compile=on is for trainer sft"),
+    (("trainer=kto", "compile=on"), "compile=on is for trainers sft and dpo"),
 ])
 def test_settings_the_trainer_cannot_run_are_refused_before_a_plan(overrides, words):
     with pytest.raises(UsageError, match=words):
@@ -116,14 +117,27 @@ def test_precomputed_reference_is_refused_on_several_processes():
     assert adapt.adapt(planned, c, adapt.RankFacts(device="cpu")).reference == "precomputed"
 
 
-def test_unsloth_is_not_used_for_preference_training_and_says_why():
+def test_unsloth_runs_dpo_with_its_figure_but_not_kto_and_says_why():
     with_unsloth = copy.deepcopy(KAGGLE_T4X2)
     with_unsloth["packages"]["unsloth"] = "2026.1.1"
     plan = make_plan(with_unsloth, cfg(*QWEN8_QLORA, "trainer=dpo"), nproc=1)
-    assert plan.backend == "transformers"
-    assert any(r.startswith("backend transformers") and "for trainer dpo" in r for r in plan.reasons)
+    assert plan.backend == "unsloth" and plan.kernels == "none" and not plan.activation_offloading
+    backend = next(r for r in plan.reasons if r.startswith("backend unsloth"))
+    assert "trainer dpo: 1.65×" in backend and "7,138 against 4,336" in backend
+    kto = make_plan(with_unsloth, cfg(*QWEN8_QLORA, "trainer=kto"), nproc=1)
+    assert kto.backend == "transformers"
+    assert any(r.startswith("backend transformers") and "for trainer kto" in r for r in kto.reasons)
     asked = make_plan(with_unsloth, cfg(*QWEN8_QLORA, "trainer=kto", "backend=unsloth"), nproc=1)
     assert asked.backend == "transformers"
+
+
+def test_dpo_compiles_its_layers_only_when_asked_and_says_the_figure():
+    auto = make_plan(H200, cfg(*QWEN8_QLORA, "trainer=dpo"))
+    assert not auto.compile_layers
+    why = next(r for r in auto.reasons if r.startswith("compile off for trainer dpo"))
+    assert "1.02× the tokens/s" in why and "TRL's DPOTrainer" in why
+    asked = make_plan(H200, cfg(*QWEN8_QLORA, "trainer=dpo", "compile=on"))
+    assert asked.compile_layers
 
 
 def test_a_checkpoint_of_another_trainer_needs_force():
@@ -237,3 +251,17 @@ def test_eval_rows_duplicating_train_rows_are_refused(tmp_path):
     train, held, fmt, dups, mean = preference_data.prepare(
         cfg("trainer=dpo", f"data.path={path}", "data.allow_duplicates=true"), tok)
     assert dups == len(held) == 2 and mean > 0
+
+
+def test_a_dpo_script_for_unsloth_imports_it_before_trl_and_builds_dpotrainer():
+    from kit.script import render
+
+    c = config.load(str(Path(__file__).resolve().parent.parent / "configs" / "dpo-tiny.yaml"))
+    text = render.render(c, {"backend": "unsloth", "nproc": 1, "precision": "bf16", "strategy": "single"},
+                         "configs/dpo-tiny.yaml", "1 × H100")
+    body = text.split('"""', 2)[2]
+    # Unsloth rewrites TRL's DPOTrainer when it is imported: the script imports it first.
+    assert body.index("    import unsloth") < body.index("from trl import DPO")
+    assert "trainer = DPOTrainer(" in body
+    # Compiled layers under DPO leave the RMSNorm to inductor, as for sft.
+    assert ifexp(call(text, "DPOConfig")["liger_kernel_config"]) == ("{'rms_norm': False}", "plan.compile_layers", "None")

@@ -78,6 +78,26 @@ def test_memory_estimate_of_packed_rows_is_one_mask_per_row_and_unsloths_one_fla
     assert flat.memory["terms"]["packed_attention_mask"] == 8192 * 8192 * 3  # Unsloth's trainer: end to end
 
 
+UNSLOTH_H200 = dict(packages={"transformers": "5.17.0", "trl": "1.15.0", "bitsandbytes": "0.50.2", "unsloth": "2026.10.9"})
+
+
+@pytest.mark.parametrize("extra, measured_gib", [
+    # kit's script with backend=unsloth on an H100 (bench/results/unsloth_memory_h100.json): full-length rows.
+    (("seq_len=2048", "per_device_batch=4", "global_batch=4", "batching=padded"), 8.32),
+    # trainer dpo, 2 pairs × 1,024 tokens (bench/results/dpo_speed_h100.json).
+    (("trainer=dpo", "seq_len=1024", "per_device_batch=2", "global_batch=2"), 7.353),
+])
+def test_the_estimate_under_unsloth_is_unsloths_within_ten_percent_of_the_measured_peak(extra, measured_gib):
+    with_unsloth = machine("NVIDIA H200", "9.0", 150_754_820_096, platform="local", **UNSLOTH_H200)
+    plan = make_plan(with_unsloth, cfg(*QWEN8_QLORA, "gradient_checkpointing=on", *extra))
+    assert plan.backend == "unsloth"
+    assert plan.memory["allocated_bytes"] / GIB == pytest.approx(measured_gib, rel=0.10)
+    # Its checkpointing keeps the layer inputs in CPU memory: only the ones in flight are on the GPU.
+    assert "activations_checkpointed_in_flight" in plan.memory["terms"]
+    plain = make_plan(H200, cfg(*QWEN8_QLORA, "gradient_checkpointing=on", "activation_offloading=off", *extra))
+    assert plain.memory["allocated_bytes"] > plan.memory["allocated_bytes"]
+
+
 def test_packed_mask_without_checkpointing_is_kept_by_every_layer():
     assert memory.packed_mask_bytes(1000, 36, gradient_checkpointing=False) == 1000 * 1000 * (1 + 2 * 36)
     m = shapes.model_facts("Qwen/Qwen3-8B")
@@ -275,6 +295,7 @@ def test_activation_offloading_auto_is_on_where_measured_and_the_estimate_drops_
     (MI300X, (), "not an NVIDIA GPU"),
     (H200, ("gradient_checkpointing=off", "seq_len=512"), "gradient checkpointing is off"),
     (H200, ("trainer=dpo",), "trainer dpo: measured 0.88× the tokens/s without it"),
+    (H200, ("trainer=kto", "per_device_batch=2"), "trainer kto: measured 0.88× the tokens/s without it"),
 ])
 def test_activation_offloading_auto_stays_off_where_unmeasured_and_says_how_to_turn_it_on(facts, extra, why):
     plan = make_plan(facts, cfg(*QWEN8_QLORA, *extra))

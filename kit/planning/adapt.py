@@ -156,7 +156,7 @@ def adapt(planned: dict, cfg, rank: RankFacts) -> LaunchPlan:
     trainers.check(cfg)  # an override the trainer cannot run (batching=packed for dpo…): one line, exit 2
     trainers.one_process_precompute(cfg, rank.world_size)
     backend = planned.get("backend", "transformers") if cfg.backend == "auto" else cfg.backend
-    backend = trainers.backend(cfg, backend, notes)  # dpo/kto: the plain stack
+    backend = trainers.backend(cfg, backend, notes)  # kto: the plain stack (trainers.UNSLOTH_TRAINERS)
     if backend == "unsloth" and (not cuda or "unsloth" not in rank.installed):
         if cfg.backend == "unsloth":
             raise CannotTrain("backend=unsloth was asked for, but Unsloth is not installed or there is no CUDA GPU")

@@ -32,6 +32,13 @@ MEASURED = {
     # rows, one H100, 4 pairs in A-B-B-A / B-A-A-B order (bench/results/speed_h100_chat_unsloth_pairs_*.json):
     # steps 2-80 summed 159.03 s against 158.61 s (pairs 0.974, 1.036, 1.005, 0.972); 7.31 GiB both.
     "unsloth_backend_vs_direct": 0.997,
+    # backend unsloth under TRL's DPOTrainer (Unsloth 2026.10.9 patches it at import), kit's script against
+    # DPOTrainer driven directly in the same run, one H100, Qwen3-8B QLoRA, 2 pairs x 1,024 tokens, 12 steps
+    # (bench/results/dpo_speed_h100.json, "unsloth_call"): 0.574 against 0.945 s a step; kit's plain
+    # stack with Liger 0.925 s (1.02x) in the same run. Peak 7.35 GiB against an estimate of 6.89. Its first two
+    # steps took about 41 s against TRL's 7.6 s (Unsloth compiling its kernels), repaid after about 90 steps.
+    "unsloth_dpo": {"vs_trl": 1.646, "tokens_per_s": 7138, "trl_tokens_per_s": 4336, "plain_vs_trl": 1.021,
+                    "peak_gib": 7.35, "trl_peak_gib": 8.05},
     # TRL's activation_offloading on top of Liger, fill rows, three runs on three machines
     # (bench/results/speed_h200_fill_chat_offloading_trial.json, speed_h200_fill_liger_offload_unsloth.json, speed_h200_fill_offload_cold.json):
     # 9,030 against 8,670, 8,763 against 9,120 and (30 steps) 8,584 against 9,022 tokens/s; 7.61 against
@@ -42,6 +49,16 @@ MEASURED = {
     # (bench/results/dpo_speed_h100.json): 3,673 against 4,200 tokens/s in one call (0.875x), and
     # 3,778 against TRL + Liger driven directly's 4,179 (0.90x) in the other; 6.83 against 7.82 GiB.
     "dpo_offload_vs_liger": 0.875,
+    # KTO's script with offloading (auto's choice then), one H100, Qwen3-8B QLoRA, 4 rows x 1,024 tokens a step
+    # (bench/results/dpo_speed_h100.json, "unsloth_call"): 1.337 s a step, 3,064 tokens/s, 6.83 GiB against an
+    # estimate of 6.89. Its cost was not measured apart; "auto" follows the DPO figure above (the same TRL
+    # offloading around the same kind of step: policy forward and backward plus forwards without gradients).
+    "kto_offload_tokens_per_s": 3064,
+    # compile=on (each decoder layer compiled, Liger's RMSNorm left to inductor) under DPOTrainer against
+    # TRL + Liger driven directly, one H100, same run (dpo_speed_h100.json): 0.687 against 0.703 s a step;
+    # kit's eager plain stack gave 0.963x TRL + Liger in another run, so compiling is not shown to pay beyond
+    # the spread between runs (+-4 %): "auto" leaves it off for DPO.
+    "dpo_compile_vs_trl_liger": 1.024,
     # torch.compile of each decoder layer on top of Liger, same run: 9,231 tokens/s (1.065×) but 9.81 GiB
     # and losses up to 1.8 % apart from Liger's alone (an inductor warning on Liger's RMSNorm).
     "compile_vs_liger": 1.065,

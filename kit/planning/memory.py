@@ -44,6 +44,12 @@ NF4_BYTES = 0.5 + 0.127 / 8  # 4-bit weights + double-quantized absmax (blocksiz
 # and never holds the logits (trl.kernels.chunked_logprob).
 FUSED_HEAD_FROM_TRL = (1, 15)
 FUSED_TILE = (4096, 32768)
+# What Unsloth's backend does to a step's memory (kit.planning.plan estimates backend=unsloth with it):
+# its gradient checkpointing ("unsloth", which kit's script asks for) copies each decoder layer's input to
+# CPU memory and back for backward, as TRL's activation offloading does, and its loss never holds the
+# logits (chunked cross-entropy), as TRL's tiled head does. Measured through kit's script on an H100
+# (bench/results/unsloth_memory_h100.json).
+UNSLOTH = {"offloads_checkpoints": True}
 
 
 def fuses_lm_head(trl_version: str | None) -> bool:

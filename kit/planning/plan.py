@@ -157,13 +157,15 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
                                                 est, budget, model, cfg, gc, quantized, plan, why)
     plan.reasons.append(plan_words.host_words(model, strategy, quantized, plan.nproc, cfg, ram, nodes))
     plan.backend = trainers.backend(cfg, _backend(cfg, facts, gpu, strategy, plan.reasons), plan.reasons)
-    if plan.backend == "unsloth" and (speed.unsloth_batching(cfg, plan.batching, plan.reasons) != plan.batching
-                                      or plan.batching == "packed"):
-        if plan.batching != "packed":
+    if plan.backend == "unsloth":
+        if speed.unsloth_batching(cfg, plan.batching, plan.reasons) != plan.batching and plan.batching != "packed":
             plan.batching = "padded"  # and the estimate without the padding-free mask (Unsloth is single-GPU here)
-        # Unsloth's trainer lays packed sequences end to end (kit.train.collate keeps them rows only without it).
+        # The estimate for what Unsloth runs: its trainer lays packed sequences end to end (kit.train.collate
+        # keeps them rows only without it), and its gradient checkpointing ("unsloth") keeps each layer's input in
+        # CPU memory during the step, as TRL's activation offloading does (memory.UNSLOTH).
         est = memory.estimate(model, cfg, plan.precision, pdb, gc, quantized, world_size=world,
-                              optimizer=plan.optimizer, **{**loop, "batching": plan.batching}, packed_as_rows=False)
+                              optimizer=plan.optimizer, **{**loop, "batching": plan.batching}, packed_as_rows=False,
+                              activation_offloading=gc and memory.UNSLOTH["offloads_checkpoints"])
         plan.memory.update(per_gpu_bytes=est.total_bytes, allocated_bytes=est.allocated_bytes, terms=est.terms,
                            notes=est.notes)
     plan.kernels = speed.kernels(cfg, facts, gpu, plan.backend, model.model_type, plan.reasons)
@@ -174,8 +176,9 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
                               activation_offloading=True)
         plan.memory.update(per_gpu_bytes=est.total_bytes, allocated_bytes=est.allocated_bytes, terms=est.terms,
                            notes=est.notes)
-    plan.compile_layers = speed.compile_layers(cfg, gpu, plan.backend, strategy, plan.reasons)
-    trainers.plan_rules(cfg, plan, [])  # compiled layers: off for a preference trainer (its reason said above)
+    said: list = []
+    plan.compile_layers = trainers.compiled(cfg, speed.compile_layers(cfg, gpu, plan.backend, strategy, said), said)
+    plan.reasons += said
     plan.launch = _launch(strategy, plan.nproc, usable, facts, gpu)
     if nodes > 1:
         run_id = "kit-" + "".join(ch if ch.isalnum() else "-" for ch in cfg.model.split("/")[-1].lower())
@@ -299,11 +302,19 @@ def _backend(cfg, facts, gpu, strategy, reasons) -> str:
                            "limited; use backend=transformers if it fails.")
         return "unsloth"
     if has_unsloth and gpu["vendor"] == "nvidia" and strategy == "single":
+        dpo = MEASURED["unsloth_dpo"]
         reasons.append("backend unsloth: installed and one NVIDIA GPU (measured in one run on an H200 for Qwen3-8B "
                        "QLoRA, seq_len 2048 × 4: 1.20× the tokens/s of kit's plain stack with Liger, 10,358 against "
                        "8,631, and 86 % of its memory, 8.32 against 9.65 GiB; on chat-length rows padding-free, "
                        f"1.60× its trained tokens/s, {MEASURED['unsloth_backend_vs_direct']:.3f}× Unsloth driven directly "
-                       "on the same batches; the estimate above is the plain stack's).")
+                       "on the same batches" + (
+                           f"; trainer dpo: {dpo['vs_trl']:.2f}× the tokens/s of TRL's DPOTrainer driven directly, "
+                           f"{dpo['tokens_per_s']:,} against {dpo['trl_tokens_per_s']:,}, where kit's plain stack with "
+                           f"Liger gave {dpo['plain_vs_trl']:.2f}× in the same run (H100, Qwen3-8B QLoRA, 2 pairs × "
+                           f"1,024 tokens), at {dpo['peak_gib']} against {dpo['trl_peak_gib']} GiB"
+                           if cfg.trainer == "dpo" else "")
+                       + "; the memory estimate is Unsloth's: its checkpointing keeps each layer's input in CPU "
+                       "memory).")
         return "unsloth"
     if has_unsloth and strategy != "single":
         reasons.append("backend transformers: Unsloth is installed but its multi-GPU support is limited.")

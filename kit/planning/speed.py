@@ -198,7 +198,7 @@ def activation_offloading(cfg, gpu: dict | None, backend: str, strategy: str, ch
     under checkpointing those are the decoder layers' inputs, (layers + 1) × tokens × hidden × 2 bytes
     (2.4 GiB for Qwen3-8B at 4 × 2,048 tokens). Measured on the H200 with Liger (MEASURED): 2.0 GiB
     smaller, the speed within the spread of three runs (+4 %, −4 %, −5 %). "auto" turns it on where it was measured: the plain
-    backend, checkpointing on, one replica per GPU, a bf16-native NVIDIA GPU, and not under DPO, where the
+    backend, checkpointing on, one replica per GPU, a bf16-native NVIDIA GPU, and not under DPO or KTO: under DPO the
     same measurement on an H100 (bench/results/dpo_speed_h100.json) cost 12 % of the tokens/s for 1 GiB.
     """
     if cfg.activation_offloading != "auto":
@@ -218,9 +218,12 @@ def activation_offloading(cfg, gpu: dict | None, backend: str, strategy: str, ch
            f"measured on an H200 only, not on {verdicts.arch_name(gpu['vendor'], gpu['capability'])}"
            if not verdicts.bf16_native(gpu["vendor"], gpu["capability"]) else
            "not measured to pay" if ratio < OFFLOAD_PAYS else
-           f"trainer dpo: measured {MEASURED['dpo_offload_vs_liger']:.2f}× the tokens/s without it (H100, Qwen3-8B "
-           "QLoRA, 2 pairs × 1,024 tokens, with Liger), 1.0 GiB saved" if cfg.trainer == "dpo"
-           and MEASURED["dpo_offload_vs_liger"] < OFFLOAD_PAYS else None)
+           f"trainer {cfg.trainer}: measured {MEASURED['dpo_offload_vs_liger']:.2f}× the tokens/s without it under "
+           "TRL's DPOTrainer (H100, Qwen3-8B QLoRA, 2 pairs × 1,024 tokens, with Liger), 1.0 GiB saved"
+           + (f"; KTO's script with it ran {MEASURED['kto_offload_tokens_per_s']:,} tokens/s, its cost not measured "
+              "apart, and its step is the same kind (a policy pass with gradients, forwards without)"
+              if cfg.trainer == "kto" else "")
+           if cfg.trainer in ("dpo", "kto") and MEASURED["dpo_offload_vs_liger"] < OFFLOAD_PAYS else None)
     if why is None:
         reasons.append(f"activation_offloading on: the checkpointed layer inputs wait in pinned CPU memory during the "
                        f"step (TRL's activation_offloading): {MEASURED['offload_saved_gib']:.1f} GiB less at "

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kit.planning.measured import MEASURED
+
 
 @dataclass(frozen=True)
 class Trainer:
@@ -84,26 +86,36 @@ def check(cfg) -> None:
     if cfg.batching not in ("auto", *t.batchings):
         raise UsageError(f"batching={cfg.batching} is for trainer sft: TRL's {t.name.upper()}Trainer pads its "
                          f"{'pairs' if t.sequences == 2 else 'rows'}; use batching=auto or padded")
-    if cfg.compile == "on":
-        raise UsageError(f"compile=on is for trainer sft: TRL's {t.name.upper()}Trainer patches the model's forward "
-                         "with its fused log-probability head, which kit has not measured compiled; use compile=auto")
+    if cfg.compile == "on" and t.name not in COMPILES:
+        raise UsageError(f"compile=on is for trainers {' and '.join(COMPILES)}: TRL's {t.name.upper()}Trainer "
+                         "patches the model's forward with its fused log-probability head, which kit has not "
+                         "measured compiled; use compile=auto")
     if cfg.per_device_batch is not None and cfg.per_device_batch < t.min_batch:
         raise UsageError(f"trainer={t.name} needs per_device_batch of at least {t.min_batch} (its KL term pairs each "
                          f"row with another of the same micro-batch), got {cfg.per_device_batch}")
 
 
+# Trainers kit runs under Unsloth: importing unsloth first patches TRL's trainer (its PatchFastRL
+# rewrites DPOTrainer; PatchDPOTrainer itself is a no-op in Unsloth 2026.10), and the script loads the model
+# through FastLanguageModel as for sft. KTO under Unsloth is not measured: the plain stack.
+UNSLOTH_TRAINERS = ("sft", "dpo")
+# Trainers whose compiled decoder layers were measured (compile=on accepted). DPO's fused log-probability
+# head sits after the decoder layers, which are what kit compiles (bench/results/dpo_speed_h100.json).
+COMPILES = ("sft", "dpo")
+
+
 def backend(cfg, chosen: str, reasons: list) -> str:
-    """The backend for this trainer: kit runs DPO and KTO on the plain stack only (kit has not wired and
-    measured Unsloth's preference patches), said in the reasons."""
-    if chosen != "unsloth" or of(cfg).name == "sft":
+    """The backend for this trainer: Unsloth where kit wired and measured its trainer (UNSLOTH_TRAINERS),
+    else the plain stack, said in the reasons."""
+    if chosen != "unsloth" or of(cfg).name in UNSLOTH_TRAINERS:
         return chosen
-    reasons.append(f"backend transformers for trainer {of(cfg).name}: kit runs Unsloth for sft only (its DPO/KTO "
-                   "patches are not wired into kit's script yet).")
+    reasons.append(f"backend transformers for trainer {of(cfg).name}: kit runs Unsloth for "
+                   f"{' and '.join(UNSLOTH_TRAINERS)} only (its {of(cfg).name.upper()} patch is not measured).")
     return "transformers"
 
 
 def plan_rules(cfg, plan, reasons: list) -> None:
-    """The planner's choices a trainer overrides, each with its reason: padded batches, no compiled layers."""
+    """The planner's choices a trainer overrides, each with its reason: padded batches, the reference."""
     t = of(cfg)
     if t.name == "sft":
         return
@@ -111,12 +123,23 @@ def plan_rules(cfg, plan, reasons: list) -> None:
         reasons.append(f"batching padded for trainer {t.name}: TRL's {t.name.upper()}Trainer pads its batches "
                        "(its padding_free falls back to padding).")
         plan.batching = "padded"
-    if plan.compile_layers:
-        reasons.append(f"compile off for trainer {t.name}: its fused log-probability head patches the forward; "
-                       "compiled layers were measured for sft only.")
-        plan.compile_layers = False
     kind, why = reference(cfg)
     reasons.append(why + ".")
+
+
+def compiled(cfg, chosen: bool, reasons: list) -> bool:
+    """Compiled decoder layers for this trainer: "auto"'s choice stands for sft; a preference trainer
+    compiles only when asked (compile=on, for the trainers in COMPILES), its reason replacing the
+    planner's (`reasons`: the compile reasons alone)."""
+    t = of(cfg)
+    if not chosen or t.name == "sft" or (t.name in COMPILES and cfg.compile == "on"):
+        return chosen
+    reasons[:] = [f"compile off for trainer {t.name}: " + (
+        f"compiled layers measured {MEASURED['dpo_compile_vs_trl_liger']:.2f}× the tokens/s of TRL's DPOTrainer "
+        "with Liger driven directly (H100, Qwen3-8B QLoRA), within the spread between runs; compile=on turns "
+        "them on." if t.name in COMPILES else
+        "its fused log-probability head patches the forward; compiled layers were measured for sft and dpo only.")]
+    return False
 
 
 def one_process_precompute(cfg, world_size: int) -> None:
