@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 from kit.evaluation.results import change_line, words
+from kit.train.rewards import parse_spec
 
 
 def _hub_id(name: str) -> bool:
@@ -68,16 +69,11 @@ def render(cfg, run: dict, results: dict, facts: dict) -> str:
         f"- Plan and hardware: {facts.get('plan', '?')}; {facts.get('hardware', '?')}",
         f"- Sessions: {facts.get('sessions', '?')}, {facts.get('gpu_hours', 0):.2f} GPU hours", "",
         "## Evaluation", "",
-        f"Held-out rows, the same ones before and after (greedy decoding, seed {cfg.seed}):", "",
-        "| | before (step 0) | after |", "| --- | --- | --- |",
-        f"| result | {words(b)} | {words(f)} |", "",
+        *_evaluation(cfg, b, f),
         change_line(results) + ".", "",
         "Files: `eval_results.json` (both results, the configuration), `samples.md` (5 answers before and after).", "",
         "## Limitations", "",
-        "Measured on a small held-out subset of the training data's own distribution; " + (
-            "preference accuracy counts the held-out answers the trained model's implicit reward ranks as the data "
-            "does, against the starting model. " if cfg.trainer != "sft" else
-            "exact match is a strict string comparison. ") +
+        "Measured on a small held-out subset of the training data's own distribution; " + _LIMITS[cfg.trainer] +
         "Neither says how the model does on other data or on safety.", "",
         "## Use it", "",
         "```python",
@@ -102,10 +98,52 @@ def render(cfg, run: dict, results: dict, facts: dict) -> str:
     return "\n".join(lines)
 
 
-TRAINER_NAMES = {"sft": "SFTTrainer", "dpo": "DPOTrainer", "kto": "KTOTrainer"}
+TRAINER_NAMES = {"sft": "SFTTrainer", "dpo": "DPOTrainer", "kto": "KTOTrainer", "grpo": "GRPOTrainer"}
+_PREFERENCE_LIMITS = ("preference accuracy counts the held-out answers the trained model's implicit reward ranks as "
+                      "the data does, against the starting model. ")
+_LIMITS = {"sft": "exact match is a strict string comparison. ", "dpo": _PREFERENCE_LIMITS,
+           "kto": _PREFERENCE_LIMITS,
+           "grpo": "each reward mean is of one sampled completion per held-out prompt, scored by the job's own reward "
+                   "functions, so it is only as good a measure as they are. "}
+
+
+def _evaluation(cfg, b: dict | None, f: dict | None) -> list[str]:
+    """The evaluation section's table: one row of words; for reward functions a row for each."""
+    if cfg.trainer != "grpo":
+        return [f"Held-out rows, the same ones before and after (greedy decoding, seed {cfg.seed}):", "",
+                "| | before (step 0) | after |", "| --- | --- | --- |", f"| result | {words(b)} | {words(f)} |", ""]
+    rb, rf = (b or {}).get("result") or {}, (f or {}).get("result") or {}
+    lines = [f"Held-out prompts, the same ones before and after, one completion each sampled at temperature "
+             f"{cfg.grpo.temperature:g} (seed {cfg.seed}, the same noise before and after), up to "
+             f"{cfg.grpo.max_completion_length} tokens; the mean of each reward function:", "",
+             "| | before (step 0) | after |", "| --- | --- | --- |"]
+    for name in _reward_names(cfg, rb, rf):
+        lines.append(f"| `{name}` | {_mean(b, rb, name)} | {_mean(f, rf, name)} |")
+    lines.append(f"| sum (TRL's `reward`) | {_mean(b, rb, None)} | {_mean(f, rf, None)} |")
+    return lines + [""]
+
+
+def _reward_names(cfg, *measured: dict) -> list[str]:
+    """The reward functions by name: as measured, else as the config names them."""
+    for r in measured:
+        if r.get("rewards"):
+            return list(r["rewards"])
+    return parse_spec(cfg.grpo.rewards)[1] if cfg.grpo.rewards else []
+
+
+def _mean(record: dict | None, result: dict, name: str | None) -> str:
+    if not result:
+        return words(record).replace("|", "\\|")
+    value = result.get("reward") if name is None else (result.get("rewards") or {}).get(name)
+    return "none scored" if value is None else f"{value:.4g}"
 
 
 def _trainer_words(cfg) -> str:
+    if cfg.trainer == "grpo":
+        names = ", ".join(parse_spec(cfg.grpo.rewards)[1]) if cfg.grpo.rewards else "?"
+        return (f"GRPO with the reward functions {names}, {cfg.grpo.num_generations} completions per prompt of up to "
+                f"{cfg.grpo.max_completion_length} tokens at temperature {cfg.grpo.temperature:g}, beta "
+                f"{cfg.grpo.beta:g}, loss {cfg.grpo.loss_type}")
     if cfg.trainer == "dpo":
         return f"DPO on preference pairs, beta {cfg.dpo.beta:g}, loss {cfg.dpo.loss_type}"
     return (f"KTO on answers labelled desirable or not, beta {cfg.kto.beta:g}, weights "

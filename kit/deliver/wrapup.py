@@ -64,7 +64,7 @@ def deliver(job, trainer, step: int) -> tuple[int, list[str], dict]:
     """Final evaluation, final/, push. Returns (exit code, lines to print, what to record)."""
     tokenizer, dataset = job.eval_inputs
     results = stage.after(job.run, job.baseline, job.cfg, trainer.model, tokenizer, dataset,
-                          job.plan.per_device_batch, step)
+                          job.plan.per_device_batch, step, reward_funcs=getattr(job, "reward_funcs", None))
     sharded = getattr(job.plan, "strategy", "ddp") == "fsdp" and job.ctx.world_size > 1
     adapter_from = Path(job.cfg.output_dir) / f"checkpoint-{step}" if sharded else None
     final, kept = write_final(job.cfg, trainer.model, tokenizer, results, job.run, _facts(job, _sessions(job)),

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from kit import files
 from kit.redaction import redact
+from kit.shown import shown
 from kit.errors import KitError
 
 BASELINE_STORE = "baseline.json"
@@ -70,8 +71,12 @@ def _parse(text: str | None) -> dict | None:
 
 
 def primary(baseline: dict | None, final: dict | None) -> dict:
-    """The headline number: the task metric where both have it, else eval loss (lower is better)."""
+    """The headline number: for prompt data (grpo) the mean summed reward; else the task metric where both
+    have it, else eval loss (lower is better)."""
     b, f = (baseline or {}).get("result") or {}, (final or {}).get("result") or {}
+    if "prompts" in ((baseline or {}).get("data_format"), (final or {}).get("data_format")):
+        # prompt rows (kit.evaluation.rewards): the summed reward, as TRL logs it, measured or not
+        return {"name": "reward", "baseline": b.get("reward"), "final": f.get("reward"), "higher_is_better": True}
     if (b.get("metric") or {}).get("name") and (f.get("metric") or {}).get("name"):
         return {"name": b["metric"]["name"], "baseline": b["metric"]["value"], "final": f["metric"]["value"],
                 "higher_is_better": True}
@@ -100,6 +105,10 @@ def words(record: dict | None) -> str:
         return f"skipped: {record['skipped']}"
     r = record["result"]
     m = r.get("metric") or {}
+    if "rewards" in r:  # prompt rows (kit.evaluation.rewards)
+        return (f"mean reward {_number(r['reward'])} ("
+                + ", ".join(f"{shown(name)} {_number(v)}" for name, v in r["rewards"].items())
+                + f") on {r['rows']} prompts")
     if "reward_margin" in r:  # preference rows (kit.evaluation.preference)
         return (f"preference accuracy {m['correct']}/{m['of']} ({100 * m['value']:.0f} %), reward margin "
                 f"{r['reward_margin']:.4g}, loss {r['loss']:.4g}")
@@ -117,6 +126,11 @@ def change_line(results: dict) -> str:
     if b.get("skipped") or f.get("skipped") or not b or not f:
         return f"eval: baseline {words(b)}; final {words(f)}"
     rb, rf = b["result"], f["result"]
+    if "rewards" in rb and "rewards" in rf:
+        each = "; ".join(f"{shown(name)} {_number(rb['rewards'].get(name))} → {_number(v)}"
+                         for name, v in rf["rewards"].items())
+        return (f"mean reward {_number(rb['reward'])} → {_number(rf['reward'])}; {each} (on {rf['rows']} held-out "
+                f"prompts, one completion each)")
     if "reward_margin" in rb and "reward_margin" in rf:
         return (f"preference accuracy {100 * rb['metric']['value']:.0f} % → {100 * rf['metric']['value']:.0f} %, "
                 f"reward margin {rb['reward_margin']:.4g} → {rf['reward_margin']:.4g}, loss {rb['loss']:.4g} → "
@@ -132,23 +146,41 @@ def change_line(results: dict) -> str:
     return line + f" (on {rf['rows']} held-out rows)"
 
 
+def _number(value) -> str:
+    return "none scored" if value is None else f"{value:.4g}"
+
+
 def samples_markdown(results: dict) -> str:
     """The sampled answers before and after, one block per prompt."""
-    before = ((results.get("baseline") or {}).get("result") or {}).get("samples") or []
-    after = ((results.get("final") or {}).get("result") or {}).get("samples") or []
+    rb = (results.get("baseline") or {}).get("result") or {}
+    rf = (results.get("final") or {}).get("result") or {}
+    before, after = rb.get("samples") or [], rf.get("samples") or []
+    decoding = rf.get("decoding") or rb.get("decoding")
+    how = (f"Completions sampled at temperature {decoding['temperature']:g} (seed {decoding['seed']}, the same "
+           "noise before and after), each scored by every reward function" if decoding else "Greedy answers")
     lines = [f"# Samples: run {results.get('run_id')}, {results.get('model')}", "",
-             "Greedy answers to held-out prompts (a fixed, seeded choice), before and after training.", ""]
+             f"{how}, to held-out prompts (a fixed, seeded choice), before and after training.", ""]
     if not before and not after:
         return "\n".join(lines + ["No samples: the evaluation was skipped (see eval_results.json).", ""])
     for i in range(max(len(before), len(after))):
         b = before[i] if i < len(before) else {}
         a = after[i] if i < len(after) else {}
         prompt = (a or b).get("prompt", "")
-        lines += [f"## Sample {i + 1}", "", "Prompt:", "", _fence(prompt), "",
-                  "Reference:", "", _fence((a or b).get("reference", "")), "",
-                  "Before (step 0):", "", _fence(b.get("output", "(not measured)")), "",
-                  f"After (step {results.get('step')}):", "", _fence(a.get("output", "(not measured)")), ""]
+        lines += [f"## Sample {i + 1}", "", "Prompt:", "", _fence(prompt), ""]
+        if "reference" in (a or b):
+            lines += ["Reference:", "", _fence((a or b).get("reference", "")), ""]
+        lines += ["Before (step 0):" + _rewards_words(b), "", _fence(b.get("output", "(not measured)")), "",
+                  f"After (step {results.get('step')}):" + _rewards_words(a), "",
+                  _fence(a.get("output", "(not measured)")), ""]
     return "\n".join(lines)
+
+
+def _rewards_words(sample: dict) -> str:
+    """` rewards: correct 1, format 0.5` for a sample scored by reward functions, else nothing."""
+    if not sample.get("rewards"):
+        return ""
+    return " rewards: " + ", ".join(f"{shown(n)} {'None' if v is None else f'{v:.4g}'}"
+                                    for n, v in sample["rewards"].items())
 
 
 def _fence(text: str) -> str:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from kit import files
-from kit.evaluation import heldout, identity, preference, results
+from kit.evaluation import heldout, identity, preference, results, rewards
 
 
 def open_run(cfg, store) -> dict:
@@ -60,16 +60,21 @@ def _skip_reason(cfg, dataset, which: str) -> str | None:
     return None
 
 
-def measure(cfg, model, tokenizer, dataset, batch_size: int, which: str, reference: dict | None = None) -> dict:
+def measure(cfg, model, tokenizer, dataset, batch_size: int, which: str, reference: dict | None = None, *,
+            reward_funcs=None) -> dict:
     """One evaluation record: {data_format, rows, skipped | result}, the same rows every time.
 
     `reference`: the baseline record, for preference data (its log-probabilities are the reference
-    where the model has no adapter to disable)."""
+    where the model has no adapter to disable). `reward_funcs`: the job's reward functions, for
+    prompt data (trainer grpo)."""
     preferences = dataset.format in preference.FORMATS
+    prompts = dataset.format in rewards.FORMATS
     # A metric the data cannot have: UsageError
-    metric, why = (None, None) if preferences else heldout.metric_plan(cfg.eval, dataset.format)
+    metric, why = (None, None) if preferences or prompts else heldout.metric_plan(cfg.eval, dataset.format)
     record = {"data_format": dataset.format, "when": time.time(), "skipped": _skip_reason(cfg, dataset, which),
               "result": None}
+    if not record["skipped"] and prompts and not reward_funcs:
+        record["skipped"] = "no reward functions were given to the evaluation"
     if record["skipped"]:
         return record
     idx = heldout.choose_rows(len(dataset.eval), cfg.eval.subset, cfg.seed)
@@ -79,34 +84,42 @@ def measure(cfg, model, tokenizer, dataset, batch_size: int, which: str, referen
         if preferences:
             record["result"] = preference.measure(model, tokenizer, rows, cfg, batch_size, reference,
                                                   starting=which == "baseline")
+        elif prompts:
+            record["result"] = rewards.measure(model, tokenizer, rows, idx, reward_funcs, cfg, batch_size)
         else:
             record["result"] = heldout.measure(model, tokenizer, rows, metric=metric, skip_reason=why,
                                                eval_cfg=cfg.eval, batch_size=batch_size)
+    except rewards.RewardFailed as e:  # the user's reward function, named: the job is kept, as below
+        record["skipped"] = str(e)
     except (RuntimeError, ValueError) as e:  # CUDA out of memory, a backend that cannot generate: say so,
         # and keep the job: its checkpoints and final/ matter more than one measurement.
         record["skipped"] = f"the evaluation failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
     return record
 
 
-def before(run: dict, cfg, model, tokenizer, dataset, store, batch_size: int, force: bool) -> tuple[dict, list[str]]:
+def before(run: dict, cfg, model, tokenizer, dataset, store, batch_size: int, force: bool, *,
+           reward_funcs=None) -> tuple[dict, list[str]]:
     """The job's baseline: the one kept from an earlier session, or measured now and kept."""
-    if dataset.format not in preference.FORMATS:
+    if dataset.format not in preference.FORMATS + rewards.FORMATS:
         heldout.metric_plan(cfg.eval, dataset.format)
     notes = bind_base(run, cfg, model, store, force)
     found, where = results.read_baseline(cfg.output_dir, store)
     if found is not None and found.get("run_id") == run["run_id"]:
         notes.append(f"baseline: kept from {where} ({results.words(found)})")
         return found, notes
-    record = {"run_id": run["run_id"], "step": 0, **measure(cfg, model, tokenizer, dataset, batch_size, "baseline")}
+    record = {"run_id": run["run_id"], "step": 0,
+              **measure(cfg, model, tokenizer, dataset, batch_size, "baseline", reward_funcs=reward_funcs)}
     notes += results.write_baseline(record, cfg.output_dir, store)
     notes.append(f"baseline: {results.words(record)}" +
                  (f" in {record['result']['seconds']:.1f} s" if record.get("result") else ""))
     return record, notes
 
 
-def after(run: dict, baseline: dict | None, cfg, model, tokenizer, dataset, batch_size: int, step: int) -> dict:
+def after(run: dict, baseline: dict | None, cfg, model, tokenizer, dataset, batch_size: int, step: int, *,
+          reward_funcs=None) -> dict:
     """eval_results.json's content: the final evaluation beside the baseline."""
     final = {"run_id": run["run_id"], "step": step,
-             **measure(cfg, model, tokenizer, dataset, batch_size, "final", reference=baseline)}
+             **measure(cfg, model, tokenizer, dataset, batch_size, "final", reference=baseline,
+                       reward_funcs=reward_funcs)}
     return results.eval_results(cfg, run, baseline, final, step)
 

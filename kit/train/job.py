@@ -186,7 +186,8 @@ class Job:
         if self.ctx.is_main:
             try:
                 self.baseline, notes = stage.before(self.run, self.cfg, model, tokenizer, dataset, self.store,
-                                                    self.plan.per_device_batch, self.force)
+                                                    self.plan.per_device_batch, self.force,
+                                                    reward_funcs=getattr(self, "reward_funcs", None))
                 outcome = ("ok", notes)
             except KitError as e:
                 outcome = ("error", (type(e), str(e)))
