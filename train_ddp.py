@@ -138,7 +138,7 @@ def main(argv: list[str]) -> int:
     try:
         plan = adapt.plan_for(ctx, cfg, planned)  # the planner's rules again, for this device and world size
         job = Job(cfg, ctx, plan, smoke=args.smoke, force=args.force,
-                  steps_given=arguments.steps_given(args))
+                  steps_given=arguments.steps_given(args), config_path=args.config or CONFIG_PATH)
         job.start()  # rank 0 finds the newest complete checkpoint (local, then store); all ranks agree
         if job.complete:  # nothing to train; a final/ the store lacks is pushed
             ok, code = True, job.exit_code
@@ -220,7 +220,9 @@ def main(argv: list[str]) -> int:
             logging_steps=cfg.logging_steps,
             eval_strategy="steps" if cfg.eval_steps and dataset.eval is not None else "no",
             eval_steps=cfg.eval_steps,
-            seed=cfg.seed + ctx.rank,  # each rank its own dropout masks
+            # Each rank its own dropout masks. grpo: one seed, so every rank's sampler draws the same prompt groups
+            # (TRL's GRPOTrainer then offsets the seed of each rank's sampling itself).
+            seed=cfg.seed + (ctx.rank if cfg.trainer != "grpo" else 0),
             data_seed=cfg.seed,  # one shuffle for all ranks, so their shards don't overlap
             # Experiment tracking (report_to: none in the settings): rank 0 alone logs, the other ranks
             # "none"; the tracked run is kit's run id, so a resumed job continues it. See kit/train/tracking.py.

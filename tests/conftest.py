@@ -1,9 +1,10 @@
 """Shared test setup: the `gpu` marker that skips without a CUDA GPU, and cleanup of any process
 group a test left behind (a leaked group makes the next test's init fail or hang).
 
-Plain `python -m pytest` is the fast tier (setup.cfg's addopts: `-m "not slow"`); README's test
-command adds `-m "slow or not slow"` and runs every test. `slow` marks the end-to-end tests (real
-torchrun, papermill, Jupyter kernels, kill -9, multi-second training subprocesses)."""
+Plain `python -m pytest` is the fast tier (setup.cfg's addopts: `-m "not slow"`), on two worker
+processes (`pytest_cmdline_main` below); README's test command adds `-m "slow or not slow"` and runs
+every test. `slow` marks the end-to-end tests (real torchrun, papermill, Jupyter kernels, kill -9,
+multi-second training subprocesses); `gpu` the ones that need a CUDA GPU (tests/test_gpu.py)."""
 
 import os
 import sys
@@ -34,6 +35,22 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """Plain `python -m pytest` (no test paths, no -n) runs on two worker processes where this machine has
+    two cores or more: the fast tier is some 1,700 in-process tests, and one process uses one core.
+    Named files or tests (`pytest tests/test_x.py -k …`), -n, `-p no:xdist`, --pdb and --collect-only
+    are left as given."""
+    from _pytest.config import Config
+
+    if (getattr(config.option, "numprocesses", 0) is None and config.args_source == Config.ArgsSource.TESTPATHS
+            and not hasattr(config, "workerinput") and not config.getoption("usepdb", False)
+            and not config.getoption("collectonly", False) and (os.cpu_count() or 1) >= 2):
+        config.option.numprocesses = 2
+        if config.option.dist == "no":
+            config.option.dist = "load"
 
 
 def _has_cuda() -> bool:

@@ -12,7 +12,7 @@ import torch
 
 from kit.planning import config
 from kit.train import data
-from tests.scripts import FAST, ROOT, losses, train
+from tests.scripts import FAST, ROOT, losses, train_here
 
 TINY = ROOT / "models" / "tiny-qwen3"
 
@@ -151,7 +151,7 @@ def test_generated_script_same_losses_padding_free_as_padded_and_packed_trains(t
     trace = {}
     for batching in ("padded", "padding_free", "packed"):
         out = tmp_path / batching
-        r = train([f"output_dir={out}", "max_steps=4", "save_steps=4", f"batching={batching}", *FAST], nproc=1)
+        r = train_here([f"output_dir={out}", "max_steps=4", "save_steps=4", f"batching={batching}", *FAST])
         log = r.stdout + r.stderr
         assert r.returncode == 0, log[-3000:]
         assert "[kit] complete: step 4 of 4" in log

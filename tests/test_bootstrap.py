@@ -4,8 +4,6 @@ import json
 import re
 import shutil
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,16 +12,15 @@ from kit import cli
 from kit.cli import main
 from kit.commands import bootstrap
 from kit.errors import UsageError
+from tests.scripts import kit_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 MACHINES = ROOT / "tests" / "fixtures" / "machines"
 
 
 def kit(*args, tmp_path):
-    """`python -m kit ARGS` in a subprocess, as a user runs it."""
-    env = {**os.environ, "KIT_CACHE_DIR": str(tmp_path / "cache")}
-    return subprocess.run([sys.executable, "-m", "kit", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=180)
+    """`python -m kit ARGS` as a user runs it, in this process."""
+    return kit_cli(args, env={**os.environ, "KIT_CACHE_DIR": str(tmp_path / "cache")})
 
 
 def machine(name: str) -> str:

@@ -724,7 +724,7 @@ def test_vllm(tmp_path, capsys):
     fast = make_nb(tmp_path, ["m, t = FastLanguageModel.from_pretrained(model_name='x', fast_inference=True)",
                               "trainer = GRPOTrainer(model=m, args=GRPOConfig(output_dir='o'))\ntrainer.train()"])
     src = convert_notebook(fast).source
-    assert "fast_inference=False" in src
+    assert "fast_inference" not in src.split("training_ok")[1]  # dropped: vLLM is off (tests/test_convert_grpo.py)
     before = make_nb(tmp_path, ["from vllm import LLM\nllm = LLM(model='x')\nrows = llm.generate(['a'])", *TRAIN], "b.ipynb")
     code, _, err = cli([str(before), "-o", str(tmp_path / "x.py")], capsys)
     assert code == 2 and err.startswith("error: cell 1, line 2: ") and "vLLM's LLM()" in err
@@ -1329,8 +1329,11 @@ def test_a_big_data_literal_is_kept_as_written_and_lines_still_count(tmp_path, c
 def test_a_big_cell_parsed_statement_by_statement_converts_as_a_whole_one_does(tmp_path, monkeypatch):
     from kit.notebooks.convert import cells
 
+    # A cell past the chunking threshold, lowered for the test: libcst's whole-cell parse of a cell past
+    # the real 64,000 characters takes half a minute, and the threshold is not what is tested.
+    monkeypatch.setattr(cells, "CHUNKED", 2_000)
     parts = ["# settings\n\nimport os\n"]
-    for i in range(1500):
+    for i in range(50):
         parts.append(f"# step {i}\nif os.environ.get('X{i}'):\n  value_{i} = [{i},\n     {i} + 1]  # two\n"
                      f"  # inside\nelse:\n\tvalue_{i} = '''a\n  b'''\n")
     nb = make_nb(tmp_path, ["".join(parts) + "print(value_1)\n# the end\n", *TRAIN])
@@ -1339,7 +1342,7 @@ def test_a_big_cell_parsed_statement_by_statement_converts_as_a_whole_one_does(t
     monkeypatch.setattr(cells, "CHUNKED", 10 ** 9)  # the whole cell to libcst at once
     whole = convert_notebook(nb)
     assert chunked.source == whole.source and texts(chunked) == texts(whole)
-    assert "        value_7 = [7,\n" in chunked.source and "# step 1499\n" in chunked.source
+    assert "        value_7 = [7,\n" in chunked.source and "# step 49\n" in chunked.source
 
 
 def test_a_tracker_run_object_is_rank_0s_too(tmp_path):

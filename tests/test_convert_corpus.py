@@ -52,6 +52,8 @@ RUNS = {
     "sft_then_local_server.ipynb": 1,
     "tiny_cpu_sft.ipynb": 0,
     "trl_grpo_lora.ipynb": 1,
+    "trl_grpo_messages_colocate.ipynb": 0,  # use_vllm=True: transformers generation instead
+    "unsloth_qwen3_grpo_fast_inference.ipynb": 0,  # fast_inference=True, vLLM sampling cells: transformers
     "trl_qlora_sft.ipynb": 2,  # push_to_hub=True: the checkpoint at the end of training, then "End of training"
     "trl_sft_lora_wandb.ipynb": 1,
     "unsloth_gemma3_chat_colab.ipynb": 1,
@@ -63,7 +65,6 @@ RUNS = {
 }
 # notebook -> the reason its one-line refusal must name (after "error: cell N, …").
 REFUSED = {
-    "unsloth_qwen3_grpo_vllm.ipynb": "fast_inference=True starts a vLLM engine in every torchrun rank",
     "writefile_custom_loop.ipynb": "runs its own distributed loop (Accelerator/init_process_group)",
     "axolotl_cli_launch.ipynb": "trains through the module axolotl.cli.train, a training program that starts",
     "pytorch_handwritten_loop.ipynb": "cell 3, line 6: this notebook trains in its own PyTorch loop (`loss.backward()`)",

@@ -16,7 +16,7 @@ import yaml
 from kit.evaluation.identity import local_revision
 from tests.code_asserts import words_in
 from tests.hubserver import WRITE_TOKEN, HubServer
-from tests.scripts import FAST, ROOT, SCRIPT, cpu_env, kill_job, run, torchrun_cmd, train
+from tests.scripts import FAST, ROOT, SCRIPT, cpu_env, kill_job, run, torchrun_cmd, train, train_here
 
 TINY = ROOT / "models" / "tiny-qwen3"
 FINAL_FILES = {"README.md", "adapter_config.json", "adapter_model.safetensors", "eval_results.json", "samples.md",
@@ -171,7 +171,7 @@ def test_a_job_killed_after_the_baseline_resumes_without_measuring_it_again(tmp_
     kill_job(proc, str(out))
     kept = (store / "kit" / "baseline.json").read_bytes()
     shutil.rmtree(out)  # a new machine: only the store remains
-    r = train([*args[:2], "max_steps=6", *args[3:]], nproc=1)
+    r = train_here([*args[:2], "max_steps=6", *args[3:]])
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"directory {store}" in r.stdout and "[kit] baseline: kept" in r.stdout
     assert "[kit] baseline: loss" not in r.stdout
@@ -185,7 +185,7 @@ def test_a_different_base_revision_is_refused_and_nothing_is_overwritten(tmp_pat
     base, out = tmp_path / "base", tmp_path / "out"
     shutil.copytree(TINY, base)
     args = [f"model={base}", f"output_dir={out}", "save_steps=2", *FAST]
-    assert train([*args, "max_steps=2"], nproc=1).returncode == 0
+    assert train_here([*args, "max_steps=2"]).returncode == 0
     from safetensors.torch import load_file, save_file
 
     weights = load_file(base / "model.safetensors")
@@ -193,13 +193,13 @@ def test_a_different_base_revision_is_refused_and_nothing_is_overwritten(tmp_pat
     weights[key] = weights[key] * 1.01
     save_file(weights, base / "model.safetensors", metadata={"format": "pt"})
     snapshot = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    r = train([*args, "max_steps=4"], nproc=1)
+    r = train_here([*args, "max_steps=4"])
     assert r.returncode == 2, r.stderr[-2000:]
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
     assert len(errors) == 1 and "Traceback" not in r.stderr
     assert "trained on base revision" in errors[0] and "local-sha256:" in errors[0] and "pass --force" in errors[0]
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == snapshot
-    forced = train([*args, "max_steps=4", "--force"], nproc=1)
+    forced = train_here([*args, "max_steps=4", "--force"])
     assert forced.returncode == 0, forced.stderr[-2000:]
     assert "--force: run" in forced.stdout
 
@@ -294,8 +294,8 @@ def test_a_token_in_the_data_is_never_written_into_what_the_job_delivers(tmp_pat
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "out"
-    r = train([f"output_dir={out}", f"data.path={data}", "max_steps=2", "eval.samples=20", *FAST], nproc=1,
-              env=cpu_env(HF_TOKEN=token))
+    r = train_here([f"output_dir={out}", f"data.path={data}", "max_steps=2", "eval.samples=20", *FAST],
+                   env=cpu_env(HF_TOKEN=token))
     assert r.returncode == 0, r.stderr[-3000:]
     written = [p for p in [out / "kit_baseline.json", *(out / "final").iterdir()] if p.is_file()]
     assert {p.name for p in written} >= {"kit_baseline.json", "samples.md", "eval_results.json", "README.md"}
@@ -310,7 +310,7 @@ def test_a_full_fine_tune_delivers_a_loadable_model_and_never_points_at_the_adap
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "out"
-    r = train([f"output_dir={out}", "method=full", "max_steps=3", *FAST], nproc=1)
+    r = train_here([f"output_dir={out}", "method=full", "max_steps=3", *FAST])
     assert r.returncode == 0, r.stderr[-3000:]
     assert "kit export" not in r.stdout and "(model weights," in r.stdout and "tokenizer," in r.stdout
     use = [line for line in r.stdout.splitlines() if line.startswith("[kit] use: ")]

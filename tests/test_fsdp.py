@@ -7,14 +7,13 @@ checkpoint resumes under FSDP and back."""
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
-from tests.scripts import FAST, ROOT, cpu_env, kill_job, losses, torchrun_cmd, train
+from tests.scripts import FAST, ROOT, cpu_env, kill_job, kit_cli, losses, torchrun_cmd, train
 
 STEPS = ["max_steps=8", "save_steps=2", "keep_checkpoints=4", *FAST]
 # Same numbers, reduced in another order: FSDP reduce-scatters the gradients where DDP all-reduces
@@ -24,9 +23,8 @@ ACROSS_STRATEGIES = 1e-5
 
 def render(tmp_path: Path, strategy: str) -> Path:
     script = tmp_path / f"train_{strategy}.py"
-    r = subprocess.run([sys.executable, "-m", "kit", "render", "--config", "configs/default.yaml", "--gpus", "2xT4",
-                        f"strategy={strategy}", "-o", str(script), "--force"], cwd=ROOT, env=cpu_env(),
-                       capture_output=True, text=True)
+    r = kit_cli(["render", "--config", "configs/default.yaml", "--gpus", "2xT4", f"strategy={strategy}", "-o",
+                 str(script), "--force"])  # `python -m kit render …`, in this process
     assert r.returncode == 0, r.stderr
     return script
 

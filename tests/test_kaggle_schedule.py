@@ -24,7 +24,7 @@ import pytest
 from tests.code_asserts import words_in
 from tests.hubserver import WRITE_TOKEN, HubServer
 from tests.kaggleserver import QUOTA_MESSAGE, KaggleServer
-from tests.scripts import FAST, ROOT, cpu_env, train
+from tests.scripts import FAST, ROOT, cpu_env, kit_cli, train
 from tests.test_resume import assert_same_training
 
 pytest.importorskip("papermill")
@@ -62,6 +62,9 @@ def schedule(tmp: Path, env: dict, *extra: str, ref: str = REF, store: str = "hf
     args = ["schedule", "--kaggle", ref, "--config", "configs/default.yaml", "--kit-repo", str(ROOT),
             "--runs-dir", str(tmp / "runs"), "--poll", "0.5", "--nproc", "1", *extra, *JOB,
             f"store={store}", f"output_dir={tmp / 'local-out'}"]
+    if "--loop" not in extra:  # one session's push or refusal: in this process
+        return kit_cli(args, env=env)
+    # A loop of sessions: a subprocess, so that its timeout ends a loop that would not stop.
     return subprocess.run([sys.executable, "-m", "kit", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
@@ -76,9 +79,8 @@ def whole_job(tmp_path_factory):
             KaggleServer(tmp / "kaggle", users={USER: KEY}, kernel_env=session_env(hub.url), cut_after_s=cuts) as k:
         env = kaggle_env(tmp, hub.url, k)
         done = schedule(tmp, env, "--loop")
-        shown = subprocess.run([sys.executable, "-m", "kit", "status", "--config", "configs/default.yaml", *JOB,
-                                "store=hf://me/kaggle-job", "--json", "--plot", str(tmp / "progress.png")],
-                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        shown = kit_cli(["status", "--config", "configs/default.yaml", *JOB, "store=hf://me/kaggle-job", "--json",
+                         "--plot", str(tmp / "progress.png")], env=env)
         assert shown.returncode == 0, shown.stderr
         yield {"run": done, "server": k, "tmp": tmp, "cuts": cuts, "status": json.loads(shown.stdout)}
 
@@ -88,8 +90,7 @@ def reference(tmp_path_factory):
     """The same job uninterrupted, with the script a session renders for this machine (as the kernel does)."""
     tmp = tmp_path_factory.mktemp("kaggle-reference")
     script, out = tmp / "train_ddp.py", tmp / "run"
-    rendered = subprocess.run([sys.executable, "-m", "kit", "render", "--config", "configs/default.yaml", "-o",
-                               str(script)], cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=120)
+    rendered = kit_cli(["render", "--config", "configs/default.yaml", "-o", str(script)])
     assert rendered.returncode == 0, rendered.stderr
     r = train([f"output_dir={out}", *JOB], nproc=1, script=script)
     assert r.returncode == 0, r.stderr[-3000:]

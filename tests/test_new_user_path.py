@@ -24,7 +24,7 @@ from kit.checkpoints import resume, status
 from kit import cli
 from kit.cli import main
 from tests.code_asserts import words_in
-from tests.scripts import FAST, ROOT, cpu_env, train
+from tests.scripts import FAST, ROOT, cpu_env, train, train_here
 
 README = (ROOT / "README.md").read_text()
 MACHINES = ROOT / "tests" / "fixtures" / "machines"
@@ -104,12 +104,12 @@ def test_an_extended_job_reports_one_target_everywhere(tmp_path):
     c = tmp_path / "c.yaml"
     c.write_text((ROOT / "configs/default.yaml").read_text().replace("max_steps: 60", "max_steps: 2")
                  .replace("save_steps: 20", "save_steps: 2").replace("outputs/default", str(tmp_path / "run")))
-    assert train(["--config", str(c), *FAST], nproc=1).returncode == 0
-    r = train(["--config", str(c), "max_steps=4", *FAST], nproc=1)
+    assert train_here(["--config", str(c), *FAST]).returncode == 0
+    r = train_here(["--config", str(c), "max_steps=4", *FAST])
     assert r.returncode == 0, r.stderr[-2000:]
     assert "complete: step 4 of 4" in r.stdout
     assert json.loads((tmp_path / "run/checkpoint-4/trainer_state.json").read_text())["max_steps"] == 4
-    again = train(["--config", str(c)], nproc=1)  # the config still says 2
+    again = train_here(["--config", str(c)])  # the config still says 2
     assert "already complete: " in again.stdout and "step 4 of 4" in again.stdout, again.stdout[-2000:]
     s = status.gather(config.load(str(c)))
     assert (s["latest_step"], s["max_steps"], s["complete"]) == (4, 4, True)
@@ -126,13 +126,13 @@ def test_a_job_cut_in_its_wrap_up_finishes_it_and_an_explicit_target_ends_an_ext
     run = tmp_path / "run"
     c.write_text((ROOT / "configs/default.yaml").read_text().replace("max_steps: 60", "max_steps: 2")
                  .replace("save_steps: 20", "save_steps: 2").replace("outputs/default", str(run)))
-    assert train(["--config", str(c), "max_steps=6", *FAST], nproc=1).returncode == 0
+    assert train_here(["--config", str(c), "max_steps=6", *FAST]).returncode == 0
     # The session that ran to 6 is cut after its checkpoint-4: 6 and final/ never happened.
     shutil.rmtree(run / "checkpoint-6")
     shutil.rmtree(run / "final")
     assert status.gather(config.load(str(c)))["max_steps"] == 6  # the plain command would go on to 6
 
-    below = train(["--config", str(c), "max_steps=3", *FAST], nproc=1)
+    below = train_here(["--config", str(c), "max_steps=3", *FAST])
     assert below.returncode == 2 and "error: max_steps=3 " in below.stderr and "checkpoint-4" in below.stderr
     assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
 
@@ -140,7 +140,7 @@ def test_a_job_cut_in_its_wrap_up_finishes_it_and_an_explicit_target_ends_an_ext
     assert (s["latest_step"], s["max_steps"], s["complete"]) == (4, 4, False)
     assert s["complete"] is False and "did not finish" in status.format_text(s)
 
-    ended = train(["--config", str(c), "max_steps=4", *FAST], nproc=1)
+    ended = train_here(["--config", str(c), "max_steps=4", *FAST])
     assert ended.returncode == 0, ended.stderr[-2000:]
     assert "checkpoint-4 is the" in ended.stdout and "wrap-up" in ended.stdout
     assert "complete: step 4 of 4" in ended.stdout

@@ -5,8 +5,6 @@ import copy
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -14,8 +12,8 @@ from kit.planning import config
 from kit.machine import gpu_table
 from kit.errors import CannotTrain, UsageError
 from kit.planning.plan import batch_for_world, make_plan
+from tests.scripts import kit_cli
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 2**30
 TORCHRUN2 = ["torchrun", "--standalone", "--nproc_per_node=2", "train_ddp.py"]
 CU128 = ["sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
@@ -229,9 +227,7 @@ def test_bad_facts_dict_is_a_usage_error():
 # ---- `kit plan` as users run it ---------------------------------------------------------------
 
 def kit_plan(*args, tmp_path=None):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "kit", "plan", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
+    return kit_cli(["plan", *args], env={**os.environ, "HF_HUB_OFFLINE": "1"})  # in this process
 
 
 def test_cli_plan_text_and_json():

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import subprocess
-import sys
 
 import pytest
 
@@ -13,7 +12,7 @@ from kit.planning import config
 from kit.machine import gpu_table
 from kit.errors import CannotTrain, UsageError
 from kit.planning.plan import make_plan
-from tests.scripts import FAST, ROOT, cpu_env, torchrun_cmd
+from tests.scripts import FAST, ROOT, cpu_env, kit_cli, torchrun_cmd
 from tests.test_plan import CPU_ONLY, KAGGLE_T4X2, machine
 
 
@@ -34,8 +33,7 @@ def cfg(*overrides):
 
 
 def kit(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "kit", *args], cwd=ROOT, env=env or cpu_env(), capture_output=True,
-                          text=True, timeout=120)
+    return kit_cli(args, env=env)  # `python -m kit ARGS`, in this process
 
 
 def test_14b_qlora_at_4096_on_2xt4_is_fsdp_under_budget():

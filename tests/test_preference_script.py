@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.hubserver import WRITE_TOKEN, HubServer
-from tests.scripts import FAST, ROOT, cpu_env, kill_job, losses, torchrun_cmd
+from tests.scripts import FAST, ROOT, cpu_env, kill_job, kit_cli, losses, torchrun_cmd
 from tests.test_resume import assert_same_training, wait_for_steps
 
 STEPS = ["max_steps=12", "save_steps=3", "keep_checkpoints=2", *FAST]
@@ -25,8 +24,7 @@ def scripts(tmp_path_factory) -> dict[str, Path]:
     out = {}
     for trainer in ("dpo", "kto"):
         script = folder / f"train_{trainer}.py"
-        r = subprocess.run([sys.executable, "-m", "kit", "render", "--config", f"configs/{trainer}-tiny.yaml",
-                            "-o", str(script)], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=120)
+        r = kit_cli(["render", "--config", f"configs/{trainer}-tiny.yaml", "-o", str(script)], env=env())
         assert r.returncode == 0, r.stderr
         out[trainer] = script
     return out

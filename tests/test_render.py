@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import shutil
 import subprocess
 import sys
@@ -10,11 +11,11 @@ import sys
 import pytest
 
 from tests.code_asserts import call, squeeze, words_in
-from tests.scripts import ROOT
+from tests.scripts import ROOT, kit_cli
 
 
 def kit(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "kit", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    return kit_cli(args, env=dict(os.environ), cwd=cwd)  # `python -m kit ARGS`, in this process
 
 
 def test_repo_train_ddp_is_the_render_of_the_default_config():

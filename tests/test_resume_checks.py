@@ -19,7 +19,7 @@ from kit.checkpoints import fingerprint, leftovers, resume
 from kit.checkpoints.fingerprint import config_fields
 from kit.errors import UsageError
 from kit.checkpoints.manifest import write_manifest
-from tests.scripts import FAST, train
+from tests.scripts import FAST, train_here
 from tests.test_store import make_ckpt, tree_bytes
 
 
@@ -92,9 +92,9 @@ def test_an_invalid_checkpoint_older_than_the_resumed_one_stays(tmp_path):
 def test_training_after_a_skipped_checkpoint_writes_a_fresh_folder(tmp_path):
     out = tmp_path / "run"
     args = [f"output_dir={out}", "max_steps=3", "save_steps=3", *FAST]
-    assert train(args, nproc=1).returncode == 0
+    assert train_here(args).returncode == 0
     flip(out / "checkpoint-3" / "adapter_model.safetensors")
-    r = train(args, nproc=1)
+    r = train_here(args)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "set checkpoint-3 aside" in r.stdout
     from kit.checkpoints.manifest import verify

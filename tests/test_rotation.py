@@ -10,7 +10,7 @@ import time
 import pytest
 
 from kit.checkpoints import rotation
-from tests.scripts import FAST, train
+from tests.scripts import FAST, train_here
 
 
 def _folder(root, name, age_s=0.0):
@@ -47,7 +47,7 @@ def test_a_training_run_keeps_its_newest_checkpoints_and_the_users_folder(tmp_pa
     mine = _folder(out, "checkpoint-best", age_s=10**7)
     (mine / "NOTES.txt").write_text("my notes")
     (out / "README.md").write_text("# my notes on this run\n")  # TRL's card overwrote it at each save
-    r = train([f"output_dir={out}", "max_steps=8", "save_steps=2", "keep_checkpoints=2", *FAST], nproc=1)
+    r = train_here([f"output_dir={out}", "max_steps=8", "save_steps=2", "keep_checkpoints=2", *FAST])
     assert r.returncode == 0, r.stderr[-3000:]
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-6", "checkpoint-8", "checkpoint-best"]
     assert (mine / "NOTES.txt").read_text() == "my notes"

@@ -18,7 +18,7 @@ import pytest
 
 from kit.errors import UsageError
 from tests.hubserver import WRITE_TOKEN, HubServer
-from tests.scripts import FAST, ROOT, cpu_env
+from tests.scripts import FAST, ROOT, cpu_env, kit_cli
 
 pytest.importorskip("papermill")
 
@@ -32,8 +32,8 @@ def hub_env(server_url: str, token: str = WRITE_TOKEN, **extra) -> dict:
 
 
 def kit(args: list[str], env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kit", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    """`python -m kit ARGS`, in this process (kit_cli): the runs it starts are real processes."""
+    return kit_cli(args, env=env)
 
 
 def schedule_args(runs: Path, out: Path, store: str, *extra: str, nproc: int = 2) -> list[str]:
@@ -220,8 +220,10 @@ def test_a_second_scheduler_on_the_same_runs_dir_refuses(tmp_path):
 
     runs = tmp_path / "runs"
     runs.mkdir()
-    with RunsLock(runs):  # a live scheduler: this test's own process
-        r = kit(schedule_args(runs, tmp_path / "out", str(tmp_path / "store")), cpu_env(), timeout=60)
+    with RunsLock(runs):  # a live scheduler: this test's own process; the second one is another process
+        args = schedule_args(runs, tmp_path / "out", str(tmp_path / "store"))
+        r = subprocess.run([sys.executable, "-m", "kit", *args], cwd=ROOT, env=cpu_env(), capture_output=True,
+                           text=True, timeout=60)
     _refused(r, 2, "another `kit schedule`", f"pid {os.getpid()}")
     # What a process killed with -9 leaves (the OS dropped its lock) does not block the next one.
     (runs / ".kit-schedule.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": 2**22 + 12345}))
@@ -317,8 +319,7 @@ def test_no_training_script_is_one_line_exit_2_before_any_run(tmp_path):
     nb.write_text((ROOT / "notebooks" / "resume.ipynb").read_text())
     args = schedule_args(tmp_path / "runs", tmp_path / "out", str(tmp_path / "store"), "--notebook", str(nb))
     args[args.index("configs/default.yaml")] = str(ROOT / "configs" / "default.yaml")
-    r = subprocess.run([sys.executable, "-m", "kit", *args], cwd=tmp_path, env=cpu_env(), capture_output=True,
-                       text=True, timeout=60)
+    r = kit_cli(args, cwd=tmp_path)
     _refused(r, 2, "no train_ddp.py in", "kit bootstrap --config")
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
 

@@ -16,7 +16,7 @@ from kit.planning import config
 from kit.report import plots
 from kit.checkpoints import status
 from kit.errors import UsageError
-from tests.scripts import ROOT, cpu_env
+from tests.scripts import ROOT, cpu_env, kit_cli
 
 PNG = b"\x89PNG\r\n\x1a\n"
 T0 = 1_796_000_000.0
@@ -29,8 +29,7 @@ def sessions(*spans) -> list[dict]:
 
 
 def kit(args, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kit", *args], cwd=ROOT, env=env or cpu_env(),
-                          capture_output=True, text=True, timeout=120)
+    return kit_cli(args, env=env)  # `python -m kit ARGS`, in this process
 
 
 def test_nothing_yet(tmp_path):
@@ -285,7 +284,9 @@ def test_bad_session_records_warn_in_one_line_each_on_the_terminal(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "kit_sessions.jsonl").write_bytes(_jsonl_with_bad_lines())
-    r = kit(["status", f"output_dir={out}", "max_steps=200"])
+    # A process of its own: what its terminal shows is the point (in this process pytest takes the log).
+    r = subprocess.run([sys.executable, "-m", "kit", "status", f"output_dir={out}", "max_steps=200"], cwd=ROOT,
+                       env=cpu_env(), capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     warnings = r.stderr.strip().splitlines()
     assert len(warnings) == len(BAD_RECORDS) and all(w.endswith("; ignoring it") for w in warnings), r.stderr

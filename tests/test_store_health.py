@@ -26,7 +26,7 @@ from kit.checkpoints.manifest import MANIFEST_NAME
 from kit.checkpoints.store import DirStore, TransientStoreError, base
 from kit.checkpoints.store.hub import HubStore
 from tests.hubserver import WRITE_TOKEN, hub  # noqa: F401  (fixture)
-from tests.scripts import ROOT, SCRIPT, cpu_env
+from tests.scripts import ROOT, SCRIPT, cpu_env, kit_cli
 from tests.test_store import REPO, make_ckpt, tree_bytes
 
 
@@ -216,8 +216,7 @@ def test_training_script_says_the_same_about_a_file_store(tmp_path):
 
 
 def test_status_of_a_hub_store_offline_is_one_line_exit_4():
-    r = subprocess.run([sys.executable, "-m", "kit", "status", "store=hf://me/x"], cwd=ROOT,
-                       env=cpu_env(HF_HUB_OFFLINE="1", HF_TOKEN=WRITE_TOKEN), capture_output=True, text=True, timeout=120)
+    r = kit_cli(["status", "store=hf://me/x"], env=cpu_env(HF_HUB_OFFLINE="1", HF_TOKEN=WRITE_TOKEN))
     assert r.returncode == 4, r.stderr
     assert r.stderr.count("\n") == 1 and "HF_HUB_OFFLINE is set" in r.stderr and "Traceback" not in r.stderr
     assert WRITE_TOKEN not in r.stderr + r.stdout

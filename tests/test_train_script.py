@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from tests.scripts import FAST, ROOT, SCRIPT, losses, run, torchrun_cmd, train
+from tests.scripts import FAST, ROOT, SCRIPT, losses, run, torchrun_cmd, train, train_here
 
 
 def _tree_digest(folder: Path) -> dict[str, str]:
@@ -52,7 +52,7 @@ def test_torchrun_two_ranks_train_save_and_tear_down(tmp_path):
 @pytest.mark.slow
 def test_single_process_python(tmp_path):
     out = tmp_path / "run"
-    r = train([f"output_dir={out}", "max_steps=4", "save_steps=2", *FAST], nproc=1)
+    r = train_here([f"output_dir={out}", "max_steps=4", "save_steps=2", *FAST])
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert "1 × cpu" in r.stdout and "accumulation 2" in r.stdout  # global batch 16 kept with 1 process
     assert (out / "checkpoint-4" / "rng_state.pth").exists()
@@ -101,7 +101,7 @@ def test_smoke_passes_on_the_default():
 
 @pytest.mark.slow
 def test_smoke_fails_when_nothing_learns():
-    r = train(["--smoke", "learning_rate=0", "warmup_steps=0"], nproc=1)
+    r = train_here(["--smoke", "learning_rate=0", "warmup_steps=0"])
     assert r.returncode == 3  # the check failed (this config does not train here), not kit
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith(
@@ -113,9 +113,9 @@ def test_smoke_fails_when_nothing_learns():
 @pytest.mark.slow
 def test_smoke_leaves_earlier_output_alone(tmp_path):
     out = tmp_path / "run"
-    assert train([f"output_dir={out}", "max_steps=2", "save_steps=2", *FAST], nproc=1).returncode == 0
+    assert train_here([f"output_dir={out}", "max_steps=2", "save_steps=2", *FAST]).returncode == 0
     before = _tree_digest(out)
-    assert train(["--smoke", f"output_dir={out}"], nproc=1).returncode == 0
+    assert train_here(["--smoke", f"output_dir={out}"]).returncode == 0
     assert _tree_digest(out) == before
 
 
@@ -128,7 +128,7 @@ def _error_line(r) -> str:
 @pytest.fixture(scope="module")
 def _finished_run_once(tmp_path_factory):
     out = tmp_path_factory.mktemp("finished") / "run"
-    r = train([f"output_dir={out}", "max_steps=2", "save_steps=2", *FAST], nproc=1)
+    r = train_here([f"output_dir={out}", "max_steps=2", "save_steps=2", *FAST])
     assert r.returncode == 0, r.stderr[-2000:]
     return out
 
@@ -152,7 +152,7 @@ def finished_run(_finished_run_once, tmp_path):
 @pytest.mark.slow
 def test_a_checkpoint_of_another_job_is_refused_and_kept(finished_run, change, words):
     before = _tree_digest(finished_run)
-    r = train([f"output_dir={finished_run}", "max_steps=4", change], nproc=1)
+    r = train_here([f"output_dir={finished_run}", "max_steps=4", change])
     assert r.returncode == 2
     line = _error_line(r)
     assert all(w in line for w in words), line
@@ -162,7 +162,7 @@ def test_a_checkpoint_of_another_job_is_refused_and_kept(finished_run, change, w
 @pytest.mark.slow
 def test_resume_never_refuses_to_overwrite_checkpoints(finished_run):
     before = _tree_digest(finished_run)
-    r = train([f"output_dir={finished_run}", "max_steps=4", "resume=never"], nproc=1)
+    r = train_here([f"output_dir={finished_run}", "max_steps=4", "resume=never"])
     assert r.returncode == 2
     assert "holds checkpoints" in _error_line(r)
     assert _tree_digest(finished_run) == before
@@ -170,7 +170,7 @@ def test_resume_never_refuses_to_overwrite_checkpoints(finished_run):
 
 @pytest.mark.slow
 def test_smoke_qlora_on_cpu_is_refused():
-    r = train(["--smoke", "method=qlora"], nproc=1)
+    r = train_here(["--smoke", "method=qlora"])
     assert r.returncode == 3
     assert "method=qlora needs a CUDA GPU" in _error_line(r)
 
@@ -179,7 +179,7 @@ def test_smoke_qlora_on_cpu_is_refused():
 def test_checkpoint_adapter_loads_in_plain_peft(tmp_path):
     """What kit saves is a standard PEFT adapter: plain transformers + peft can load it."""
     out = tmp_path / "run"
-    assert train([f"output_dir={out}", "max_steps=2", "save_steps=2", *FAST], nproc=1).returncode == 0
+    assert train_here([f"output_dir={out}", "max_steps=2", "save_steps=2", *FAST]).returncode == 0
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 

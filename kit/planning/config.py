@@ -41,8 +41,8 @@ class DataConfig:
 
     path: str = _f("data/ha_commands.jsonl", "a local .jsonl/.json/.csv/.parquet file or a Hub dataset id")
     format: str = _f("auto", "auto|messages|alpaca|prompt_completion|text (trainer sft) | preference "
-                   "(dpo: prompt, chosen, rejected) | unpaired_preference (kto: prompt, completion, label); auto "
-                   "detects from the columns")
+                   "(dpo: prompt, chosen, rejected) | unpaired_preference (kto: prompt, completion, label) | prompts "
+                   "(grpo: prompt, plus any columns the rewards read); auto detects from the columns")
     columns: dict = _f({}, "rename map from your column names to the format's, e.g. {instruction: question}")
     split: str = _f("train", "dataset split to read")
     eval_fraction: float = _f(0.1, "share of examples held out for evaluation, in [0, 1)")
@@ -97,7 +97,8 @@ class GrpoConfig:
                              "function taking completions and **kwargs, returning one float per completion)")
     num_generations: int = _f(8, "completions sampled per prompt and compared with each other; the global batch "
                               "(per_device x GPUs x accumulation) must be divisible by it: the planner picks one")
-    max_completion_length: int = _f(256, "most tokens generated per completion (the prompt is cut to seq_len)")
+    max_completion_length: int = _f(256, "most tokens generated per completion (prompts over seq_len tokens are "
+                              "left out, counted in the log)")
     temperature: float = _f(1.0, "sampling temperature of the completions")
     beta: float = _f(0.0, "KL coefficient against the reference (the starting model); 0 = no reference pass, "
                      "as TRL's default; with LoRA the reference is the base with the adapter disabled")

@@ -15,7 +15,7 @@ from kit.planning import names, tracking
 
 METHODS = ("lora", "qlora", "full")
 BACKENDS = ("auto", "transformers", "unsloth")
-FORMATS = ("auto", "messages", "alpaca", "prompt_completion", "text", "preference", "unpaired_preference")
+FORMATS = ("auto", "messages", "alpaca", "prompt_completion", "text", "preference", "unpaired_preference", "prompts")
 OPTIMIZERS = ("auto", "adamw_torch", "adamw_torch_fused", "adamw_8bit", "paged_adamw_8bit")
 BATCHINGS = ("auto", "padded", "grouped", "padding_free", "packed")
 KERNELS = ("auto", "liger", "none")

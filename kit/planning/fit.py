@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 
-from kit.planning import memory, trainers
+from kit.planning import grpo, memory, trainers
 from kit.errors import UsageError
 from kit.files import GIB
 
@@ -22,6 +22,21 @@ CHECKPOINTING_FROM_PARAMS = 1e9
 
 def batch_for_world(cfg, per_device_batch: int, world_size: int) -> tuple[int, int, int]:
     """(per_device, grad_accum, global) keeping cfg.global_batch across world sizes.
+
+    Trainer grpo follows its own rule (kit.planning.grpo: whole groups of num_generations
+    completions per generation batch); every other trainer `_batch_for_world`'s.
+    """
+    if getattr(cfg, "trainer", "sft") == "grpo":
+        if cfg.global_batch is None:
+            return grpo.chosen_batch(cfg, per_device_batch, world_size)
+        batch = _batch_for_world(cfg, per_device_batch, world_size)
+        grpo.check_batch(cfg, batch[0], world_size, batch[1])
+        return batch
+    return _batch_for_world(cfg, per_device_batch, world_size)
+
+
+def _batch_for_world(cfg, per_device_batch: int, world_size: int) -> tuple[int, int, int]:
+    """(per_device, grad_accum, global) for every trainer but grpo.
 
     Without a global batch in the config, global = per_device × world. A micro-batch the planner
     picked shrinks to divide the global batch; one the config fixed must divide it.
@@ -62,6 +77,8 @@ def strategies(cfg, n: int, nodes: int = 1, device: str = "cuda") -> list[tuple]
     """
     world = n * nodes
     replica = [("single", 1, "none")] if world == 1 else [("ddp", world, "none")]
+    if not trainers.of(cfg).shards:
+        return replica  # GRPO generates on each rank with a whole replica (trainers.check refuses the others)
     if cfg.strategy == "model_parallel":
         if nodes > 1:
             raise UsageError(f"strategy model_parallel runs in one process on one machine, not over {nodes} nodes: "

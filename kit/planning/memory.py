@@ -162,6 +162,10 @@ def estimate(model, cfg, precision: str, per_device_batch: int, gradient_checkpo
         activation_offloading: With checkpointing, the layer inputs wait in pinned CPU memory; on the
             GPU only the one being copied and the one prefetched for backward (kit.planning.speed).
     """
+    if trainers.of(cfg).name == "grpo":  # generation, then training on the completions: its own two phases
+        return grpo_step(model, cfg, precision, per_device_batch, gradient_checkpointing, quantized,
+                         world_size=world_size, optimizer=optimizer, device=device,
+                         qlora_bf16_adapters=qlora_bf16_adapters)
     bp = 2 if precision in ("bf16", "fp16") else 4
     optimizer = optimizer or cfg.optimizer
     state_bytes = 2 if optimizer in ("adamw_8bit", "paged_adamw_8bit") else None  # None: 2 × param dtype
@@ -337,6 +341,24 @@ def fsdp_qlora_load_bytes(model, precision: str) -> int:
 PERSISTENT_TERMS = ("weights", "weights_4bit", "lora_params", "optimizer_states", "ddp_buckets", "reference_weights")
 
 
+def grpo_step(model, cfg, precision: str, per_device_batch: int, gradient_checkpointing: bool, quantized: bool, *,
+              world_size: int = 1, optimizer: str | None = None, device: str = "cuda",
+              qlora_bf16_adapters: bool = False) -> MemoryEstimate:
+    """`grpo_estimate` for a config of trainer grpo: prompts of up to seq_len tokens, grpo.max_completion_length
+    completion tokens, per_device_batch completions per micro-batch, each rank generating its share of the
+    generation batch (per_device x accumulation completions, kit.planning.grpo) in one call."""
+    from kit.planning import grpo
+
+    accumulation = grpo.accumulation(cfg, per_device_batch, world_size)
+    est = grpo_estimate(model, cfg, precision, completions_per_device=per_device_batch, prompt_tokens=cfg.seq_len,
+                        completion_tokens=cfg.grpo.max_completion_length, beta=cfg.grpo.beta,
+                        gradient_checkpointing=gradient_checkpointing, quantized=quantized,
+                        generated_per_device=per_device_batch * accumulation, world_size=world_size,
+                        optimizer=optimizer, device=device, qlora_bf16_adapters=qlora_bf16_adapters)
+    est.notes.insert(0, grpo.batch_words(cfg, per_device_batch, world_size))
+    return est
+
+
 def kv_cache_bytes(model, sequences: int, tokens: int, bp: int) -> int:
     """The generation KV cache: keys and values of every layer for `sequences` × `tokens` positions."""
     return int(2 * model.layers * model.kv_heads * model.head_dim * tokens * sequences * bp)
@@ -375,9 +397,10 @@ def grpo_estimate(model, cfg, precision: str, *, completions_per_device: int, pr
     bp = 2 if precision in ("bf16", "fp16") else 4
     seq = prompt_tokens + completion_tokens
     generated = generated_per_device or completions_per_device
-    train = estimate(model, replace(cfg, seq_len=seq), precision, completions_per_device, gradient_checkpointing,
-                     quantized, world_size=world_size, optimizer=optimizer, device=device, fused_lm_head=True,
-                     autocast=True, qlora_bf16_adapters=qlora_bf16_adapters)
+    # The training pass is a supervised one over prompt + completion tokens (trainer "sft" in the estimate).
+    train = estimate(model, replace(cfg, seq_len=seq, trainer="sft"), precision, completions_per_device,
+                     gradient_checkpointing, quantized, world_size=world_size, optimizer=optimizer, device=device,
+                     fused_lm_head=True, autocast=True, qlora_bf16_adapters=qlora_bf16_adapters)
     train_terms = {k: v for k, v in train.terms.items() if k not in ("allocator_slack", "cuda_context")}
     notes = list(train.notes)
     if beta > 0 and cfg.method == "full":

@@ -169,7 +169,9 @@ def kernels(cfg, facts, gpu: dict | None, backend: str, model_type: str, reasons
                            + ("" if installed else " liger-kernel is not installed there: `pip install liger-kernel`."))
         return "liger"
     ratio = MEASURED["liger_vs_plain"]
-    why = ("not on a GPU" if gpu is None else
+    why = ("trainer grpo: TRL then swaps in Liger's fused GRPO loss, which kit has not measured; kernels=liger turns "
+           "it on" if cfg.trainer == "grpo" else
+           "not on a GPU" if gpu is None else
            "not an NVIDIA GPU" if gpu["vendor"] != "nvidia" else
            "Unsloth brings its own kernels" if backend == "unsloth" else
            f"{model_type} is not a family Liger patches" if model_type not in LIGER_MODEL_TYPES else
@@ -209,7 +211,8 @@ def activation_offloading(cfg, gpu: dict | None, backend: str, strategy: str, ch
         reasons.append(f"activation_offloading {cfg.activation_offloading} as configured.{why}")
         return on
     ratio = MEASURED["offload_vs_liger"]
-    why = ("not on a GPU" if gpu is None else
+    why = ("trainer grpo: TRL's GRPOConfig has no activation offloading" if cfg.trainer == "grpo" else
+           "not on a GPU" if gpu is None else
            "not an NVIDIA GPU" if gpu["vendor"] != "nvidia" else
            "Unsloth offloads checkpointed activations its own way" if backend == "unsloth" else
            "gradient checkpointing is off, so every activation would cross PCIe twice a step (unmeasured)"
@@ -231,7 +234,8 @@ def activation_offloading(cfg, gpu: dict | None, backend: str, strategy: str, ch
                        f"the same losses.")
         return True
     if gpu is not None:
-        reasons.append(f"activation_offloading off ({why}); activation_offloading=on turns it on.")
+        reasons.append(f"activation_offloading off ({why})" +
+                       ("." if cfg.trainer == "grpo" else "; activation_offloading=on turns it on."))
     return False
 
 

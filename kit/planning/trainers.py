@@ -20,6 +20,14 @@ ORPO is not a trainer here: TRL 1.x keeps ORPOTrainer under `trl.experimental` (
 promise between releases, and the GPU machines' TRL is older than this one's), and kit's script
 must run on both. It needs no reference (a row with sequences=2, reference=False) once TRL
 promotes it, as it promoted KTO.
+
+GRPO samples its own completions (num_generations per prompt) and scores them with the user's reward
+functions (kit.train.rewards); its batch rule is kit.planning.grpo's. Its reference is needed only
+where grpo.beta > 0: under LoRA the base with the adapter disabled (TRL's `use_adapter(model, None)`,
+kit drops TRL's "ref" copy of the fresh adapter as for DPO), with full fine-tuning a frozen copy
+TRL loads itself. Nothing is precomputed (the completions do not exist before the step). Each rank
+generates with a whole replica: FSDP and the layer split are refused (kit has not run TRL's
+generation under either).
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ class Trainer:
     reference: bool           # a reference model (the starting one) scores every example
     min_batch: int            # smallest micro-batch the trainer works with
     batchings: tuple          # batchings its TRL trainer supports
+    shards: bool = True       # FSDP and model parallelism allowed (GRPO: a whole replica on each rank)
 
 
 TRAINERS = {
@@ -47,6 +56,9 @@ TRAINERS = {
     # KTOTrainer also scores each completion against another row's prompt (the KL term) without
     # gradients, which needs a micro-batch of 2 or more and sequential sampling.
     "kto": Trainer("kto", 1, 1, True, 2, ("padded",)),
+    # GRPOTrainer pads prompts (left) and completions (right); a micro-batch of per_device completions.
+    # Its reference is conditional (grpo.beta > 0): `reference` decides it.
+    "grpo": Trainer("grpo", 1, 0, False, 1, ("padded",), shards=False),
 }
 
 
@@ -55,13 +67,15 @@ def of(cfg) -> Trainer:
 
 
 def settings(cfg):
-    """The trainer's own settings section of the config (cfg.dpo, cfg.kto), None for sft."""
-    return getattr(cfg, of(cfg).name, None) if of(cfg).reference else None
+    """The trainer's own settings section of the config (cfg.dpo, cfg.kto, cfg.grpo), None for sft."""
+    return getattr(cfg, of(cfg).name, None) if of(cfg).name != "sft" else None
 
 
 def reference(cfg) -> tuple[str | None, str]:
     """How the reference model is had: (kind, why). kind None for a trainer without one."""
     t = of(cfg)
+    if t.name == "grpo":
+        return _grpo_reference(cfg)
     if not t.reference:
         return None, ""
     asked = settings(cfg).precompute_ref_log_probs
@@ -75,6 +89,17 @@ def reference(cfg) -> tuple[str | None, str]:
                           "model scores the answers (precompute_ref_log_probs=on saves its memory, one process only)")
 
 
+def _grpo_reference(cfg) -> tuple[str | None, str]:
+    beta = cfg.grpo.beta
+    if beta <= 0:
+        return None, ("reference: none (grpo.beta=0, TRL's default: the loss has no KL term, so no reference "
+                      "forward)")
+    if cfg.method != "full":
+        return "adapter_disabled", (f"reference (grpo.beta={beta:g}): the base with the LoRA adapter disabled, in the "
+                                    "same model (no second copy: one extra forward without gradients per step)")
+    return "model_copy", (f"reference (grpo.beta={beta:g}): full fine-tuning moves the weights, so TRL loads a "
+                          "second, frozen copy of the starting model")
+
 
 def check(cfg) -> None:
     """Settings the trainer's TRL trainer cannot run, refused (UsageError, exit 2) before anything loads."""
@@ -83,6 +108,12 @@ def check(cfg) -> None:
     t = of(cfg)
     if t.name == "sft":
         return
+    if not t.shards and cfg.strategy in ("fsdp", "model_parallel"):
+        raise UsageError(f"strategy={cfg.strategy} is not for trainer {t.name}: each rank generates its completions "
+                         "with a whole replica of the model (kit has not run TRL's generation sharded); use "
+                         "strategy=auto or ddp")
+    if t.name == "grpo":
+        _check_grpo(cfg)
     if cfg.batching not in ("auto", *t.batchings):
         raise UsageError(f"batching={cfg.batching} is for trainer sft: TRL's {t.name.upper()}Trainer pads its "
                          f"{'pairs' if t.sequences == 2 else 'rows'}; use batching=auto or padded")
@@ -119,6 +150,8 @@ def plan_rules(cfg, plan, reasons: list) -> None:
     t = of(cfg)
     if t.name == "sft":
         return
+    if t.name == "grpo":
+        return _grpo_rules(cfg, plan, reasons)
     if plan.batching not in t.batchings:
         reasons.append(f"batching padded for trainer {t.name}: TRL's {t.name.upper()}Trainer pads its batches "
                        "(its padding_free falls back to padding).")
@@ -138,6 +171,8 @@ def compiled(cfg, chosen: bool, reasons: list) -> bool:
         f"compiled layers measured {MEASURED['dpo_compile_vs_trl_liger']:.2f}× the tokens/s of TRL's DPOTrainer "
         "with Liger driven directly (H100, Qwen3-8B QLoRA), within the spread between runs; compile=on turns "
         "them on." if t.name in COMPILES else
+        "compiled decoder layers were measured for sft and dpo only (its generation pass is compiled on CUDA: "
+        "kit.train.generation)." if t.name == "grpo" else
         "its fused log-probability head patches the forward; compiled layers were measured for sft and dpo only.")]
     return False
 
@@ -150,3 +185,47 @@ def one_process_precompute(cfg, world_size: int) -> None:
         raise UsageError(f"{cfg.trainer}.precompute_ref_log_probs=on runs in one process only: TRL shares the "
                          f"values through a dataset cache file the other {world_size - 1} process(es) cannot read; "
                          f"set {cfg.trainer}.precompute_ref_log_probs=auto, or start one process")
+
+
+def _check_grpo(cfg) -> None:
+    """GRPO's settings before any plan: the batch the user fixed (kit.planning.grpo), the rewards named."""
+    from kit.errors import UsageError
+    from kit.planning import grpo
+
+    if not cfg.grpo.rewards:
+        raise UsageError("trainer=grpo needs reward functions: set grpo.rewards: FILE.py:NAME[,NAME...] (a Python "
+                         "file beside the config, each function taking completions and **kwargs)")
+    from kit.train.rewards import parse_spec
+
+    parse_spec(cfg.grpo.rewards)  # the spec's shape; the file and its functions are checked at launch
+    if cfg.activation_offloading == "on":
+        raise UsageError("activation_offloading=on is not for trainer grpo: TRL's GRPOConfig has no activation "
+                         "offloading; use activation_offloading=auto or off")
+    if cfg.eval_steps:
+        raise UsageError(f"eval_steps={cfg.eval_steps} is not for trainer grpo: TRL would generate num_generations "
+                         "completions for every held-out prompt at each evaluation, in batches it refuses unless they "
+                         "hold whole groups; kit measures each reward's mean on the held-out prompts before and after "
+                         "training (eval.baseline, eval.final): set eval_steps=null")
+    if cfg.grpo.num_generations < 2:
+        raise UsageError(grpo.batch_problem(per_device_batch=1, world_size=1, accumulation=1,
+                                            num_generations=cfg.grpo.num_generations))
+
+
+def _grpo_rules(cfg, plan, reasons: list) -> None:
+    """`plan_rules` for grpo: padded batches, the reference, the batch rule and the generation pass (compiled layers:
+    `compiled`)."""
+    if plan.batching != "padded":
+        reasons.append("batching padded for trainer grpo: TRL's GRPOTrainer pads its batches (prompts on the left, "
+                       "completions on the right).")
+        plan.batching = "padded"
+    reasons.append(reference(cfg)[1] + ".")
+    reasons.append(f"grpo: the global batch counts completions and holds whole groups of num_generations="
+                   f"{cfg.grpo.num_generations} (TRL compares a prompt's completions with each other); "
+                   + ("with global_batch null kit makes it the smallest multiple of per_device x ranks that does, "
+                      "through accumulation steps." if cfg.global_batch is None else
+                      f"global_batch={cfg.global_batch} as configured."))
+    reasons.append("grpo generation: transformers' generate in TRL's GRPOTrainer; on CUDA kit switches it to a "
+                   "static KV cache and compiled one-token decoding (kit.train.generation, measured 0.21x TRL's "
+                   "step time on an H100), eager decoding elsewhere; vLLM is not used (it would generate in its "
+                   "own memory outside PyTorch's allocator, with paged attention, and TRL would copy the adapter "
+                   "into it every step).")

@@ -22,13 +22,24 @@ PLAN_KEYS = ("precision", "strategy", "device", "nproc", "per_device_batch", "gr
              "compile_layers")
 # The trainer seam: each trainer is its TRL config and trainer classes, the config's own arguments
 # (templates/trainer_args/<name>.py.tmpl, spliced into the one SFTConfig/DPOConfig/… call of the
-# template) and any line after the trainer is built. A new trainer is one row and one arguments file.
+# template), any line after the trainer is built, and any constructor arguments of its own. A new
+# trainer is one row and one arguments file.
+_REFERENCE_IS_BASE = ("        modeling.reference_is_base(trainer.model)  # the base, adapter off: no copy of the fresh "
+                      "adapter\n")
 TRAINERS = {
-    "sft": ("SFTConfig", "SFTTrainer", ""),
-    "dpo": ("DPOConfig", "DPOTrainer", "        modeling.reference_is_base(trainer.model)  # the base, adapter off: no copy of "
-                                       "the fresh adapter\n"),
-    "kto": ("KTOConfig", "KTOTrainer", "        modeling.reference_is_base(trainer.model)  # the base, adapter off: no copy of "
-                                       "the fresh adapter\n"),
+    "sft": ("SFTConfig", "SFTTrainer", "", ""),
+    "dpo": ("DPOConfig", "DPOTrainer", _REFERENCE_IS_BASE, ""),
+    "kto": ("KTOConfig", "KTOTrainer", _REFERENCE_IS_BASE, ""),
+    "grpo": ("GRPOConfig", "GRPOTrainer",
+             _REFERENCE_IS_BASE +
+             "        # CUDA: a static KV cache and compiled one-token decoding (CUDA graphs) for TRL's generation pass;\n"
+             "        # eager decoding elsewhere. See kit/train/generation.py.\n"
+             "        from kit.train import generation\n\n"
+             "        job.log(generation.speed_up_generation(trainer, max_prompt_tokens=cfg.seq_len).reason)\n",
+             "            # The reward functions of grpo.rewards, imported from the config's folder and dry-called on two\n"
+             "            # prompts by Job.start (kit/train/rewards.py). TRL runs them on every rank, each on that rank's\n"
+             "            # own completions, with every data column as a keyword argument.\n"
+             "            reward_funcs=job.reward_funcs,\n"),
 }
 METHOD_WORDS = {"lora": "LoRA", "qlora": "QLoRA (4-bit nf4 base + LoRA)", "full": "full fine-tuning"}
 
@@ -90,7 +101,7 @@ def render(cfg: config.RunConfig, plan: dict, config_path: str, machine: str, re
     backend = kept.get("backend")
     unsloth_import = ("    import unsloth  # noqa: F401  (first: Unsloth patches transformers and trl on import)\n\n"
                       if backend == "unsloth" else "")
-    config_class, trainer_class, after = TRAINERS[cfg.trainer]
+    config_class, trainer_class, after, trainer_kwargs = TRAINERS[cfg.trainer]
     words = {  # text from the user (paths, names, overrides) that lands in the docstring and comments
         "model": cfg.model, "method_words": METHOD_WORDS[cfg.method], "config_path": Path(config_path).as_posix(),
         "strategy_words": _strategy_words(plan), "plan_machine": machine,
@@ -106,7 +117,7 @@ def render(cfg: config.RunConfig, plan: dict, config_path: str, machine: str, re
         run_smoke=f"{'python ' + script + ' --smoke':<52} ",
         run_config=f"{'python ' + script + ' --config other.yaml':<52} ",
         unsloth_import=unsloth_import,
-        config_class=config_class, trainer_class=trainer_class, trainer_after=after,
+        config_class=config_class, trainer_class=trainer_class, trainer_after=after, trainer_kwargs=trainer_kwargs,
         trainer_args=(TEMPLATE.parent / "trainer_args" / f"{cfg.trainer}.py.tmpl").read_text(),
         report_to=cfg.report_to,
         kit_version=__version__,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from kit.errors import UsageError
 from kit.train.data_checks import as_messages, as_turns, row_problem, split_held_out
 from kit.train.data_source import load_located
-from kit.train import preference_data
+from kit.train import preference_data, prompt_data
 
 FORMATS = {
     "messages": ("messages",),
@@ -43,6 +43,11 @@ class Prepared:
 
     def summary(self) -> str:
         n_eval = 0 if self.eval is None else len(self.eval)
+        if self.format == prompt_data.FORMAT:
+            return (f"data: {len(self.train)} train / {n_eval} eval prompts, format prompts (columns "
+                    f"{', '.join(self.train.column_names)}); up to {self.mean_tokens:.0f} tokens per completion on "
+                    f"average (prompt + max_completion_length); {self.eval_duplicates} eval prompts duplicate a train "
+                    f"prompt; {self.dropped_too_long} dropped (prompt longer than seq_len)")
         train = (f"{self.packed_rows} train rows packed into {len(self.train)} sequences"
                  if self.packed_rows is not None else f"{len(self.train)} train")
         return (f"data: {train} / {n_eval} eval examples of {self.mean_tokens:.0f} tokens on average, "
@@ -163,6 +168,9 @@ def prepare(cfg, tokenizer, pack: bool = False) -> Prepared:
     collator restarts position_ids at every row, so rows stay apart in attention. Eval rows are not
     packed: eval loss stays per row, comparable with an unpacked run.
     """
+    if cfg.trainer == "grpo":  # prompts stay text: TRL's GRPOTrainer renders them at each generation
+        train, evald, fmt, dropped, dups, mean = prompt_data.prepare(cfg, tokenizer)
+        return Prepared(train, evald, fmt, dropped, dups, mean)
     if cfg.trainer != "sft":  # preference rows stay text: TRL's DPO/KTO trainers tokenize them
         train, evald, fmt, dups, mean = preference_data.prepare(cfg, tokenizer)
         return Prepared(train, evald, fmt, 0, dups, mean)

@@ -24,8 +24,11 @@ from kit.errors import KitError
 from kit.evaluation import stage
 
 class Job:
-    def __init__(self, cfg, ctx, plan, *, smoke: bool = False, force: bool = False, steps_given: bool = False):
+    def __init__(self, cfg, ctx, plan, *, smoke: bool = False, force: bool = False, steps_given: bool = False,
+                 config_path: str | None = None):
         self.cfg, self.ctx, self.plan, self.smoke, self.force = cfg, ctx, plan, smoke, force
+        self.config_path = config_path  # trainer grpo: its reward file is found from this config's folder
+        self.reward_funcs: list | None = None  # trainer grpo: the reward functions, checked (kit.train.rewards)
         self.steps_given = steps_given  # max_steps from the command line: the target (resume.current_target)
         self.store = self.sync = self.lease = self._dir_lock = None
         self.decision = resume.Decision()
@@ -63,6 +66,8 @@ class Job:
     def start(self) -> None:
         dist.same_on_every_rank({k: v for k, v in self.plan.to_dict().items() if k != "notes"}, "the plan")
         if self.smoke:
+            if self.cfg.trainer == "grpo":  # every rank checks: the same one line on each, nothing to wait for
+                self._check_rewards()
             from kit.train.smoke import Folder
 
             self._smoke_folder = Folder(self.ctx, self.cfg)
@@ -72,7 +77,9 @@ class Job:
         if self.ctx.is_main:
             try:
                 check_output_dir(self.cfg.output_dir)  # before any model, data or store is touched
-                if self.cfg.trainer != "sft":  # a wrong shape for the trainer: one line, before any model loads
+                if self.cfg.trainer == "grpo":  # prompts, then the reward functions dry-called on two of them
+                    self._check_rewards()
+                elif self.cfg.trainer != "sft":  # a wrong shape for the trainer: one line, before any model loads
                     from kit.train.preference_data import load
 
                     load(self.cfg)
@@ -87,6 +94,8 @@ class Job:
             self._release()
             raise value[0](value[1])
         self.decision, self.run = value
+        if self.cfg.trainer == "grpo":
+            self._rewards_on_every_rank()
         self.log(f"run id: {self.run['run_id']}")
         self._localize()
         for w in self.decision.warnings:
@@ -109,6 +118,39 @@ class Job:
         if self.decision.resume_from:
             self.log(f"resuming from step {self.decision.step} ({self.decision.source}: {self.decision.resume_from})")
         self.signals.install()
+
+    def _config_folder(self):
+        from pathlib import Path
+
+        return Path(self.config_path).parent if self.config_path else Path(".")
+
+    def _check_rewards(self) -> None:
+        """Trainer grpo: the prompt rows' shape (kit.train.prompt_data), then the reward functions
+        loaded and dry-called with two of them (kit.train.rewards); each problem one line, exit 2."""
+        from kit.train import prompt_data
+        from kit.train.rewards import load_rewards
+
+        rows = prompt_data.dry_rows(prompt_data.load(self.cfg))
+        self.reward_funcs = load_rewards(self.cfg.grpo.rewards, base=self._config_folder(), rows=rows)
+        self.log(f"rewards: {', '.join(f.__name__ for f in self.reward_funcs)} from {self.cfg.grpo.rewards} "
+                 f"(dry-called with {len(rows['prompt'])} rows; TRL runs them on every rank, each on its own "
+                 "completions)")
+
+    def _rewards_on_every_rank(self) -> None:
+        """Rank 0 checked and dry-called the reward functions; the other ranks import the same file. A rank
+        that cannot is one line on every rank (each raises it), not a rank left waiting in training."""
+        from kit.train.rewards import load_rewards
+
+        problem = None
+        if self.reward_funcs is None:
+            try:
+                self.reward_funcs = load_rewards(self.cfg.grpo.rewards, base=self._config_folder())
+            except KitError as e:
+                problem = (type(e), f"rank {self.ctx.rank}: {e}")
+        problems = [p for p in dist.gather(problem) if p is not None]
+        if problems:
+            self._release()
+            raise problems[0][0](problems[0][1])
 
     def _localize(self) -> None:
         """On several nodes each keeps its own output_dir: resume from this node's copy of the
@@ -200,6 +242,8 @@ class Job:
 
     # -- training ---------------------------------------------------------------------------
     def max_steps(self, n_train: int) -> int:
+        # GRPO's batches count completions: each training prompt is answered num_generations times an epoch.
+        n_train *= self.cfg.grpo.num_generations if self.cfg.trainer == "grpo" else 1
         if self.smoke:
             self._max_steps = 1
         elif self.cfg.max_steps:

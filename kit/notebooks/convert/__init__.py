@@ -38,6 +38,7 @@ from kit.notebooks.convert.ports import Ports
 from kit.notebooks.convert.ranks import (Guard, barrier_statement, rank0_block, shown_result, side_effect,
                                          split_statements, writes_file)
 from kit.notebooks.convert.refusals import check_convertible, check_launched, check_written_script
+from kit.notebooks.convert.rewards import defined_cells
 from kit.machine.command import launch_command, shell_word
 from kit.notebooks.convert.script import (DOCSTRING, DRY_NOTE, OWN_TOKEN, RANK_BLOCK, TOKEN_CHECK, TRY_TEMPLATE,
                                           BlankLines, docstring, dropped_note, is_future_import, merge_main_blocks,
@@ -45,6 +46,7 @@ from kit.notebooks.convert.script import (DOCSTRING, DRY_NOTE, OWN_TOKEN, RANK_B
 from kit.notebooks.convert import literal_secrets, literals
 from kit.notebooks.convert.shell_after import port_after
 from kit.notebooks.convert.syntax import Change, call_name, clip, code, comments
+from kit.notebooks.convert.vllm_off import HELPERS as VLLM_HELPERS, VllmOff, doc_note
 from kit.errors import KitError, UsageError
 
 PRECISION_CHOICES = ("auto", "fp16", "bf16", "fp32")
@@ -146,15 +148,17 @@ def _convert(path, precision, script_name, keep_global_batch, dry_run, dry_run_m
                                 and isinstance(n.value, ast.Constant) and n.value.value is True
                                 for t in n.targets if isinstance(t, ast.Name)))
     ports = Ports([t for _, t in trees])
+    vllm = VllmOff([t for _, t in trees])
     dry = None
     if dry_run:
         extra = {k: v for k, v in (("model", dry_run_model), ("data", dry_run_data)) if v is not None}
-        dry = DryRun([t for _, t in trees], push=dry_run_push, **extra)
+        dry = DryRun([t for _, t in trees], push=dry_run_push, reward_cells={
+            name: cell for name, (cell, _) in defined_cells(trees).items()}, **extra)
 
     items, pending, found_args = [], [], False
     split_at = None
     for cell, _tree, module, comment_only in parsed:
-        stmts = _rewrite_cell(cell, module, facts, rewriter, dry, changes, ports)
+        stmts = _rewrite_cell(cell, module, facts, rewriter, dry, changes, ports, vllm)
         if stmts and split_at is None and any(facts.after_training((cell, i)) for i in range(len(module.body))):
             split_at = cell
         found_args |= rewriter.found_training_args
@@ -185,6 +189,8 @@ def _convert(path, precision, script_name, keep_global_batch, dry_run, dry_run_m
                                       "barrier after success, destroy_process_group() always"))
     imports, seeds = _rank_block_parts(trees, facts, rewriter, dry, changes, first_cell)
     imports += "".join(f"{line}  # kit: port\n" for line in ports.imports)
+    if vllm.helpers:
+        imports += "\n\n" + VLLM_HELPERS
 
     done = cst.parse_statement("training_ok = True  # reached only when every cell above ran\n")
     done = done.with_changes(leading_lines=(*pending, cst.EmptyLine()))
@@ -199,7 +205,9 @@ def _convert(path, precision, script_name, keep_global_batch, dry_run, dry_run_m
     head = docstring(DOCSTRING.format(notebook=notebook, script=script, flags=flags,
                                       multi=launch_command(2, script=script_name),
                                       single=launch_command(1, script=script_name),
-                                      dry=DRY_NOTE if dry_run else "", dropped=dropped_note(dropped_before, dropped_after)))
+                                      dry=DRY_NOTE if dry_run else "",
+                                      dropped=doc_note(vllm.found, vllm.helpers)
+                                      + dropped_note(dropped_before, dropped_after)))
     if future:
         head += "\n" + "".join(cst.Module(body=[]).code_for_node(s).lstrip("\n") for s in future)
     rank_block = RANK_BLOCK.format(imports=imports, seeds=seeds,
@@ -217,7 +225,7 @@ def _convert(path, precision, script_name, keep_global_batch, dry_run, dry_run_m
 
 
 def _rewrite_cell(cell: int, module: cst.Module, facts: Facts, rewriter: CellRewriter, dry: DryRun | None,
-                  changes: list[Change], ports: Ports) -> list[cst.BaseStatement]:
+                  changes: list[Change], ports: Ports, vllm: VllmOff) -> list[cst.BaseStatement]:
     """One cell's statements, rewritten and guarded by the rule in `kit.notebooks.convert.ranks`."""
     out: list[cst.BaseStatement] = []
     post: list[cst.BaseStatement] = []
@@ -230,10 +238,12 @@ def _rewrite_cell(cell: int, module: cst.Module, facts: Facts, rewriter: CellRew
         if not isinstance(stmt, cst.BaseStatement):
             changes.extend(Change(cell, f"port: {t}", r) for r, t in ports.notes)
             continue
+        vllm.notes = []
+        stmt = stmt.visit(vllm)  # vLLM out, transformers generation in (kit.notebooks.convert.vllm_off)
         rewriter.notes = []
         rewriter.after_training = facts.after_training((cell, i))
         new = stmt.visit(rewriter)
-        notes = [(r, f"port: {t}") for r, t in ports.notes] + list(rewriter.notes)
+        notes = [(r, f"port: {t}") for r, t in ports.notes] + vllm.notes + list(rewriter.notes)
         if dry is not None and isinstance(new, cst.CSTNode):
             dry.notes = []
             new = new.visit(dry)

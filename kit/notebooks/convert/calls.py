@@ -206,10 +206,6 @@ class CellRewriter(cst.CSTTransformer):
             updated = updated.with_changes(args=[a.with_changes(value=self._placement(a.value, "dict(…)"))
                                                  if a.keyword is not None and a.keyword.value == "device_map"
                                                  else a for a in updated.args])
-        if (a := kwarg(updated, "fast_inference")) is not None and code(a.value) == "True":
-            self.note(f"{name}: fast_inference=True → False: Unsloth's vLLM engine does not run inside a "
-                      "torchrun rank; generation during training uses transformers instead (slower, same result)")
-            updated = set_kwarg(updated, "fast_inference", "False")
         if short == "from_pretrained":  # after training rank 0 alone loads, and may spread over every GPU
             return updated if self.after_training else self._pin_device_map(updated, name)
         if is_training_args(updated):

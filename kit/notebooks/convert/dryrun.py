@@ -140,10 +140,11 @@ class Plan:
         by_trainer = next((TRAINER_SCHEMAS[t] for t in sorted(trainers) if t in TRAINER_SCHEMAS), None)
         self.schema = by_trainer or self.schema
         functions = {f.name: f for tree in trees for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)}
-        for fn in reward_funcs:  # a GRPO reward function's own arguments are dataset columns
-            fn = functions.get(fn.id) if isinstance(fn, ast.Name) else None
-            if fn is not None:
-                extra |= {a.arg for a in [*fn.args.args, *fn.args.kwonlyargs] if a.arg not in REWARD_ARGS}
+        rewards = [functions[fn.id] for fn in reward_funcs if isinstance(fn, ast.Name) and fn.id in functions]
+        for fn in rewards:  # a GRPO reward function's own arguments are dataset columns
+            extra |= {a.arg for a in [*fn.args.args, *fn.args.kwonlyargs] if a.arg not in REWARD_ARGS}
+        if self.schema == "prompt" and _text_prompts(trees, rewards):
+            self.schema = "prompt_text"
         extra |= columns  # every key the notebook reads, other than another schema's columns (below)
         taken = set(_schema_columns(self.schema))
         # With the rows' format fixed by the trainer (DPO, KTO, GRPO), other formats' columns the notebook
@@ -164,6 +165,23 @@ class Plan:
                     self.literals |= {t.id: v.value for t, v in zip(target.elts, node.value.elts)
                                       if isinstance(t, ast.Name) and isinstance(v, ast.Constant)
                                       and isinstance(v.value, str)}
+
+
+def _text_prompts(trees: list[ast.Module], rewards: list[ast.FunctionDef]) -> bool:
+    """Whether a GRPO notebook's source data has its prompts as plain text, not chat messages: it reads
+    `x["prompt"]` to build its own prompts (`{"prompt": [..., {"content": x["prompt"]}]}`), or its reward
+    functions read their completions as text (TRL answers in the prompts' format: chats get chats)."""
+    nodes = [n for t in trees for n in ast.walk(t)]
+    reads = any(isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Load) and _strings(n.slice) == {"prompt"}
+                and isinstance(n.slice, ast.Constant) for n in nodes)
+    builds = any(isinstance(n, ast.Dict) and any(isinstance(k, ast.Constant) and k.value == "prompt" for k in n.keys)
+                 for n in nodes)
+    if reads and builds:
+        return True
+    reading = [f for f in rewards if any(isinstance(n, ast.Name) and n.id == "completions" and isinstance(n.ctx, ast.Load)
+                                         for s in f.body for n in ast.walk(s))]
+    chat = any(isinstance(n, ast.Constant) and n.value in ("content", "role") for f in rewards for n in ast.walk(f))
+    return bool(reading) and not chat
 
 
 def _dataset_dicts(trees: list[ast.Module]) -> set[str]:
@@ -208,9 +226,11 @@ def _family(owners: set[str]) -> str:
 class DryRun(cst.CSTTransformer):
     """Rewrites one cell for a dry run; `notes` say what changed."""
 
-    def __init__(self, trees: list[ast.Module], model: Path | None = None, data: Path = TINY_DATA, push: bool = False):
+    def __init__(self, trees: list[ast.Module], model: Path | None = None, data: Path = TINY_DATA, push: bool = False,
+                 reward_cells: dict[str, int] | None = None):
         super().__init__()
         self.push = push  # --dry-run-push: Hub writes go through, to the Hub HF_ENDPOINT names (kit's tests)
+        self.reward_cells = reward_cells or {}  # function name -> the cell that defines it
         self.plan = Plan(trees)
         self.produced, self.literals, self.schema, self.extra = (self.plan.produced, self.plan.literals,
                                                                  self.plan.schema, self.plan.extra)
@@ -335,6 +355,13 @@ class DryRun(cst.CSTTransformer):
         if short.endswith("Trainer") and kwarg(updated, "quantization_config") is not None:  # trainer loads it
             updated = drop_kwarg(updated, "quantization_config")
             self.notes.append(f"{name}: quantization_config dropped (a tiny model on any device)")
+        if short.endswith("Trainer") and (a := kwarg(updated, "reward_funcs")) is not None:
+            cells = {n: c for n, c in self.reward_cells.items() if n in code(a.value)}
+            self.notes.append(f"{short}: the notebook's reward functions checked on each call (a failure: one "
+                              "line naming the function and its cell)")
+            updated = set_kwarg(updated, "reward_funcs", code(self._helper(
+                "rewards", cst.Arg(a.value), cst.Arg(cst.parse_expression(repr(cells)), keyword=cst.Name("cells"),
+                                    equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))))))
         if name in ("pipeline", "transformers.pipeline", "LLM", "vllm.LLM") or (
                 short.endswith("Trainer") and (a := kwarg(updated, "model")) is not None
                 and isinstance(a.value, (cst.SimpleString, cst.Name))):
@@ -369,6 +396,8 @@ class DryRun(cst.CSTTransformer):
             return self._helper("cuda", cst.Arg(cst.SimpleString(repr(short))), *updated.args)
         if short in ("generate", "fast_generate") and kwarg(updated, "max_new_tokens") is not None:
             return set_kwarg(updated, "max_new_tokens", str(MAX_NEW_TOKENS))
+        if short == "SamplingParams" and kwarg(updated, "max_tokens") is not None:  # vLLM's (kit_vllm's) spelling
+            return set_kwarg(updated, "max_tokens", str(MAX_NEW_TOKENS))
         return updated
 
     def _tiny_load(self, call: cst.Call, name: str) -> cst.Call:

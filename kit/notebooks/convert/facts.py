@@ -20,7 +20,6 @@ COLLECTIVE_METHODS = {"train", "evaluate", "predict"}
 HUB_WRITES = {"push_to_hub", "push_to_hub_merged", "push_to_hub_gguf", "upload_folder", "upload_file",
               "create_repo"}
 SECRET_GETTERS = {"get_secret", "userdata.get"}
-VLLM_ONLY = {"fast_generate", "load_lora", "save_lora"}
 TRACKERS = ("wandb.", "trackio.", "mlflow.", "comet_ml.")  # tracker calls: rank 0's, like prints
 
 
@@ -297,24 +296,11 @@ def _names_hf_secret(call: ast.Call) -> bool:
 def vllm_refusal(trees: list[tuple[int, ast.Module]], facts: Facts) -> tuple[int, int, str] | None:
     """vLLM that cannot run inside a torchrun rank: (cell, line, why), or None.
 
-    Unsloth's `fast_inference=True` starts a vLLM engine in the process; when the notebook also
-    calls `model.fast_generate`/`load_lora`, kit cannot switch the engine off, and vLLM's engine
-    does not run inside one rank of a 2-process group. A vLLM `LLM(...)` before the end of
-    training has the same problem; after it, rank 0 runs it alone with no process group left.
+    A vLLM `LLM(...)` before the end of training would start one engine per rank inside the
+    process group; after it, rank 0 runs it alone with no process group left. (Unsloth's
+    `fast_inference=True` and TRL's `use_vllm=True` are converted to transformers generation:
+    `kit.notebooks.convert.vllm_off`.)
     """
-    fast, uses = None, []
-    for cell, tree in trees:
-        for node in live_nodes(tree):
-            if isinstance(node, ast.Call):
-                func = ast.unparse(node.func)
-                if any(k.arg == "fast_inference" and ast.unparse(k.value) == "True" for k in node.keywords):
-                    fast = fast or (cell, node.lineno)
-                if func.rsplit(".", 1)[-1] in VLLM_ONLY:
-                    uses.append(f"{func}() (cell {cell})")
-    if fast and uses:
-        return (*fast, f"fast_inference=True starts a vLLM engine in every torchrun rank, which vLLM does not "
-                       f"support, and the notebook needs it for {', '.join(dict.fromkeys(uses))}: set "
-                       "fast_inference=False and use model.generate, or run this notebook with python on one GPU")
     for (cell, i), stmt in facts.statements:
         if facts.after_training((cell, i)):
             break

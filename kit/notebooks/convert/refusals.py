@@ -10,6 +10,7 @@ import ast
 
 from kit.notebooks.convert.cells import TRAINING_WORDS
 from kit.notebooks.convert.facts import Facts, vllm_refusal
+from kit.notebooks.convert.rewards import reward_problem
 from kit.errors import UsageError
 from kit.notebooks.convert.syntax import clip
 from kit.machine.command import launch_command
@@ -40,6 +41,8 @@ def check_convertible(trees: list[tuple[int, ast.Module]], facts: Facts) -> None
                                              "can get: use a constant or os.environ"))
     if (vllm := vllm_refusal(trees, facts)) is not None:
         problems.append(vllm)
+    if (reward := reward_problem(trees)) is not None:
+        problems.append(reward)
     if problems:
         cell, line, what = min(problems)
         raise UsageError(f"cell {cell}, line {line}: {what}; then convert again")

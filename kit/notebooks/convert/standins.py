@@ -27,6 +27,8 @@ TINY_DATA = ROOT / "data" / "ha_commands.jsonl"
 FAMILIES = {"causal": TINY_MODEL, "masked": MODELS / "tiny-bert", "seq2seq": MODELS / "tiny-t5"}
 BUILDERS = {"json", "csv", "parquet", "text", "arrow", "imagefolder", "audiofolder", "webdataset", "pandas"}
 LABELS = {"label", "labels"}  # class ids, not text
+PROMPT_SCHEMAS = ("prompt", "prompt_text")  # GRPO & co: prompts, plus the columns the reward functions read
+REFERENCE_WORDS = ("answer", "solution")  # a GRPO reference column: a number, as math data sets have it
 HELD_OUT = 16
 # Packages that need a CUDA GPU, with a CPU stand-in here, used when the dry run has no GPU.
 CPU_PACKAGES = Path(__file__).resolve().parent / "cpu_packages"
@@ -58,6 +60,8 @@ def _shape(schema: str, rows: list[tuple[str, str, str]]) -> dict[str, list]:
                 "label": [i % 2 == 0 for i in range(len(rows))]}
     if schema == "prompt":  # GRPO & co: prompts only, the trainer generates the completions
         return {"prompt": [[{"role": "user", "content": u}] for u in user]}
+    if schema == "prompt_text":  # the same, as plain text
+        return {"prompt": user}
     if schema == "prompt_completion":
         return {"prompt": user, "completion": assistant}
     if schema == "text":
@@ -67,11 +71,20 @@ def _shape(schema: str, rows: list[tuple[str, str, str]]) -> dict[str, list]:
 
 
 def _columns(schema: str, path: str, extra=()) -> dict[str, list]:
+    """The rows in `schema`'s columns, plus each `extra` column: class ids for a label; for GRPO's prompt
+    rows, a number as text for an answer or solution (the reference a math notebook's reward functions and
+    filters read: `float(answer)`, `pd.to_numeric(df["expected_answer"])`); else the row's text."""
     rows = _rows(path)
     columns = _shape(schema, rows)
     for name in extra:
-        if name not in columns:
-            columns[name] = [i % 2 for i in range(len(rows))] if name in LABELS else [f"{u}\n{a}" for _, u, a in rows]
+        if name in columns:
+            continue
+        if name in LABELS:
+            columns[name] = [i % 2 for i in range(len(rows))]
+        elif schema in PROMPT_SCHEMAS and any(w in name.lower() for w in REFERENCE_WORDS):
+            columns[name] = [str(len(u.split())) for _, u, _ in rows]
+        else:
+            columns[name] = [f"{u}\n{a}" for _, u, a in rows]
     return columns
 
 
@@ -231,6 +244,53 @@ class StandIns:
         else:
             first = next(iter(columns))
             out.write_text("".join(f"{v}\n" for v in columns[first]), encoding="utf-8")
+
+    # --- GRPO's reward functions ------------------------------------------------------------------
+
+    def rewards(self, funcs, cells=None):
+        """The notebook's own reward functions, each checked on its calls in the dry run's GRPO steps: one
+        that raises, or returns other than one number (or None) per completion, stops the run with one
+        `error:` line naming it and the cell that defines it (TRL's own error would come from deep inside
+        its step). Reward models (an id, an nn.Module) and async functions are passed as they are."""
+        import inspect
+
+        one = not isinstance(funcs, (list, tuple))
+        out = [f if not callable(f) or inspect.iscoroutinefunction(f) or hasattr(f, "forward")
+               else self._checked(f, (cells or {}).get(getattr(f, "__name__", ""))) for f in ([funcs] if one else funcs)]
+        return out[0] if one else out
+
+    def _checked(self, func, cell):
+        import functools
+
+        name = getattr(func, "__name__", "reward function")
+        where = f"cell {cell}: " if cell else ""
+
+        def stop(what: str):
+            print(f"error: {where}the reward function `{name}` {what} (the dry run's GRPO step, on stand-in "
+                  "prompts): fix it in the notebook and convert again", file=sys.stderr, flush=True)
+            raise SystemExit(2)
+
+        @functools.wraps(func)
+        def checked(*args, **kwargs):
+            completions = kwargs.get("completions", args[1] if len(args) > 1 else ())
+            try:
+                out = func(*args, **kwargs)
+            except Exception as exc:  # the notebook's code: its failure is named in one line
+                stop(f"raised {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}")
+            try:
+                values = list(out)
+            except TypeError:
+                stop(f"returned {type(out).__name__}, not a list of {len(completions)} numbers")
+            if len(values) != len(completions):
+                stop(f"returned {len(values)} values for {len(completions)} completions")
+            for v in values:
+                try:
+                    None if v is None else float(v)
+                except (TypeError, ValueError):
+                    stop(f"returned {type(v).__name__} {str(v)[:40]!r}, not a number or None")
+            return out
+
+        return checked
 
     # --- GPU-only queries -------------------------------------------------------------------------
 

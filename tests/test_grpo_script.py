@@ -1,0 +1,391 @@
+"""trainer=grpo end to end: the plan, the rendered script in-process (a bad reward file, name, signature or
+return length, a wrong data shape, an indivisible batch: one line, exit 2, before any model loads), and under
+real torchrun (2 gloo ranks, CPU, the tiny model) with the test Hub (tests/hubserver.py) as the store,
+kill -9 and resume."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import runpy
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import huggingface_hub
+import pytest
+
+from kit import cli
+from kit.planning import config, grpo, memory, shapes
+from kit.planning.fit import batch_for_world
+from kit.planning.plan import make_plan
+from kit.machine import gpu_table
+from tests.hubserver import WRITE_TOKEN, HubServer
+from tests.scripts import FAST, ROOT, cpu_env, kill_job, losses, torchrun_cmd
+from tests.test_resume import assert_same_training, wait_for_steps
+
+CONFIG = "configs/grpo-tiny.yaml"
+STEPS = ["max_steps=12", "save_steps=3", "keep_checkpoints=2", *FAST]
+
+
+def grpo_cfg(**changes) -> config.RunConfig:
+    cfg = config.load(str(ROOT / CONFIG))
+    for key, value in changes.items():
+        config.set_value(cfg, key.replace("__", "."), value)
+    return cfg
+
+
+# ---- the plan -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("gpus,nproc", [("2xT4", None), ("1xT4", None), ("1xH100", None)])
+@pytest.mark.parametrize("pdb,generations", [(None, 4), (None, 8), (2, 8), (3, 4)])
+def test_the_planner_picks_a_global_batch_of_whole_groups(gpus, nproc, pdb, generations):
+    cfg = grpo_cfg(per_device_batch=pdb, global_batch=None, grpo__num_generations=generations)
+    plan = make_plan(gpu_table.synthesize(gpus), cfg, nproc)
+    assert plan.global_batch % generations == 0
+    assert plan.global_batch == plan.per_device_batch * plan.grad_accum * plan.nproc
+    if pdb:
+        assert plan.per_device_batch == pdb
+    assert any(f"num_generations={generations}" in r for r in plan.reasons)
+    # The same rule at launch (the script settles the plan's global batch through fit.batch_for_world), for the
+    # number of processes the script actually gets.
+    at_launch = dataclasses.replace(cfg, global_batch=plan.global_batch)
+    for world in (1, 2, 4):
+        per_device, accum, global_batch = batch_for_world(at_launch, cfg.per_device_batch or plan.per_device_batch,
+                                                          world)
+        assert global_batch == plan.global_batch and per_device * accum * world == global_batch
+
+
+def test_a_fixed_indivisible_batch_is_one_line_naming_the_nearest_valid_ones(capsys):
+    code = cli.main(["plan", "--config", str(ROOT / CONFIG), "--gpus", "2xT4", "global_batch=6",
+                     "per_device_batch=null"])
+    err = capsys.readouterr().err
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert code == 2 and len(errors) == 1, err
+    assert "num_generations=4" in errors[0] and "global_batch=4 or 8" in errors[0]
+    code = cli.main(["plan", "--config", str(ROOT / CONFIG), "--gpus", "2xT4", "global_batch=6",
+                     "per_device_batch=3"])
+    err = capsys.readouterr().err
+    assert code == 2 and "global_batch=12" in err and "3 per GPU x 2 GPUs" in err
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"strategy": "fsdp"}, "strategy=fsdp is not for trainer grpo"),
+    ({"strategy": "model_parallel"}, "strategy=model_parallel is not for trainer grpo"),
+    ({"grpo__rewards": None}, "trainer=grpo needs reward functions"),
+    ({"grpo__rewards": "rewards.py"}, "is not FILE.py:NAME"),
+    ({"activation_offloading": "on"}, "TRL's GRPOConfig has no activation offloading"),
+    ({"batching": "packed"}, "batching=packed is for trainer sft"),
+    ({"eval_steps": 5}, "eval_steps=5 is not for trainer grpo"),
+])
+def test_settings_grpo_cannot_run_are_refused_at_plan_time(change, words):
+    from kit.errors import UsageError
+
+    with pytest.raises(UsageError, match=re.escape(words)):
+        make_plan(gpu_table.synthesize("2xT4"), grpo_cfg(**change))
+
+
+def test_plan_text_shows_the_grpo_memory_terms(capsys):
+    # Qwen3-4B LoRA on Kaggle's 2xT4 (fp16), 1 completion a micro-batch, 16 generations: each rank generates 8
+    # completions of 512 + 1024 tokens at once, then trains on them one at a time: generation is the peak.
+    code = cli.main(["plan", "--config", str(ROOT / CONFIG), "--gpus", "2xT4", "model=Qwen/Qwen3-4B", "seq_len=512",
+                     "grpo.max_completion_length=1024", "grpo.num_generations=16", "per_device_batch=1",
+                     "global_batch=null", "gradient_checkpointing=auto"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "ddp" in out and "fp16" in out
+    assert re.search(r"kv_cache\s+\d+\.\d\d", out) and "sampling_logits_fp32" in out
+    assert "generation is the peak" in out and "each generating its own share" in out
+    assert "reference: none (grpo.beta=0" in out and "vLLM" in out
+    assert "1 per GPU × 8 accumulation steps × 2 processes = 16" in out
+    plan = make_plan(gpu_table.synthesize("2xT4"), grpo_cfg(model="Qwen/Qwen3-4B", seq_len=512,
+                                                             grpo__max_completion_length=1024,
+                                                             grpo__num_generations=16, per_device_batch=1,
+                                                             global_batch=None, gradient_checkpointing="auto"))
+    m = shapes.model_facts("Qwen/Qwen3-4B")
+    generated = plan.per_device_batch * plan.grad_accum  # each rank generates its share of a generation batch at once
+    assert plan.memory["terms"]["kv_cache"] == memory.kv_cache_bytes(m, generated, 512 + 1024, 2)
+
+
+def test_the_reference_counts_only_with_beta():
+    cfg = grpo_cfg(model="Qwen/Qwen3-1.7B", method="full", seq_len=128, grpo__max_completion_length=256)
+    m = shapes.model_facts("Qwen/Qwen3-1.7B")
+    without = memory.estimate(m, cfg, "bf16", 8, True, False)
+    assert "reference_weights" not in without.terms
+    cfg.grpo.beta = 0.04
+    assert memory.estimate(m, cfg, "bf16", 8, True, False).terms["reference_weights"] == m.params * 2
+    lora = grpo_cfg(model="Qwen/Qwen3-1.7B", grpo__beta=0.04)
+    est = memory.estimate(m, lora, "bf16", 8, True, False)
+    assert "reference_weights" not in est.terms and any("adapter disabled" in n for n in est.notes)
+
+
+def test_the_memory_of_a_grpo_step_is_grpo_estimate():
+    cfg = grpo_cfg(model="Qwen/Qwen3-1.7B", seq_len=128, grpo__max_completion_length=256, grpo__num_generations=8,
+                   global_batch=None)
+    m = shapes.model_facts("Qwen/Qwen3-1.7B")
+    via_plan = memory.estimate(m, cfg, "bf16", 8, True, False)
+    direct = memory.grpo_estimate(m, cfg, "bf16", completions_per_device=8, prompt_tokens=128, completion_tokens=256,
+                                  beta=0.0, gradient_checkpointing=True, quantized=False)
+    assert via_plan.terms == direct.terms
+    assert grpo.accumulation(cfg, 2, 1) == 4  # 2 completions a micro-batch: 4 accumulation steps hold a group of 8
+
+
+# ---- the script, in-process ---------------------------------------------------------------------
+@pytest.fixture
+def box(tmp_path, monkeypatch):
+    """A temp copy of the checkout's configs, data and model with train_grpo.py rendered there, as the cwd."""
+    root = tmp_path / "box"
+    root.mkdir()
+    for name in ("configs", "data", "models"):
+        shutil.copytree(ROOT / name, root / name)
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setenv("KIT_PLATFORM", "local")
+    assert cli.main(["render", "--config", CONFIG, "-o", "train_grpo.py"]) == 0
+    return root
+
+
+def run_script(box: Path, argv: list[str]) -> int:
+    saved = sys.argv
+    sys.argv = [str(box / "train_grpo.py"), *argv]
+    try:
+        runpy.run_path(str(box / "train_grpo.py"), run_name="__main__")
+    except SystemExit as e:
+        return int(e.code or 0)
+    finally:
+        sys.argv = saved
+    return 0
+
+
+GOOD = "def ok(completions, **kwargs):\n    return [1.0] * len(completions)\n"
+REWARD_CASES = [
+    ("missing-file", {}, "nope.py:ok", "rewards: .*nope.py not found"),
+    ("import-fails", {"r.py": "import not_a_module_anywhere\n"}, "r.py:ok", "r.py failed to import: ModuleNotFoundError"),
+    ("missing-name", {"r.py": GOOD}, "r.py:ok,format", "r.py has no function 'format'"),
+    ("not-callable", {"r.py": GOOD + "format = 3\n"}, "r.py:format", "r.py:format is a int, not a function"),
+    ("no-kwargs", {"r.py": "def ok(completions):\n    return [1.0] * len(completions)\n"}, "r.py:ok",
+     "r.py:ok cannot be called by TRL: it takes no \\*\\*kwargs"),
+    ("unknown-parameter", {"r.py": "def ok(completions, solution, **kwargs):\n    return [1.0] * len(completions)\n"},
+     "r.py:ok", "its parameter 'solution' has no default and is not a column of the data"),
+    ("raises", {"r.py": "def ok(completions, **kwargs):\n    return [1 / 0]\n"}, "r.py:ok",
+     "r.py:ok raised ZeroDivisionError"),
+    ("wrong-length", {"r.py": "def ok(completions, **kwargs):\n    return [1.0]\n"}, "r.py:ok",
+     "r.py:ok returned 1 values for 2 completions"),
+    ("not-numbers", {"r.py": "def ok(completions, **kwargs):\n    return ['good'] * len(completions)\n"}, "r.py:ok",
+     "r.py:ok returned str values"),
+]
+
+
+def assert_refused_before_loading(code: int, capfd, want: str) -> None:
+    out, err = capfd.readouterr()
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert code == 2, f"exit {code}\n{out[-2000:]}\n{err[-2000:]}"
+    assert len(errors) == 1 and re.search(want, errors[0]), err[-2000:]
+    assert "Traceback" not in out + err
+    assert "trainable parameters" not in out and "Loading weights" not in out + err  # no model was loaded
+
+
+@pytest.mark.parametrize("files,spec,want", [c[1:] for c in REWARD_CASES], ids=[c[0] for c in REWARD_CASES])
+def test_a_bad_reward_file_is_one_line_exit_2_before_the_model_loads(box, capfd, files, spec, want):
+    # The config lives in its own folder with its reward file beside it: the file is found from there.
+    folder = box / "job"
+    folder.mkdir()
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    (folder / "job.yaml").write_text((box / CONFIG).read_text().replace("grpo_rewards.py:json_format,brevity", spec)
+                                     .replace("data/grpo_prompts.jsonl", str(box / "data" / "grpo_prompts.jsonl")))
+    code = run_script(box, ["--config", str(folder / "job.yaml"), f"output_dir={box / 'out'}"])
+    assert_refused_before_loading(code, capfd, want)
+    assert not (box / "out").exists() or not any((box / "out").glob("checkpoint-*"))
+
+
+def prompt_rows(rows) -> str:
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+@pytest.mark.parametrize("files,argv,want", [
+    ({}, ["data.path=data/ha_commands.jsonl"], "trainer=grpo needs a column prompt .*set trainer=sft or dpo"),
+    ({"p.jsonl": prompt_rows([{"prompt": 5, "answer": "x"}, {"prompt": 6, "answer": "y"}])},
+     ["data.path=p.jsonl"], "p.jsonl line 1: field 'prompt' is int"),
+    ({"p.jsonl": prompt_rows([{"prompt": "turn on the light", "answer": "x"}, {"prompt": " ", "answer": "y"}])},
+     ["data.path=p.jsonl"], "p.jsonl line 2: field 'prompt' is empty"),
+    ({"p.jsonl": prompt_rows([{"prompt": [{"role": "bot", "content": "x"}], "answer": "x"}])},
+     ["data.path=p.jsonl"], "p.jsonl line 1: prompt\\[0\\] has role 'bot'"),
+    ({"p.jsonl": prompt_rows([{"question": "q", "answer": "x"}] * 4)}, ["data.path=p.jsonl",
+                                                                        "data.columns={prompt: query}"],
+     "data.columns maps prompt → 'query'"),
+    ({"p.jsonl": prompt_rows([{"prompt": f"light {i}", "completions": "x"} for i in range(4)])},
+     ["data.path=p.jsonl"], "p.jsonl has a column completions, a name TRL passes the reward functions itself"),
+    ({}, ["global_batch=6"], "global_batch 6 is not a multiple of per_device_batch 2|num_generations=4"),
+    ({}, ["global_batch=10", "per_device_batch=null"], "num_generations=4.*global_batch=8 or 12"),
+    ({}, ["grpo.num_generations=1"], "it needs at least 2"),
+], ids=["sft-data", "prompt-not-text", "prompt-empty", "bad-role", "columns-missing", "reserved-column",
+        "indivisible", "indivisible-picked", "one-generation"])
+def test_a_wrong_data_shape_or_batch_is_one_line_exit_2_before_the_model_loads(box, capfd, files, argv, want):
+    for name, text in files.items():
+        (box / name).write_text(text)
+    code = run_script(box, [f"output_dir={box / 'out'}", *argv])
+    assert_refused_before_loading(code, capfd, want)
+
+
+def test_prompts_keep_their_columns_for_the_rewards_and_a_mapped_prompt_is_read(box):
+    from kit.train import prompt_data
+
+    (box / "q.jsonl").write_text(prompt_rows([{"question": f"turn on light {i}", "answer": str(i), "level": i}
+                                              for i in range(10)]))
+    cfg = grpo_cfg(data__path="q.jsonl", data__columns={"prompt": "question"})
+    ds = prompt_data.load(cfg)
+    assert sorted(ds.column_names) == ["answer", "level", "prompt", "row_hash"]
+    assert ds[3]["prompt"] == "turn on light 3" and ds[3]["level"] == 3
+    rows = prompt_data.dry_rows(ds)
+    assert rows["answer"] == ["0", "1"] and "row_hash" not in rows
+
+
+def test_prompts_longer_than_seq_len_are_left_out_and_counted(box):
+    from transformers import AutoTokenizer
+
+    from kit.train import data
+
+    long = " ".join(["light"] * 400)
+    (box / "p.jsonl").write_text(prompt_rows([{"prompt": long if i % 5 == 0 else f"light {i}", "answer": "x"}
+                                              for i in range(20)]))
+    cfg = grpo_cfg(data__path="p.jsonl", seq_len=64)
+    prepared = data.prepare(cfg, AutoTokenizer.from_pretrained(str(box / "models" / "tiny-qwen3")))
+    assert prepared.format == "prompts" and prepared.dropped_too_long == 4
+    assert len(prepared.train) + len(prepared.eval) == 16
+    assert "4 dropped (prompt longer than seq_len)" in prepared.summary()
+
+
+def test_the_script_builds_grpo_trainer_with_the_rewards_and_the_fast_generation(box):
+    text = (box / "train_grpo.py").read_text()
+    compile(text, "train_grpo.py", "exec")
+    assert "training_args = GRPOConfig(" in text and "trainer = GRPOTrainer(" in text
+    assert "reward_funcs=job.reward_funcs," in text and "num_generations=cfg.grpo.num_generations" in text
+    assert "generation.speed_up_generation(trainer, max_prompt_tokens=cfg.seq_len)" in text
+    assert "modeling.reference_is_base(trainer.model)" in text
+    assert "'dpo'" not in text.split("SETTINGS = ")[1].split("PLAN = ")[0]  # its own trainer's section only
+
+
+# ---- under torchrun -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def script(tmp_path_factory) -> Path:
+    """train_grpo.py, rendered by `kit render` from the shipped config for 2 CPU ranks."""
+    out = tmp_path_factory.mktemp("scripts") / "train_grpo.py"
+    r = subprocess.run([sys.executable, "-m", "kit", "render", "--config", CONFIG, "-o", str(out)], cwd=ROOT,
+                       env=env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def env(**extra) -> dict:
+    return cpu_env(PYTHONPATH=str(ROOT), **extra)  # the script lives in a temp folder: kit from this checkout
+
+
+def hub_env(server) -> dict:
+    return env(HF_ENDPOINT=server.url, HF_TOKEN=WRITE_TOKEN, HF_HUB_OFFLINE="0", HF_HUB_DISABLE_TELEMETRY="1")
+
+
+def run(script: Path, args: list[str], environ: dict, timeout: float = 400) -> subprocess.CompletedProcess:
+    return subprocess.run(torchrun_cmd(script, 2) + args, cwd=ROOT, env=environ, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture
+def server():
+    with HubServer(tokens={WRITE_TOKEN: "write"}) as s:
+        yield s
+
+
+@pytest.mark.slow
+def test_two_ranks_train_deliver_and_push_once(script, server, tmp_path):
+    out = tmp_path / "run"
+    r = run(script, [f"output_dir={out}", "store=hf://me/grpo-tiny", *STEPS], hub_env(server))
+    log = r.stdout + r.stderr
+    assert r.returncode == 0, log[-3000:]
+    assert log.count("[kit] complete: step 12 of 12") == 1 and "2 × cpu" in log
+    assert "batch 2 × accumulation 2 × 2 = 8" in log  # 2 prompts x 4 generations per optimizer step
+    assert "[kit] rewards: json_format, brevity" in log
+    assert log.count("[kit] pushed: ") == 1  # final/ once, by rank 0
+    assert (out / "final" / "adapter_model.safetensors").is_file()
+    assert "ref" not in {p.name for p in (out / "final").iterdir()}
+    card = (out / "final" / "README.md").read_text()
+    assert "TRL GRPOTrainer" in card and "json_format" in card and "brevity" in card  # the reward functions by name
+    pushed = server.files("me/grpo-tiny")
+    assert "final/adapter_model.safetensors" in pushed and "final/eval_results.json" in pushed
+    history = json.loads((out / "checkpoint-12" / "trainer_state.json").read_text())["log_history"]
+    steps = [h for h in history if "loss" in h]
+    assert len(steps) == 12 and all("rewards/json_format/mean" in h and "rewards/brevity/mean" in h for h in steps)
+    assert any(h["grad_norm"] > 0 for h in steps)  # the rewards differ within groups: the adapter moves
+    # Each reward function's mean on the held-out prompts, before and after (kit.evaluation.rewards).
+    results = json.loads((out / "final" / "eval_results.json").read_text())
+    for record in (results["baseline"]["result"], results["final"]["result"]):
+        assert set(record["rewards"]) == {"json_format", "brevity"}, record
+
+
+@pytest.mark.slow
+def test_kill_9_then_rerun_ends_with_the_uninterrupted_adapter(script, server, tmp_path):
+    reference = tmp_path / "reference"
+    r = run(script, [f"output_dir={reference}", *STEPS], env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = tmp_path / "run"
+    args = [f"output_dir={out}", "store=hf://me/grpo-cut", *STEPS]
+    log = tmp_path / "first.log"
+    with open(log, "w") as f:
+        proc = subprocess.Popen(torchrun_cmd(script, 2) + args, cwd=ROOT, env=hub_env(server), stdout=f,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        assert wait_for_steps(proc, log, 7, timeout=300), log.read_text()[-3000:]
+        kill_job(proc, str(out))
+    again = run(script, args, hub_env(server))
+    words = again.stdout + again.stderr
+    assert again.returncode == 0, words[-3000:]
+    assert "resuming from step" in words
+    assert [s for s, _ in losses(out / "checkpoint-12")] == list(range(1, 13))
+    # The same prompts, the same sampled completions (each rank's RNG restored), the same rewards and updates.
+    assert_same_training(reference / "checkpoint-12", out / "checkpoint-12")
+    rewards = [[h["reward"] for h in json.loads((d / "checkpoint-12" / "trainer_state.json").read_text())
+                ["log_history"] if "reward" in h] for d in (reference, out)]
+    assert rewards[0] == rewards[1]
+
+
+def test_a_rank_that_cannot_import_the_rewards_stops_with_one_line(tmp_path):
+    # The other ranks import the file rank 0 checked; one that cannot (a file only rank 0's machine has) raises
+    # the error on every rank (dist.gather) instead of leaving the others waiting in training.
+    from types import SimpleNamespace
+
+    from kit.errors import UsageError
+    from kit.train.job import Job
+
+    (tmp_path / "job.yaml").write_text("trainer: grpo\n")
+    job = Job(grpo_cfg(grpo__rewards="gone.py:ok"), SimpleNamespace(rank=1, is_main=False, world_size=2), None,
+              config_path=str(tmp_path / "job.yaml"))
+    with pytest.raises(UsageError, match=r"rank 1: rewards: .*gone.py not found"):
+        job._rewards_on_every_rank()
+    (tmp_path / "gone.py").write_text(GOOD)
+    job._rewards_on_every_rank()
+    assert [f.__name__ for f in job.reward_funcs] == ["ok"]
+
+
+def test_an_epoch_of_prompts_is_num_generations_completions_of_each():
+    from types import SimpleNamespace
+
+    from kit.train.job import Job
+
+    cfg = grpo_cfg(max_steps=None, epochs=1.0)  # 4 generations, 2 completions a micro-batch, global batch 8
+    plan = SimpleNamespace(per_device_batch=2, grad_accum=2, global_batch=8)
+    job = Job(cfg, SimpleNamespace(rank=0, is_main=True, world_size=2), plan)
+    assert job.max_steps(144) == 72  # 144 prompts x 4 completions / 8 a step (before: 18, a quarter of them)
+
+
+def test_the_reasons_say_what_the_plan_chose_for_grpo():
+    # On an H100 "auto" offloads activations and takes Liger for sft; GRPOConfig has no activation offloading and
+    # Liger would swap in TRL's fused GRPO loss, which kit has not measured: both off, and the reasons say so.
+    cfg = config.load(str(ROOT / CONFIG), ["gradient_checkpointing=on"])
+    plan = make_plan(gpu_table.synthesize("1xH100"), cfg)
+    words = " ".join(plan.reasons)
+    assert plan.compile_layers is False and plan.kernels == "none" and plan.activation_offloading is False
+    assert "activation_offloading off (trainer grpo" in words and "Liger off (trainer grpo" in words
+    assert "activation_offloading=on turns it on" not in words  # it is refused for grpo
+    assert "compile off for trainer grpo: compiled decoder layers were measured for sft and dpo only" in words
