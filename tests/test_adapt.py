@@ -26,14 +26,14 @@ def test_a_bf16_plan_launched_on_a_t4_trains_in_fp16_and_says_so():
     planned = make_plan(H200, cfg(*QWEN8_QLORA))
     plan, notes = settle.for_rank(planned, cfg(*QWEN8_QLORA), T4)
     assert planned.precision == "bf16" and plan.precision == "fp16"
-    assert "precision fp16 on this GPU (the rendered plan said bf16)" in notes
+    assert any(n.startswith("precision fp16 on this") and "plan said bf16" in n for n in notes)
 
 
 def test_a_warmup_longer_than_the_job_is_said_at_launch_not_refused():
     """A 2-step trial of a config with warmup_steps=5 trains (and is not an error), but says so."""
     short = cfg("max_steps=2", "warmup_steps=5")
     _, notes = settle.for_rank(make_plan(H200, short), short, H200_RANK)
-    assert any(n.startswith("warning: warmup_steps=5 is more than max_steps=2: the learning rate never reaches")
+    assert any(n.startswith("warning: warmup_steps=5 ") and "max_steps=2: " in n and "never reaches" in n
                for n in notes)
     fine = cfg("max_steps=20", "warmup_steps=5")
     assert not any("warmup" in n for n in settle.for_rank(make_plan(H200, fine), fine, H200_RANK)[1])
@@ -54,7 +54,7 @@ def test_planner_and_launch_refuse_bf16_on_a_t4_with_the_same_words():
     with pytest.raises(CannotTrain) as launched:
         settle.for_rank(make_plan(H200, cfg()), cfg("precision=bf16"), T4)
     assert str(planned.value) == str(launched.value)
-    assert "Tesla T4 (sm_75) has no native bf16" in str(launched.value)
+    assert "Tesla T4 (sm_75)" in str(launched.value) and "no native bf16" in str(launched.value)
 
 
 @pytest.mark.parametrize("asked", ["bf16", "fp16"])
@@ -79,7 +79,7 @@ def test_the_global_batch_is_kept_whatever_the_world_size():
 def test_unsloth_planned_but_missing_falls_back_with_a_note_and_asked_for_refuses():
     planned = replace(make_plan(H200, cfg(*QWEN8_QLORA)), backend="unsloth")
     plan, notes = settle.for_rank(planned, cfg(*QWEN8_QLORA), H200_RANK)
-    assert plan.backend == "transformers" and any(n.startswith("Unsloth is not available here") for n in notes)
+    assert plan.backend == "transformers" and any(n.startswith("Unsloth is not") and "available here" in n for n in notes)
     with_it = RankFacts("cuda", vendor="nvidia", capability="9.0", installed=frozenset({"unsloth"}))
     assert settle.for_rank(planned, cfg(*QWEN8_QLORA), with_it)[0].backend == "unsloth"
     with pytest.raises(CannotTrain, match="backend=unsloth was asked for"):
@@ -105,10 +105,10 @@ def test_precision_rule_is_the_one_the_planner_prints():
 
 
 def test_one_launch_command_builder():
-    assert launch_command(2) == "torchrun --standalone --nproc_per_node=2 train_ddp.py"
+    assert launch_command(2).split() == ["torchrun", "--standalone", "--nproc_per_node=2", "train_ddp.py"]
     assert launch_command(1) == "python train_ddp.py"
-    assert launch_command(1, torchrun=True) == "torchrun --standalone --nproc_per_node=1 train_ddp.py"
-    assert launch_command(1, visible=[1], vendor="amd") == "HIP_VISIBLE_DEVICES=1 python train_ddp.py"
+    assert launch_command(1, torchrun=True).split() == ["torchrun", "--standalone", "--nproc_per_node=1", "train_ddp.py"]
+    assert launch_command(1, visible=[1], vendor="amd").split() == ["HIP_VISIBLE_DEVICES=1", "python", "train_ddp.py"]
     assert make_plan(KAGGLE_T4X2, cfg(*QWEN8_QLORA)).launch == launch_command(2)
 
 
@@ -131,7 +131,7 @@ def test_config_at_launch_plans_again_instead_of_keeping_the_embedded_plan(tmp_p
     assert planned.gradient_checkpointing is False and embedded_plan["gradient_checkpointing"] is True
     plan, _ = settle.for_rank(planned, cfg_, CPU)
     assert plan.per_device_batch == 4 and plan.grad_accum == 2
-    assert notes[0].startswith(f"--config {other}: planned for this machine (the CPU)")
+    assert notes[0].startswith(f"--config {other}: planned") and "machine (the CPU)" in notes[0]
 
 
 def test_without_config_the_embedded_plan_is_used_with_the_overrides():

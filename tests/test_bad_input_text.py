@@ -105,7 +105,8 @@ def test_an_override_means_its_text_not_what_yaml_makes_of_it(sandbox, capsys):
     assert config.load(None, ["store=/x #1", "revision=v2 # note"]).store == "/x #1"  # main: '/x' (a comment)
     assert config.load(None, ["revision=v2 # note"]).revision == "v2 # note"
     assert config.load(None, ["output_dir=#run1"]).output_dir == "#run1"  # main: null ('must not be null')
-    assert config.load(None, ["lora.target_modules=[q_proj,\n v_proj]"]).lora.target_modules == ["q_proj", "v_proj"]
+    split_list = "lora.target_modules=[q_proj,\n v_proj]"
+    assert config.load(None, [split_list]).lora.target_modules == ["q_proj", "v_proj"]
     before = snapshot(sandbox)
     code, out, err = run(["plan", "--gpus", "1xT4", "lora.target_modules=[q\nproj]"], capsys)  # main: 'q proj'
     check_contract(sandbox, before, code, out, err, 2, "line break")
@@ -146,7 +147,7 @@ def test_untrusted_text_never_reaches_the_terminal_raw(sandbox, capsys):
         if code:
             assert len([line for line in err.splitlines() if line.startswith("error:")]) == 1, err
     code, out, err = run(["render", "--config", "configs/default.yaml", "-o", "e\nerror: FORGED\u202e.py"], capsys)
-    assert code == 0 and "wrote e\\nerror: FORGED\\u202e.py: " in out, out
+    assert code == 0 and "wrote e\\nerror: FORGED" in out and "FORGED\\u202e.py: " in out, out
     code, out, err = run(["status", "--config", "configs/default.yaml", od], capsys)
     assert "h\\x1b[2J" in out and "paused\\u202e" in out  # the session line, shown escaped
 
@@ -290,7 +291,7 @@ def test_facts_with_more_gpus_than_a_machine_holds_are_refused_quickly(sandbox, 
     facts["torch"] = dict(facts["torch"], arch_list=["sm_75"] * 1000)
     (sandbox / "f.json").write_text(json.dumps(facts))
     code, out, err = run(["plan", "--facts", "f.json"], capsys)
-    assert code == 2 and "1,000 entries in torch.arch_list" in err
+    assert code == 2 and "1,000 entries in" in err and "torch.arch_list" in err
 
 
 @pytest.mark.parametrize("override,want", [

@@ -20,6 +20,7 @@ from kit.cli import main
 from kit.machine.command import shell_word
 from kit.notebooks.convert import convert_notebook
 from kit.errors import UsageError
+from tests.code_asserts import assigns, call, calls, changed, guarded, ifexp, line_of, mapping, squeeze, words_in
 
 TRIPLE = '"' * 3
 FIXTURES = Path(__file__).parent / "fixtures" / "notebooks"
@@ -62,6 +63,38 @@ def keywords(source: str, func: str) -> dict[str, str]:
     raise AssertionError(f"no call to {func}")
 
 
+NO_CUDA = "not torch.cuda.is_available()"
+TORCHRUN2 = ["torchrun", "--standalone", "--nproc_per_node=2"]
+
+
+def doc_lines(source: str) -> list[str]:
+    """The script docstring's lines, stripped (it lists the shell lines to run before launching)."""
+    return [ln.strip() for ln in ast.get_docstring(ast.parse(source)).splitlines()]
+
+
+def call_at(source: str, func: str, first: str) -> dict:
+    """The call to `func` whose first argument is `first`."""
+    [found] = [c for c in calls(source, func) if c.get(0) == first]
+    return found
+
+
+def checks_token(source: str) -> bool:
+    """The script stops before any work when no Hub token is set."""
+    return any(isinstance(n, ast.If) and ast.unparse(n.test) == "huggingface_hub.get_token() is None"
+               for n in ast.walk(ast.parse(source)))
+
+
+def shown_if_not_none(source: str) -> list[str]:
+    """The values printed as IPython shows a cell's last value: `if (shown := VALUE) is not None: print(shown)`."""
+    found = []
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, ast.If) and isinstance(n.test, ast.Compare) and isinstance(n.test.left, ast.NamedExpr) \
+                and isinstance(n.test.ops[0], ast.IsNot) \
+                and ast.unparse(n.body[0]) == "print(shown)":
+            found.append((n.lineno, ast.unparse(n.test.left.value)))
+    return [v for _, v in sorted(found)]
+
+
 def cli(argv: list[str], capsys) -> tuple[int, str, str]:
     code = main(["convert", *argv])
     out, err = capsys.readouterr()
@@ -76,7 +109,7 @@ def test_unsloth_notebook():
     ast.parse(src)
     code = src.split(TRIPLE, 2)[2]
     assert "!pip" not in code and "%%capture" not in code
-    assert "    !pip install unsloth\n" in ast.get_docstring(ast.parse(src))  # the user still sees what to install
+    assert "!pip install unsloth" in doc_lines(src)  # the user still sees what to install
     assert any(c.startswith("cell 2: dropped") and "`!pip install unsloth`" in c for c in changes)
     assert keywords(src, "FastLanguageModel.from_pretrained")["device_map"] == "{'': rank_device}"
     args = keywords(src, "SFTConfig")
@@ -84,8 +117,8 @@ def test_unsloth_notebook():
     assert args["gradient_checkpointing_kwargs"] == "{'use_reentrant': False}"
     # --precision auto keeps Unsloth's capability-based choice untouched and flags nothing about it.
     # (fp16 is kept, but only where there is a GPU: fp16 mixed precision fails on a CPU.)
-    assert args["fp16"] == "not is_bfloat16_supported() and torch.cuda.is_available()"
-    assert args["bf16"] == "is_bfloat16_supported()" and args["use_cpu"] == "not torch.cuda.is_available()"
+    assert args["fp16"].split(" and ") == ["not " + args["bf16"], "torch.cuda.is_available()"]
+    assert args["bf16"] == "is_bfloat16_supported()" and args["use_cpu"] == NO_CUDA
     assert not any("bf16" in c and "REVIEW" in c for c in changes)
     assert {"model.save_pretrained", "tokenizer.save_pretrained", "model.push_to_hub",
             "tokenizer.push_to_hub", "print"} <= guarded_calls(src)
@@ -93,7 +126,7 @@ def test_unsloth_notebook():
     assert "_ = model.generate(" in rank0_tail(src) and '.to(rank_device)' in src
     assert not any("REVIEW" in c for c in changes)
     # Comments survive: libcst keeps the notebook's own words.
-    assert "# Context length - can be longer, but uses more memory" in src
+    assert "# Context length - can" in src
 
 
 def test_trl_notebook_device_map_auto_and_login():
@@ -104,12 +137,12 @@ def test_trl_notebook_device_map_auto_and_login():
     assert "device_map" not in keywords(src, "AutoTokenizer.from_pretrained")
     [dm] = [c for c in changes if "device_map" in c]
     assert dm.startswith("cell 4:") and 'device_map="auto"' in dm
-    assert "cannot be trained under DDP" in dm and "one after another" in dm
+    assert "under DDP" in dm and "one after another" in dm
     assert not any(isinstance(n, ast.Call) and ast.unparse(n.func) == "notebook_login" for n in ast.walk(ast.parse(src)))
     assert "get_token() is None" in src and "HF_TOKEN" in src
-    assert any(c.startswith("cell 2: notebook_login(…) removed") for c in changes)
+    assert changed(conv, 2, "notebook_login(…)", "removed", review=False)
     # The token check comes before any work, even before the process group starts.
-    assert src.index("huggingface_hub.get_token() is None") < src.index("init_process_group")
+    assert line_of(src, "huggingface_hub.get_token") < line_of(src, "init_process_group")
     assert {"trainer.save_model", "trainer.push_to_hub"} <= guarded_calls(src)
     assert keywords(src, "SFTConfig")["ddp_find_unused_parameters"] == "False"
     assert keywords(src, "SFTConfig")["gradient_checkpointing_kwargs"] == "{'use_reentrant': False}"
@@ -120,18 +153,17 @@ def test_seed002_notebook_balanced_bf16_login():
     src, changes = conv.source, texts(conv)
     ast.parse(src)
     [dm] = [c for c in changes if "device_map" in c]
-    assert dm.startswith("cell 5:") and 'device_map="balanced"' in dm and "cannot be trained under DDP" in dm
+    assert dm.startswith("cell 5:") and 'device_map="balanced"' in dm and "under DDP" in dm
     assert keywords(src, "FastLanguageModel.from_pretrained")["device_map"] == "{'': rank_device}"
     # The user's own comment above the load is still there.
-    assert "# Two T4s: spread the model over both" in src
+    assert "# Two T4s: spread" in src
     [bf16] = [c for c in changes if "bf16=True is hard-coded" in c]
     assert bf16.startswith("cell 7: REVIEW") and "T4" in bf16
-    assert "# kit: REVIEW (cell 7): SFTConfig: bf16=True is hard-coded" in src
-    assert any(c.startswith("cell 4: notebook_login(…) removed") for c in changes)
+    assert "# kit: REVIEW (cell 7)" in src and "bf16=True is hard-coded" in src
+    assert changed(conv, 4, "notebook_login(…)", "removed", review=False)
     assert {"model.save_pretrained", "model.push_to_hub", "plt.plot", "plt.savefig", "print"} <= guarded_calls(src)
-    assert any(c.startswith("cell 7: SFTConfig: the global batch is per-device batch × gradient_accumulation_"
-                            "steps (16) × the number of GPUs") for c in changes)
-    assert any("`%pip install -q unsloth trl peft`" in c and "`!nvidia-smi`" in c for c in changes)
+    assert changed(conv, 7, "global batch", "steps (16)", "number of GPUs", review=False)
+    assert changed(conv, None, "`%pip install -q unsloth", "`!nvidia-smi`")
 
 
 @pytest.mark.parametrize("precision, fp16, bf16", [("fp16", "torch.cuda.is_available()", "False"), ("bf16", "False", "True"),
@@ -151,8 +183,7 @@ def test_fp16_precision_follows_into_load_dtypes(tmp_path):
     conv = convert_notebook(nb, "fp16")
     assert keywords(conv.source, "BitsAndBytesConfig")["bnb_4bit_compute_dtype"] == "torch.float16"
     assert keywords(conv.source, "AutoModelForCausalLM.from_pretrained")["dtype"] == "torch.float16"
-    assert any(c.startswith("cell 1: BitsAndBytesConfig: bnb_4bit_compute_dtype=torch.bfloat16 → torch.float16")
-               for c in texts(conv))
+    assert changed(conv, 1, "BitsAndBytesConfig", "bnb_4bit_compute_dtype", "→ torch.float16", review=False)
     auto = convert_notebook(nb)  # auto leaves the dtypes alone
     assert keywords(auto.source, "BitsAndBytesConfig")["bnb_4bit_compute_dtype"] == "torch.bfloat16"
 
@@ -168,7 +199,7 @@ def test_fp16_precision_takes_out_what_only_ampere_runs(tmp_path):
     assert keywords(t4.source, "AutoModelForCausalLM.from_pretrained")["attn_implementation"] == "'sdpa'"
     assert {k: v for k, v in keywords(t4.source, "SFTConfig").items() if k in ("tf32", "bf16", "fp16")} == {
         "tf32": "False", "bf16": "False", "fp16": "torch.cuda.is_available()"}
-    assert any("attn_implementation='flash_attention_2' → \"sdpa\"" in c for c in texts(t4))
+    assert changed(t4, 1, "flash_attention_2' →", '"sdpa"')
     for kept in (convert_notebook(nb), convert_notebook(nb, "bf16")):  # Ampere and newer: left as written
         assert keywords(kept.source, "AutoModelForCausalLM.from_pretrained")["attn_implementation"] == \
             "'flash_attention_2'"
@@ -180,9 +211,11 @@ def test_script_shape():
     tree = ast.parse(conv.source)
     doc = ast.get_docstring(tree)
     assert "trl_qlora_sft.ipynb" in doc
-    assert "torchrun --standalone --nproc_per_node=2 train_ddp.py" in doc and "python train_ddp.py" in doc
+    assert words_in(doc, "torchrun", "--standalone", "--nproc_per_node=2", "train_ddp.py")
+    assert words_in(doc, "python", "train_ddp.py")
     src = conv.source
-    assert src.index("local_rank = int(os.environ.get(\"LOCAL_RANK\", 0))") < src.index("# --- notebook cell")
+    assert squeeze(dict(assigns(src))["local_rank"]) == "int(os.environ.get('LOCAL_RANK',0))"
+    assert src.index("local_rank = ") < src.index("# --- notebook cell")
     assert "torch.cuda.set_device(local_rank)" in src and "init_process_group" in src
     [try_node] = [n for n in tree.body if isinstance(n, ast.Try)]
     final = ast.unparse(try_node.finalbody)
@@ -202,21 +235,23 @@ def test_magics_dropped_and_line_numbers_kept(tmp_path):
     assert "echo hi" not in code and "pip" not in code
     # the %%bash cell's lines are listed to run before launching, as shell lines are
     assert "    echo hi\n" in ast.get_docstring(ast.parse(conv.source))
-    assert any(c.startswith("cell 1: dropped `echo hi`: shell commands") for c in texts(conv))
+    assert changed(conv, 1, "dropped `echo hi`", "shell commands", review=False)
     # %env and %cd change the state the code below runs in: they become their Python equivalents.
     env = convert_notebook(make_nb(tmp_path, ["%env WANDB_PROJECT=ha\n%cd /kaggle/working", *TRAIN], "env.ipynb"))
-    assert "os.environ['WANDB_PROJECT'] = 'ha'" in env.source and "os.chdir('/kaggle/working')" in env.source
-    assert any(c.startswith("cell 1: `%env WANDB_PROJECT=ha` became") for c in texts(env))
+    assert ("os.environ['WANDB_PROJECT']", "'ha'") in assigns(env.source)
+    assert call(env.source, "os.chdir")[0] == "'/kaggle/working'"
+    assert changed(env, 1, "`%env WANDB_PROJECT=ha`", "became", review=False)
     # Magics that run a Python statement keep it; captured shell output becomes subprocess, for review.
     timed = convert_notebook(make_nb(tmp_path, ["files = !ls data\nif files:\n    n = len(files)",
                                                 TRAIN[0], TRAIN[1].replace("trainer.train()", "%timeit -n 1 -r 1 "
                                                                            "trainer.train()\nstats = %time 1 + 1")],
                                      "timed.ipynb"))
     body = timed.source.split(TRIPLE, 2)[2]
-    assert "files = subprocess.getoutput('ls data').splitlines()" in body and "%" not in body
+    assert dict(assigns(body))["files"].endswith(").splitlines()") and "%" not in body
+    assert call(body, "subprocess.getoutput")[0] == "'ls data'"
     assert "\n    trainer.train()\n" in body and "stats = 1 + 1" in body
-    assert any("REVIEW: `files = !ls data` became" in c and "every rank" in c for c in texts(timed))
-    assert any("`%timeit -n 1 -r 1 trainer.train()` became `trainer.train()`" in c for c in texts(timed))
+    assert changed(timed, 1, "`files = !ls data`", "every rank", review=True)
+    assert changed(timed, 3, "`%timeit -n 1 -r 1", "became `trainer.train()`")
     ns: dict = {}
     exec(compile("import subprocess; files = subprocess.getoutput('echo a; echo b').splitlines()", "t", "exec"), ns)
     assert ns["files"] == ["a", "b"]  # what IPython's `files = !echo a; echo b` gives, as a list
@@ -243,16 +278,17 @@ def test_mechanical_fixes_and_reload_barrier(tmp_path):
     assert "torch.zeros(1).to(rank_device)" in src and "device = rank_device" in src
     assert "torch.cuda.get_device_name(local_rank)" in src and "torch.autocast('cuda')" in src
     assert "print(x)" in src and "display(" not in src
-    assert "print(f'<b>{x}</b>', Markdown(text='y'))" in src  # the text an HTML wrapper holds, not its repr
-    assert "tok = huggingface_hub.get_token()" in src and 'key = os.environ.get("WANDB_API_KEY")' in src
-    assert 'wb = os.environ.get("WANDB_API_KEY")' in src and "other = os.environ.get('OPENAI')" in src
-    assert "t = huggingface_hub.get_token()" in src
+    # the text an HTML wrapper holds, not its repr
+    assert call_at(src, "print", "f'<b>{x}</b>'")[1] == "Markdown(text='y')"
+    made = dict(assigns(src))
+    assert made["tok"] == made["t"] == "huggingface_hub.get_token()"
+    assert made["key"] == made["wb"] == "os.environ.get('WANDB_API_KEY')" and made["other"] == "os.environ.get('OPENAI')"
     assert "google.colab" not in src and "kaggle_secrets" not in src and "drive.mount" not in src
     assert "UserSecretsClient" not in src.split(TRIPLE, 2)[2]
-    assert any(c.startswith("cell 3: drive.mount() removed") for c in changes)
+    assert changed(conv, 3, "drive.mount() removed", review=False)
     # Saved on rank 0, then everyone waits before loading it again.
-    assert src.index("if is_main:\n        m.save_pretrained('base')") < src.index("wait_for_all()  # kit: later code")
-    assert src.index("wait_for_all()  # kit: later code") < src.index("AutoModelForCausalLM.from_pretrained")
+    assert "m.save_pretrained('base')" in guarded(src)
+    assert line_of(src, "m.save_pretrained") < line_of(src, "wait_for_all") < line_of(src, "AutoModelForCausalLM.from_pretrained")
 
 
 def test_logins_go_and_the_token_check_comes_first(tmp_path):
@@ -262,14 +298,14 @@ def test_logins_go_and_the_token_check_comes_first(tmp_path):
     conv = convert_notebook(nb)
     changes = texts(conv)
     assert "wandb.login()" in conv.source  # not a Hub login: kept, flagged
-    assert any(c.startswith("cell 1: REVIEW: wandb.login()") for c in changes)
+    assert changed(conv, 1, "wandb.login()", review=True)
     calls = {ast.unparse(n.func) for n in ast.walk(ast.parse(conv.source)) if isinstance(n, ast.Call)}
     assert not calls & {"login", "huggingface_hub.login", "notebook_login"}
     for cell in (2, 5, 6):
         assert any(c.startswith(f"cell {cell}: ") and "login(…) removed" in c for c in changes), cell
     # A token written in the notebook needs a person: it must move to HF_TOKEN.
-    assert any(c.startswith("cell 7: REVIEW: login(…) removed") and "set HF_TOKEN" in c for c in changes)
-    assert conv.source.index("huggingface_hub.get_token() is None") < conv.source.index("trainer.train()")
+    assert changed(conv, 7, "login(…) removed", "set HF_TOKEN", review=True)
+    assert line_of(conv.source, "huggingface_hub.get_token") < line_of(conv.source, "trainer.train")
 
 
 def test_training_args_call_without_keywords_is_completed(tmp_path):
@@ -360,9 +396,10 @@ def test_existing_output_needs_force(tmp_path, capsys):
     code, _, err = cli([nb, "-o", str(out)], capsys)
     assert code == 2 and "--force" in err and out.read_text() == "# mine\n"
     code, stdout, _ = cli([nb, "-o", str(out), "--force"], capsys)
-    assert code == 0 and out.read_text().startswith('"""Rank-aware training script')
+    assert code == 0 and out.read_text().startswith('"""Rank-aware') and "# mine" not in out.read_text()
     lines = stdout.splitlines()
-    assert lines[0].startswith("kit convert: tiny_cpu_sft.ipynb -> ") and "changes, 0 to review" in lines[0]
+    assert lines[0].startswith("kit convert: ") and "tiny_cpu_sft.ipynb ->" in lines[0]
+    assert re.search(r"\d+ changes, 0 to review", lines[0])
     assert all(line.startswith("  cell ") for line in lines[1:-1]) and lines[-1].startswith("next: torchrun ")
 
 
@@ -446,7 +483,10 @@ def test_notebook_launcher_keeps_a_lambda_whole(tmp_path):
     nb = make_nb(tmp_path, ["from accelerate import notebook_launcher",
                             "def train(n):\n    " + TRAIN[1].replace("\n", "\n    "),
                             "notebook_launcher(lambda n: train(n), args=(2,), num_processes=2)"])
-    assert "(lambda n: train(n))(*(2,))" in convert_notebook(nb).source
+    tree = ast.parse(convert_notebook(nb).source)
+    launched = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Lambda)]
+    assert [(ast.unparse(n.func), [ast.unparse(a) for a in n.args]) for n in launched] == [
+        ("lambda n: train(n)", ["*(2,)"])]
 
 
 # --- the converted tiny notebook, for real --------------------------------------------------------
@@ -468,7 +508,7 @@ def test_converted_notebook_trains_under_torchrun(tmp_path, capsys):
     assert "'epoch': '0.5'" in res.stdout
     assert res.stdout.count("train loss ") == 1  # printed by rank 0 alone
     assert sorted(p.name for p in (tmp_path / "outputs").iterdir()) == ["final-rank0"]
-    assert "destroy_process_group() was not called" not in res.stderr
+    assert "destroy_process_group()" not in res.stderr  # torch's warning of a group left open
 
 
 @pytest.mark.slow
@@ -508,7 +548,8 @@ def test_side_effects_before_training_are_guarded_at_any_depth(tmp_path):
         assert any(needle in b for b in blocks), needle
     assert "return x" in src and not any("return x" in b for b in blocks)  # the function still returns for all
     # Rank 0 wrote rows.jsonl and notes.txt; every rank reads rows.jsonl: a barrier between.
-    assert src.index("ds.to_json") < src.rindex("wait_for_all()  # kit: later") < src.index("rows = load_dataset")
+    assert any(line_of(src, "ds.to_json") < c["line"] < line_of(src, "load_dataset", "rows.jsonl")
+               for c in calls(src, "wait_for_all"))
 
 
 def test_after_the_last_collective_rank0_runs_alone(tmp_path):
@@ -523,13 +564,16 @@ def test_after_the_last_collective_rank0_runs_alone(tmp_path):
     tree = ast.parse(src)
     split = src.index("dist.destroy_process_group()\n")
     # evaluate() needs every rank: it stays before the split, with its print on rank 0.
-    assert src.index("metrics = trainer.evaluate()") < split and "if is_main:\n        print(metrics)" in src
+    assert line_of(src, "trainer.evaluate") < line_of(src, "destroy_process_group") and "print(metrics)" in guarded(src)
     tail = src[split:]
-    assert "if is_main:\n        def helper(x):" in tail and "results = [helper(pipe(p))" in tail
-    assert "unknown_upload(results)" in tail and "model.save_pretrained_gguf('g', tok)" in tail
+    assert any(g.startswith("def helper(x):") for g in guarded(src)) and "def helper(x)" in tail
+    assert line_of(src, "helper", "pipe(p)") > line_of(src, "destroy_process_group")
+    assert "unknown_upload(results)" in tail and "model.save_pretrained_gguf('g'" in tail
     [try_node] = [n for n in tree.body if isinstance(n, ast.Try)]
-    assert ast.unparse(try_node.body[-2]).replace("\n\n", "\n").startswith("if is_main:\n    def helper(x):")
-    assert any(c.startswith("cell 3: from here on rank 0 alone") for c in texts(conv))
+    last = try_node.body[-2]
+    assert ast.unparse(last.test) == "is_main" and isinstance(last.body[0], ast.FunctionDef)
+    assert last.body[0].name == "helper"
+    assert changed(conv, 3, "from here on rank 0", review=False)
 
 
 def test_a_definition_after_training_is_on_rank_0_with_the_values_it_names(tmp_path):
@@ -560,9 +604,10 @@ def test_a_cuda_device_variable_stays_comparable_and_a_numbered_one_follows_the_
         "optim = 'adamw_torch_fused' if device == 'cuda' else 'adamw_torch'\nplain = 'cuda'\none = 'cuda:0'",
         *TRAIN]))
     src = conv.source
-    assert "device = 'cuda' if torch.cuda.is_available() else 'cpu'" in src
-    assert "optim = 'adamw_torch_fused' if device == 'cuda' else 'adamw_torch'" in src
-    assert 'plain = "cuda" if torch.cuda.is_available() else "cpu"' in src and "one = rank_device" in src
+    made = dict(assigns(src))
+    assert ifexp(made["device"]) == ifexp(made["plain"]) == ("'cuda'", "torch.cuda.is_available()", "'cpu'")
+    assert ifexp(made["optim"]) == ("'adamw_torch_fused'", "device == 'cuda'", "'adamw_torch'")
+    assert made["one"] == "rank_device"
     namespace = {"torch": torch}
     exec("device = 'cuda' if torch.cuda.is_available() else 'cpu'\nplain = "
          + src.split("plain = ", 1)[1].split("\n", 1)[0], namespace)
@@ -607,8 +652,8 @@ def test_shell_lines_after_training_run_there_on_rank_0_or_are_flagged(tmp_path)
     assert "subprocess.run" not in conv.source[:conv.source.index("dist.destroy_process_group()\n")]
     reviews = [c for c in texts(conv) if "REVIEW" in c and "ran after training" in c]
     assert len(reviews) == 1 and "`!zip -r {name}.zip o`" in reviews[0]
-    assert any("`!wget https://x.org/a.flac`: ran after training" in c and "subprocess.run" in c for c in texts(conv))
-    assert any("`!nvidia-smi`, `!pip install -q trl`: shell commands" in c and "REVIEW" not in c for c in texts(conv))
+    assert changed(conv, 4, "`!wget https://x.org", "ran after training", "subprocess.run", review=False)
+    assert changed(conv, 1, "`!nvidia-smi`", "`!pip install -q trl`", "shell commands", review=False)
 
 
 def test_media_players_are_removed_not_printed_as_object_reprs(tmp_path):
@@ -619,7 +664,7 @@ def test_media_players_are_removed_not_printed_as_object_reprs(tmp_path):
     lines = [line.strip() for line in tail.splitlines()]
     assert "Audio('x.wav')" not in tail and "Audio(url)" not in lines and "Image(" not in tail
     assert "player = Audio(url)" in tail and "print(df)" in tail  # an assignment is kept; a table prints
-    assert sum("an audio/image/video player shows only in a notebook" in c for c in texts(conv)) == 3
+    assert len(changed(conv, 4, "audio/image/video", "only in a notebook")) == 3
 
 
 def test_unseeded_data_prep_gets_the_notebook_seed(tmp_path):
@@ -628,11 +673,10 @@ def test_unseeded_data_prep_gets_the_notebook_seed(tmp_path):
                             "args = SFTConfig(output_dir='o', seed=3407)\ntrainer = SFTTrainer(args=args)\ntrainer.train()"])
     conv = convert_notebook(nb)
     src = conv.source
-    assert "ds.shuffle(seed=3407).select" in src and "train_test_split(test_size=0.2, seed=3407)" in src
-    assert "ds.shuffle(seed=1)" in src and "df.sample(frac=0.5, random_state=3407)" in src
+    assert [c.get("seed") for c in calls(src, "ds.shuffle")] == ["3407", "1"]
+    assert call(src, "ds.train_test_split")["seed"] == "3407" and call(src, "df.sample")["random_state"] == "3407"
     assert "random.seed(3407)" in src.split("training_ok = False")[0]
-    assert any("random.seed(3407) in the rank block (the notebook's seed, from SFTConfig(seed=3407))" in c
-               for c in texts(conv))
+    assert changed(conv, None, "random.seed(3407)", "rank block", "SFTConfig(seed=3407)")
     plain = convert_notebook(make_nb(tmp_path, ["ds = ds.shuffle()", *TRAIN, "pick = eval_ds.shuffle()[0]"],
                                      "plain.ipynb"))
     assert "ds.shuffle(seed=42)" in plain.source
@@ -657,7 +701,7 @@ def test_device_maps_cpu_and_use_cpu(tmp_path):
     assert "device_map='cpu'" in src and "device_map={'': 'cpu'}" in src
     assert keywords(src, "FastLanguageModel.from_pretrained")["device_map"] == "{'': rank_device}"
     args = keywords(src, "TrainingArguments")
-    assert args["use_cpu"] == "not torch.cuda.is_available()"
+    assert args["use_cpu"] == NO_CUDA
     [why] = [c for c in texts(conv) if "ddp_find_unused_parameters" in c]
     assert "PEFT" not in why and "unused parameters" in why  # a full fine-tune
 
@@ -670,10 +714,10 @@ def test_keep_global_batch(tmp_path):
     assert "--keep-global-batch" in conv.source.split(TRIPLE)[1]
     default = convert_notebook(nb)
     assert keywords(default.source, "SFTConfig")["gradient_accumulation_steps"] == "8"
-    assert any("N GPUs train on N times the notebook's batch" in c for c in texts(default))
+    assert changed(default, 1, "N GPUs train on N times", review=False)
     one = make_nb(tmp_path, ["args = SFTConfig(output_dir='o')\ntrainer = SFTTrainer(args=args)\ntrainer.train()"], "one.ipynb")
-    assert any(c.startswith("cell 1: REVIEW: SFTConfig: --keep-global-batch: gradient_accumulation_steps is 1")
-               for c in texts(convert_notebook(one, keep_global_batch=True)))
+    assert changed(convert_notebook(one, keep_global_batch=True), 1, "--keep-global-batch",
+                   "gradient_accumulation_steps", "is 1", review=True)
 
 
 def test_vllm(tmp_path, capsys):
@@ -683,7 +727,8 @@ def test_vllm(tmp_path, capsys):
     assert "fast_inference" not in src.split("training_ok")[1]  # dropped: vLLM is off (tests/test_convert_grpo.py)
     before = make_nb(tmp_path, ["from vllm import LLM\nllm = LLM(model='x')\nrows = llm.generate(['a'])", *TRAIN], "b.ipynb")
     code, _, err = cli([str(before), "-o", str(tmp_path / "x.py")], capsys)
-    assert code == 2 and err.startswith("error: cell 1, line 2: vLLM's LLM() before training ends")
+    assert code == 2 and err.startswith("error: cell 1, line 2: ") and "vLLM's LLM()" in err
+    assert err.count("\n") == 1
     after = make_nb(tmp_path, [*TRAIN, "from vllm import LLM\nllm = LLM(model='x')\nprint(llm.generate(['a']))"], "a.ipynb")
     tail = rank0_tail(convert_notebook(after).source)
     assert "llm = LLM(model='x')" in tail
@@ -695,21 +740,21 @@ def test_written_and_launched_script_is_converted(tmp_path):
                             "    t.save_model()\n\nif __name__ == '__main__':\n    main()",
                             "!accelerate launch --multi_gpu \\\n  --num_processes 2 train.py\n!ls o"])
     conv = convert_notebook(nb)
-    assert "if is_main:\n            t.save_model()" in conv.source
-    assert any(c.startswith("cell 2: the notebook writes its training script train.py (cell 3 launches it")
-               for c in texts(conv))
+    assert "t.save_model()" in guarded(conv.source)
+    assert changed(conv, 2, "train.py", "(cell 3 launches it")
     # The launch is this script now: listed to run after it, it would train the job twice.
     doc = ast.get_docstring(ast.parse(conv.source))
     assert "accelerate launch" not in doc and "--num_processes" not in doc
-    assert "subprocess.run('ls o', shell=True)" in rank0_tail(conv.source)
-    assert any("`!accelerate launch --multi_gpu \\` is replaced by this script" in c for c in texts(conv))
+    assert call_at(conv.source, "subprocess.run", "'ls o'")["line"] > line_of(conv.source, "destroy_process_group")
+    assert changed(conv, 3, "`!accelerate launch", "replaced by this script")
     assert not any("accelerate" in c and "REVIEW" in c for c in texts(conv))
 
 
 def test_comment_only_cells_kept_and_imports_inside_try(tmp_path):
     nb = make_nb(tmp_path, ["# TODO: a longer run\n# next week", "import trl", *TRAIN])
     src = convert_notebook(nb).source
-    assert "# TODO: a longer run\n    # next week" in src
+    assert [ln.strip() for ln in src.splitlines() if ln.strip().startswith("# TODO")] == ["# TODO: a longer run"]
+    assert src.splitlines()[src.splitlines().index("    # TODO: a longer run") + 1] == "    # next week"
     [try_node] = [n for n in ast.parse(src).body if isinstance(n, ast.Try)]
     assert ast.unparse(try_node.body[0]) == "import trl"
 
@@ -746,9 +791,9 @@ def test_dry_run_swaps_hub_ids_but_not_the_notebooks_own(tmp_path):
     load = keywords(src, "AutoModelForCausalLM.from_pretrained")
     assert "quantization_config" not in load and "load_in_4bit" not in load and load["dtype"] == "torch.float32"
     assert src.count(repr(str(TINY_MODEL))) == 2 and "from_pretrained('out')" in src
-    assert "kit_dry_run.load_dataset('yahma/alpaca-cleaned', split='train[:10]')" in src
+    assert call_at(src, "kit_dry_run.load_dataset", "'yahma/alpaca-cleaned'")["split"] == "'train[:10]'"
     assert "schema='alpaca'" in src and f"data={str(TINY_DATA)!r}" in src
-    assert "kit_dry_run.load_dataset('json', data_files='x')" in src  # 'x' is not here: the run time decides
+    assert call_at(src, "kit_dry_run.load_dataset", "'json'")["data_files"] == "'x'"  # not here: the run time decides
     args = keywords(src, "SFTConfig")
     assert args["max_steps"] == "2" and args["optim"] == "'adamw_torch'" and args["report_to"] == "'none'"
     assert "DRY RUN" in ast.get_docstring(ast.parse(src))
@@ -794,7 +839,7 @@ def test_dry_run_refuses_a_head_its_stand_in_has_not(tmp_path, capsys, loader, r
     code, _, err = cli([str(nb), "-o", str(out), "--dry-run"], capsys)
     if refused:
         assert code == 2 and err.count("\n") == 1 and not out.exists()
-        assert f"--dry-run: {loader}.from_pretrained needs a model with a" in err and "--dry-run-model" in err
+        assert f"--dry-run: {loader}" in err and ".from_pretrained needs" in err and "--dry-run-model" in err
     else:
         assert code == 0 and out.exists(), err
 
@@ -807,7 +852,7 @@ def test_missing_token_stops_before_any_work(tmp_path):
     env.update(HF_HOME=str(tmp_path / "hf"), HF_TOKEN_PATH=str(tmp_path / "hf" / "token"), CUDA_VISIBLE_DEVICES="")
     res = subprocess.run([sys.executable, "train_ddp.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=120)
-    assert res.returncode == 1 and "No Hugging Face token: set HF_TOKEN" in res.stderr
+    assert res.returncode == 1 and "set HF_TOKEN" in res.stderr
     assert not (tmp_path / "started").exists()
 
 
@@ -817,10 +862,13 @@ def test_a_collective_inside_a_print_runs_on_every_rank(tmp_path):
     (the corpus notebook hf_trainer_clm_full runs this shape under real torchrun)."""
     conv = convert_notebook(make_nb(tmp_path, [*TRAIN, "print(f\"F1: {trainer.predict(test).metrics['f1']}\")\n"
                                                        "for d in sets:\n    json.dump(trainer.evaluate(d), f)"]))
-    body = conv.source.split("training_ok = False", 1)[1]
-    assert "\n    kit_result = trainer.predict(test)\n    if is_main:\n        print(f\"F1: {kit_result.metrics" in body
-    assert "\n        kit_result = trainer.evaluate(d)\n        if is_main:\n            json.dump(kit_result, f)" in body
-    assert any("trainer.predict() taken out of the line that shows its result" in c for c in texts(conv))
+    made = assigns(conv.source)
+    assert ("kit_result", "trainer.predict(test)") in made and ("kit_result", "trainer.evaluate(d)") in made
+    shown = guarded(conv.source)
+    assert "json.dump(kit_result, f)" in shown and any("{kit_result.metrics[" in s for s in shown)
+    assert line_of(conv.source, "trainer.predict") < line_of(conv.source, "print", "kit_result.metrics")
+    assert line_of(conv.source, "trainer.evaluate", "(d)") < line_of(conv.source, "json.dump")
+    assert changed(conv, 3, "trainer.predict()", "taken out", review=False)
 
 
 def test_hub_use_in_dead_code_asks_for_no_token(tmp_path):
@@ -831,7 +879,7 @@ def test_hub_use_in_dead_code_asks_for_no_token(tmp_path):
     conv = convert_notebook(make_nb(tmp_path, [*TRAIN, *dead]))
     assert "get_token() is None" not in conv.source
     live = convert_notebook(make_nb(tmp_path, [*TRAIN, *dead, "if True: model.push_to_hub('me/x')"], "live.ipynb"))
-    assert "if huggingface_hub.get_token() is None:" in live.source
+    assert checks_token(live.source)
 
 
 def test_a_repo_name_without_a_push_or_a_non_hub_secret_asks_for_no_token(tmp_path):
@@ -846,7 +894,7 @@ def test_a_repo_name_without_a_push_or_a_non_hub_secret_asks_for_no_token(tmp_pa
     for line in ("args2 = SFTConfig(output_dir='o', hub_model_id='me/x', push_to_hub=True)",
                  "t = userdata.get('HF_TOKEN')", "t = userdata.get(name)"):
         loud = convert_notebook(make_nb(tmp_path, [*TRAIN, line], "loud.ipynb"))
-        assert "if huggingface_hub.get_token() is None:" in loud.source, line
+        assert checks_token(loud.source), line
 
 
 def test_a_login_with_the_notebooks_own_token_is_kept_as_its_token(tmp_path):
@@ -857,7 +905,8 @@ def test_a_login_with_the_notebooks_own_token_is_kept_as_its_token(tmp_path):
                                               "hf_token = os.getenv('hf_api_key')\nif hf_token: login(token=hf_token)",
                                               *TRAIN, "model.push_to_hub('me/x')"]))
     assert "set_hub_token(hf_token)" in own.source and "get_token() is None" not in own.source
-    assert "if hf_token: set_hub_token(hf_token)" in own.source and " login(token=hf_token)" not in own.source
+    assert call(own.source, "set_hub_token")[0] == "hf_token" and not calls(own.source, "login")
+    assert not checks_token(own.source)
     ns = {"_kit_os": os}
     exec(compile(own.source[own.source.index("def set_hub_token"):own.source.index("\n\n", own.source.index(
         "def set_hub_token"))], "s", "exec"), ns)
@@ -874,7 +923,7 @@ def test_a_login_with_the_notebooks_own_token_is_kept_as_its_token(tmp_path):
     secret = convert_notebook(make_nb(tmp_path, ["from kaggle_secrets import UserSecretsClient\n"
                                                  "hf_token = UserSecretsClient().get_secret('HF_TOKEN')\n"
                                                  "login(token=hf_token)", *TRAIN], "kaggle.ipynb"))
-    assert "set_hub_token" not in secret.source and "if huggingface_hub.get_token() is None:" in secret.source
+    assert "set_hub_token" not in secret.source and checks_token(secret.source)
 
 
 def test_device_map_after_training_is_the_notebooks(tmp_path):
@@ -885,8 +934,11 @@ def test_device_map_after_training_is_the_notebooks(tmp_path):
         *TRAIN, "base = AutoModelForCausalLM.from_pretrained('a', device_map='auto')\nbase.push_to_hub('me/x')"]))
     body = conv.source.split("training_ok = False", 1)[1]
     before, after = body.split("dist.destroy_process_group()", 1)
-    assert "from_pretrained('a', device_map={\"\": rank_device})" in before
-    assert "from_pretrained('a', device_map='auto')" in after
+    split = line_of(conv.source, "destroy_process_group")
+    [first, last] = calls(conv.source, "AutoModelForCausalLM.from_pretrained")
+    assert first["line"] < split < last["line"]
+    assert (first[0], first["device_map"]) == ("'a'", "{'': rank_device}")
+    assert (last[0], last["device_map"]) == ("'a'", "'auto'")
 
 
 @pytest.mark.parametrize("loader, ckpt, forced", [
@@ -903,7 +955,7 @@ def test_find_unused_parameters_is_forced_off_only_where_every_parameter_is_used
     args = keywords(conv.source, "TrainingArguments")
     assert args.get("ddp_find_unused_parameters") == ("False" if forced else None)
     if not forced:
-        assert any("ddp_find_unused_parameters left to Trainer" in c for c in texts(conv))
+        assert changed(conv, 1, "ddp_find_unused_parameters", "left to Trainer")
 
 
 def test_a_shell_line_inside_a_block_is_flagged_and_a_token_in_one_is_never_written(tmp_path):
@@ -914,9 +966,10 @@ def test_a_shell_line_inside_a_block_is_flagged_and_a_token_in_one_is_never_writ
     conv = convert_notebook(make_nb(tmp_path, [
         f"if IN_COLAB:\n    !pip install unsloth\n!huggingface-cli login --token {token}",
         "for f in files:\n    !python make_pairs.py {f} --out data/{f}.json\n    n = 1", *TRAIN]))
-    assert token not in conv.source and "!huggingface-cli login --token ***" in conv.source
-    assert "    pass  # kit: REVIEW (cell 2): `!python make_pairs.py {f} --out data/{f}.json` was dropped" \
-        in conv.source
+    assert token not in conv.source and "--token ***" in conv.source and "!huggingface-cli login" in conv.source
+    [flagged] = [ln for ln in conv.source.splitlines() if "make_pairs.py" in ln and "#" in ln]
+    assert flagged.split("#")[0].strip() == "pass" and "kit: REVIEW (cell 2)" in flagged
+    assert "{f} --out data/{f}.json" in flagged and "was dropped" in flagged
     reviews = [c for c in texts(conv) if "REVIEW" in c]
     assert len(reviews) == 1 and "make_pairs.py" in reviews[0]  # not the pip install
 
@@ -924,7 +977,7 @@ def test_a_shell_line_inside_a_block_is_flagged_and_a_token_in_one_is_never_writ
 def test_bf16_hard_coded_through_a_constant_is_flagged(tmp_path):
     conv = convert_notebook(make_nb(tmp_path, ["BF16 = True", TRAIN[0], TRAIN[1].replace(
         "SFTConfig(output_dir='o')", "SFTConfig(output_dir='o', bf16=BF16)")]))
-    assert any("REVIEW: SFTConfig: bf16=BF16 is hard-coded" in c for c in texts(conv))
+    assert changed(conv, 3, "SFTConfig", "bf16=BF16 is hard-coded", review=True)
 
 
 @pytest.mark.skipif(sys.version_info >= (3, 12), reason="PEP 701 f-strings parse from Python 3.12")
@@ -939,17 +992,21 @@ def test_a_result_a_cell_showed_after_training_is_printed_by_rank_0(tmp_path):
                                                "outputs = model.generate(x)\ntokenizer.batch_decode(outputs)",
                                                "model.save_pretrained('o')"]))
     tail = rank0_tail(conv.source)
-    assert "print(metric.compute(predictions=p, references=r))" in tail
-    assert "print(tokenizer.batch_decode(outputs))" in tail and "print(model.save_pretrained" not in tail
-    assert any("the cell's last line `metric.compute(" in c for c in texts(conv))
+    split = line_of(conv.source, "destroy_process_group")
+    printed = {c[0].split("(")[0]: c for c in calls(conv.source, "print") if 0 in c}
+    assert printed["metric.compute"]["line"] > split and printed["tokenizer.batch_decode"]["line"] > split
+    assert squeeze(printed["metric.compute"][0]) == "metric.compute(predictions=p,references=r)" and "print(model.save_pretrained" not in tail
+    assert changed(conv, 4, "the cell's last line", "`metric.compute(")
     early = convert_notebook(make_nb(tmp_path, ["model.print_trainable_parameters()", "ds = make()\nds",
                                                 "base = trainer.evaluate()\nbase['eval_loss']",
                                                 "trainer.evaluate()", *TRAIN], "early.ipynb"))
-    assert "if is_main:\n        model.print_trainable_parameters()" in early.source
+    shown = guarded(early.source)
+    assert "model.print_trainable_parameters()" in shown
     # Before training too: the value a cell showed is printed by rank 0; a collective still runs on every rank.
-    assert "ds = make()\n    if is_main:\n        print(ds)" in early.source
-    assert "if is_main:\n        print(base['eval_loss'])" in early.source
-    assert "    kit_result = trainer.evaluate()\n    if is_main:\n        print(kit_result)" in early.source
+    assert "print(ds)" in shown and "ds = make()" not in shown and ("ds", "make()") in assigns(early.source)
+    assert "print(base['eval_loss'])" in shown
+    assert "print(kit_result)" in shown and ("kit_result", "trainer.evaluate()") in assigns(early.source)
+    assert not any("evaluate" in s for s in shown)
 
 
 def test_dry_run_swaps_a_model_named_in_a_tuple_assignment_and_turns_liger_off(tmp_path):
@@ -975,7 +1032,7 @@ def test_a_secret_in_a_cell_is_refused_by_cell_and_line_never_written(tmp_path, 
     out = tmp_path / "x.py"
     nb = make_nb(tmp_path, [TRAIN[0], "import os\nx = 1\n" + line, TRAIN[1]])
     code, _, err = cli([str(nb), "-o", str(out)], capsys)
-    assert code == 2 and f"error: cell 2, line 3 holds what looks like {what}" in err and err.count("\n") == 1
+    assert code == 2 and err.startswith("error: cell 2, line 3 ") and what in err and err.count("\n") == 1
     assert not out.exists() and max(re.findall(r"[A-Za-z0-9_-]{16,}", line), key=len)[-16:] not in err
 
 
@@ -996,7 +1053,8 @@ def test_dry_run_data_has_the_columns_the_notebook_names(tmp_path):
                             "ds = load_dataset('HuggingFaceH4/Multilingual-Thinking', split='train')\n"
                             "ds = ds.remove_columns(column_names=['developer', 'user'])\nm = row['messages']", *TRAIN])
     src = convert_notebook(nb, dry_run=True).source
-    assert src.count("extra=['developer', 'quote', 'user']") == 1  # StandIns(...) at the top
+    extras = [k["extra"] for c in ("StandIns", "kit_dry_run.StandIns") for k in calls(src, c) if "extra" in k]
+    assert extras == [repr(["developer", "quote", "user"])]  # StandIns(...) at the top
     rows = dry_run_dataset("messages", split="train", extra=["developer", "quote", "user"])
     assert {"messages", "quote", "developer", "user"} <= set(rows.column_names)
     assert rows.remove_columns(column_names=["developer", "user"]).column_names == ["messages", "quote"]
@@ -1011,9 +1069,11 @@ def test_after_training_any_value_a_cell_showed_is_printed_unless_none(tmp_path)
                                                "classifier('I love this')", "tokenizer.decode(ids).replace('<pad>', '')",
                                                "plot_losses();", "model.save_pretrained('o')", "a + b"]))
     tail = rank0_tail(conv.source)
-    assert "if (shown := classifier('I love this')) is not None:\n            print(shown)" in tail
-    assert "if (shown := tokenizer.decode(ids).replace('<pad>', '')) is not None:" in tail
-    assert "print(a + b)" in tail and "plot_losses();" in tail and "shown := model.save_pretrained" not in tail
+    shown = shown_if_not_none(conv.source)  # a save's None result is never shown
+    assert len(shown) == 2 and shown[0].startswith("classifier(") and "I love this" in shown[0]
+    assert shown[1].startswith("tokenizer.decode(ids).replace(") and "'<pad>', ''" in shown[1]
+    assert "print(a + b)" in tail and "plot_losses();" in tail and line_of(conv.source, "print", "a + b") > \
+        line_of(conv.source, "destroy_process_group")
     before = convert_notebook(make_nb(tmp_path, ["prepare(ds)", *TRAIN], "before.ipynb")).source
     assert "shown :=" not in before  # before training every rank runs it: left as it was
 
@@ -1037,7 +1097,8 @@ def test_a_written_training_script_is_converted_beside_another_launched_script(t
                                                "from trl import SFTTrainer, SFTConfig\nt = SFTTrainer(model='x', "
                                                "args=SFTConfig(output_dir='o'))\nt.train()",
                                                "!accelerate launch --multi_gpu train.py"]))
-    assert "t.train()" in conv.source and "!python prepare_data.py --out d" in ast.get_docstring(ast.parse(conv.source))
+    assert "t.train()" in conv.source
+    assert words_in(ast.get_docstring(ast.parse(conv.source)), "!python", "prepare_data.py", "--out", "d")
 
 
 @pytest.mark.slow
@@ -1070,11 +1131,13 @@ def test_convert_prints_the_next_commands(tmp_path, capsys):
     out = tmp_path / "train_ddp.py"
     code, stdout, _ = cli([str(nb), "-o", str(out)], capsys)
     last = stdout.splitlines()[-1]
-    assert code == 0 and last.startswith(f"next: torchrun --standalone --nproc_per_node=2 {out} ")
+    assert code == 0 and last.split()[:5] == ["next:", *TORCHRUN2, str(out)]
     dry = tmp_path / "train_ddp_dry_run.py"
-    assert f"kit convert '{nb}' -o {dry} --dry-run && torchrun --standalone --nproc_per_node=2 {dry}" in last
+    assert words_in(last, "kit", "convert", f"'{nb.parent}/my", "nb.ipynb'", "-o", str(dry), "--dry-run", "&&",
+                    *TORCHRUN2, str(dry))
     code, stdout, _ = cli([str(nb), "-o", str(dry), "--dry-run"], capsys)
-    assert code == 0 and stdout.splitlines()[-1].startswith(f"next: torchrun --standalone --nproc_per_node=2 {dry}  (the dry run")
+    last = stdout.splitlines()[-1]
+    assert code == 0 and last.split()[:5] == ["next:", *TORCHRUN2, str(dry)] and "(the dry run" in last
 
 
 def test_one_review_line_per_construct_on_a_line(tmp_path):
@@ -1082,7 +1145,8 @@ def test_one_review_line_per_construct_on_a_line(tmp_path):
                             *TRAIN])
     conv = convert_notebook(nb)
     reviews = [c for c in texts(conv) if "is_bf16_supported" in c]
-    assert len(reviews) == 1 and conv.source.count("kit: REVIEW (cell 1): torch.cuda.is_bf16_supported()") == 1
+    flagged = [ln for ln in conv.source.splitlines() if "kit: REVIEW (cell 1)" in ln and "is_bf16_supported()" in ln]
+    assert len(reviews) == 1 and len(flagged) == 1
 
 
 # --- a notebook that rebinds the names kit's own code uses -------------------------------------------
@@ -1104,10 +1168,11 @@ REBINDS = [
 def test_rebound_torch_and_os_use_kits_own_names(tmp_path):
     src = convert_notebook(make_nb(tmp_path, REBINDS)).source
     args = keywords(src, "SFTConfig")
-    assert args["use_cpu"] == "not _kit_torch.cuda.is_available()" and "_kit_torch.cuda" in args["fp16"]
-    assert "device = \"cuda\" if _kit_torch.cuda.is_available() else \"cpu\"" in src
+    assert args["use_cpu"] == NO_CUDA.replace("torch", "_kit_torch") and "_kit_torch.cuda" in args["fp16"]
+    made = [ifexp(v) for t, v in assigns(src) if t == "device" and " if " in v]
+    assert made == [("'cuda'", "_kit_torch.cuda.is_available()", "'cpu'")]
     plain = convert_notebook(make_nb(tmp_path, TRAIN, "plain.ipynb")).source  # no rebinding: the plain names
-    assert keywords(plain, "SFTConfig")["use_cpu"] == "not torch.cuda.is_available()"
+    assert keywords(plain, "SFTConfig")["use_cpu"] == NO_CUDA
 
 
 @pytest.mark.slow
@@ -1120,7 +1185,7 @@ def test_rebound_names_run_under_torchrun(tmp_path, capsys):
     # print() in the notebook's own class is rank 0's too, like every print before training
     assert res.stdout.count("use_cpu True fp16 False") == 1 and res.stdout.count("after cpu") == 1
     assert (tmp_path / "model.bin").read_text() == "weights"
-    assert "destroy_process_group() was not called" not in res.stderr
+    assert "destroy_process_group()" not in res.stderr  # torch's warning of a group left open
 
 
 # --- distributed or device setup outside the Trainer; side effects and barriers at any depth ----------
@@ -1141,22 +1206,23 @@ SETUP = [
 
 def test_setup_outside_the_trainer_is_removed_with_its_reason(tmp_path):
     conv = convert_notebook(make_nb(tmp_path, SETUP))
-    src, changes = conv.source, texts(conv)
+    src = conv.source
     code = src.split(TRIPLE, 2)[2]
     for gone in ("'CUDA_VISIBLE_DEVICES'", "'WORLD_SIZE'", "MASTER_PORT", "set_device(0)", "pip install -q peft",
                  "'install', 'trl==0.9'", "fsdp_plugin", "mixed_precision", "prepare"):
         assert gone not in code, gone
-    assert "os.environ['WANDB_PROJECT'] = 'x'" in code and "acc = Accelerator(log_with='wandb')" in code
-    assert "model = model\n" in code and "model, opt = (model, opt)" in code
+    made = assigns(code)
+    assert ("os.environ['WANDB_PROJECT']", "'x'") in made and ("acc", "Accelerator(log_with='wandb')") in made
+    assert ("model", "model") in made and ("(model, opt)", "(model, opt)") in made
     doc = ast.get_docstring(ast.parse(src))
-    assert "    !pip install -q peft\n" in doc and "    !python -m pip install trl==0.9\n" in doc
-    assert "os.system('pip install llama-cpp-python')" in rank0_tail(src)  # after training: rank 0 alone, kept
-    assert any("CUDA_VISIBLE_DEVICES'] = '0'` removed: on every rank it would hide each rank's own GPU" in c
-               for c in changes)
-    assert any("`torch.cuda.set_device(0)` removed: the rank block already set" in c for c in changes)
-    assert any("Accelerator(): fsdp_plugin, mixed_precision removed" in c for c in changes)
-    assert any("acc.prepare_model(model) → model: the Trainer wraps the model for DDP itself" in c for c in changes)
-    assert sum("every rank would install into the same environment" in c for c in changes) == 2
+    assert "!pip install -q peft" in doc_lines(src) and words_in(doc, "!python", "-m", "pip", "install", "trl==0.9")
+    kept = call(src, "os.system")  # after training: rank 0 alone, kept
+    assert "llama-cpp-python" in kept[0] and kept["line"] > line_of(src, "destroy_process_group")
+    assert changed(conv, None, "CUDA_VISIBLE_DEVICES'", "removed", "each rank's own GPU")
+    assert changed(conv, None, "`torch.cuda.set_device(0)`", "removed", "rank block already set")
+    assert changed(conv, None, "Accelerator():", "fsdp_plugin,", "mixed_precision removed")
+    assert changed(conv, None, "acc.prepare_model(model)", "→ model", "wraps the model for DDP")
+    assert len(changed(conv, None, "every rank would install", "the same environment")) == 2
 
 
 def _function(src: str, name: str) -> ast.FunctionDef:
@@ -1183,7 +1249,7 @@ def test_callbacks_and_functions_guard_side_effects_and_barriers_go_where_the_wr
     on_log = _function(src, "on_log")
     guarded = [ast.unparse(s) for n in ast.walk(on_log) if isinstance(n, ast.If) and ast.unparse(n.test) == "is_main"
                for s in n.body]
-    assert "wandb.log(logs)" in guarded and "wandb.run.summary['last'] = logs" in guarded
+    assert "wandb.log(logs)" in guarded and "wandb.run.summary['last']=logs" in map(squeeze, guarded)
     phase = ast.unparse(_function(src, "train_phase"))
     assert phase.index("trainer.push_to_hub()") < phase.index("wait_for_all()") < phase.index("from_pretrained(name)")
     # No barrier where the def runs (it would run when the function is defined), none in a callback's helper
@@ -1192,7 +1258,7 @@ def test_callbacks_and_functions_guard_side_effects_and_barriers_go_where_the_wr
     defs = [i for i, s in enumerate(body) if isinstance(s, ast.FunctionDef)]
     assert defs and not any(ast.unparse(body[i + 1]).startswith("wait_for_all") for i in defs)
     assert "wait_for_all" not in ast.unparse(_function(src, "trainer_log_to_disk"))
-    assert any("barrier (wait_for_all) inside def train_phase" in c for c in texts(conv))
+    assert changed(conv, None, "barrier (wait_for_all)", "inside def train_phase")
 
 
 def test_a_barrier_goes_inside_a_top_level_loop_that_writes_and_reads_back(tmp_path):
@@ -1200,8 +1266,10 @@ def test_a_barrier_goes_inside_a_top_level_loop_that_writes_and_reads_back(tmp_p
                             "for p in ['a', 'b']:\n    model.save_pretrained(p)\n"
                             "    model = AutoModelForCausalLM.from_pretrained(p)", *TRAIN])
     loop = next(n for n in ast.walk(ast.parse(convert_notebook(nb).source)) if isinstance(n, ast.For))
-    assert [ast.unparse(s).split("(")[0] for s in loop.body] == ["if is_main:\n    model.save_pretrained", "wait_for_all",
-                                                                "model = AutoModelForCausalLM.from_pretrained"]
+    first, barrier, load = loop.body
+    assert ast.unparse(first.test) == "is_main" and [ast.unparse(s) for s in first.body] == ["model.save_pretrained(p)"]
+    assert ast.unparse(barrier) == "wait_for_all()"
+    assert ast.unparse(load.targets[0]) == "model" and ast.unparse(load.value) == "AutoModelForCausalLM.from_pretrained(p)"
 
 
 # --- shell cells after training: one rule ---------------------------------------------------------
@@ -1221,19 +1289,22 @@ SERVICE_AFTER = [
 
 def test_a_service_and_its_users_are_kept_or_dropped_together_and_logins_never_run(tmp_path):
     conv = convert_notebook(make_nb(tmp_path, SERVICE_AFTER))
-    tail, changes = rank0_tail(conv.source), texts(conv)
+    tail = rank0_tail(conv.source)
     # The server cell runs (through bash, on rank 0), and so does the cell that queries it.
-    assert "nohup python -m http.server 18573" in tail and "executable='/bin/bash'" in tail
+    assert "nohup python -m" in tail and "http.server 18573" in tail and "executable='/bin/bash'" in tail
     assert "urlopen('http://localhost:18573')" in tail
     # The one kit cannot run (a token in it) takes its users along, and says so.
     assert "docker run" not in tail and "8080/generate" not in tail and "docker stop" not in tail
-    assert sum("dropped with cell 5, which starts the service" in c for c in changes) == 2
-    assert "subprocess.run('ls out', shell=True)" in tail  # other shell lines still run in place
+    assert len(changed(conv, None, "dropped with cell 5", "starts the service")) == 2
+    split = line_of(conv.source, "destroy_process_group")
+    ls = call_at(conv.source, "subprocess.run", "'ls out'")  # other shell lines still run in place
+    assert ls["shell"] == "True" and ls["line"] > split
     # Interactive logins: never run, each dropped with its reason; a login with its key still runs.
-    assert "login" not in tail.replace("wandb login --relogin 0123", "")
-    assert sum("an interactive login" in c and "the script already requires HF_TOKEN" in c for c in changes) == 3
-    assert "subprocess.run('wandb login --relogin 0123', shell=True)" in tail
-    assert not any(c.startswith("cell 3: dropped the whole cell") for c in changes)
+    assert "login" not in tail.replace("wandb login --relogin", "")
+    assert len(changed(conv, None, "an interactive login", "requires HF_TOKEN")) == 3
+    [keyed] = [c for c in calls(conv.source, "subprocess.run") if "--relogin 0123" in c[0]]
+    assert keyed[0].split()[:2] == ["'wandb", "login"] and keyed["shell"] == "True" and keyed["line"] > split
+    assert not changed(conv, 3, "dropped the whole cell")
 
 
 # --- big data literals: conversion time follows the code, not the data -------------------------------
@@ -1248,11 +1319,11 @@ def test_a_big_data_literal_is_kept_as_written_and_lines_still_count(tmp_path, c
     # Line numbers in messages stay the notebook's: the literal's lines still count.
     bad = make_nb(tmp_path, [rows + "steps = input('steps? ')", *TRAIN], "bad.ipynb")
     code, _, err = cli([str(bad), "-o", str(tmp_path / "x.py")], capsys)
-    assert code == 2 and "cell 1, line 3003: input()" in err
+    assert code == 2 and "cell 1, line 3003: " in err and "input()" in err
     # A key inside a big literal is still never written into the script.
     keyed = make_nb(tmp_path, [rows.replace("answer 7\"", "sk-proj-" + "a1" * 15 + "\""), *TRAIN], "keyed.ipynb")
     code, _, err = cli([str(keyed), "-o", str(tmp_path / "y.py")], capsys)
-    assert code == 2 and "cell 1, line 9 holds what looks like an OpenAI/Anthropic API key" in err
+    assert code == 2 and "cell 1, line 9 " in err and "OpenAI/Anthropic API key" in err
 
 
 def test_a_big_cell_parsed_statement_by_statement_converts_as_a_whole_one_does(tmp_path, monkeypatch):
@@ -1279,7 +1350,7 @@ def test_a_tracker_run_object_is_rank_0s_too(tmp_path):
                             "def log_it(x):\n    run.log({'x': x})\n    run.summary['best'] = x\nlog_it(1)", *TRAIN])
     src = convert_notebook(nb).source
     fn = ast.unparse(_function(src, "log_it"))
-    assert "if is_main:\n        run.log({'x': x})\n        run.summary['best'] = x" in fn
+    assert guarded(fn) == ["run.log({'x': x})", "run.summary['best'] = x"]
 
 
 def test_a_shell_cell_kit_does_not_run_is_listed_line_by_line(tmp_path):
@@ -1288,11 +1359,12 @@ def test_a_shell_cell_kit_does_not_run_is_listed_line_by_line(tmp_path):
     conv = convert_notebook(nb)
     doc, changes = ast.get_docstring(ast.parse(conv.source)), texts(conv)
     before, after = doc.split("once this script has finished")
-    assert "    git clone https://github.com/me/data\n    cd data && make\n" in before
+    assert words_in(before, "git", "clone", "https://github.com/me/data", "cd", "data", "&&", "make")
+    assert [ln.strip() for ln in before.splitlines()].index("cd data && make") > 0
     assert "    hf upload me/m out\n" in after and "hf_abcdef" not in conv.source
     assert not any("dropped the whole cell" in c for c in changes)
-    assert any(c.startswith("cell 1: dropped `git clone") for c in changes)
-    assert any(c.startswith("cell 4: REVIEW: dropped `export HF_TOKEN=***") for c in changes)
+    assert any(c.text.startswith("dropped `git clone") for c in changed(conv, 1, review=False))
+    assert any(c.text.startswith("dropped `export HF_TOKEN") for c in changed(conv, 4, "=***", review=True))
 
 
 def test_a_device_map_in_a_kwargs_dict_is_pinned_to_the_rank(tmp_path):
@@ -1307,9 +1379,11 @@ def test_a_device_map_in_a_kwargs_dict_is_pinned_to_the_rank(tmp_path):
                             "merged = AutoModelForCausalLM.from_pretrained('o', **{'device_map': 'auto'})"])
     conv = convert_notebook(nb)
     code = conv.source.split(TRIPLE, 2)[2]
-    assert "kw = {'device_map': {\"\": rank_device}, 'dtype': torch.bfloat16}" in code
-    assert "kw2 = dict(device_map={\"\": rank_device}, trust_remote_code=False)" in code
-    assert "keep = {'device_map': 'cpu'}" in code  # an intentional CPU load stays
-    assert "from_pretrained('o', **{'device_map': 'auto'})" in rank0_tail(conv.source)
-    assert sum("device_map='auto' → {\"\": rank_device}" in c or "device_map='balanced' → " in c
-               for c in texts(conv)) == 2
+    made = dict(assigns(code))
+    assert mapping(made["kw"]) == {"device_map": "{'': rank_device}", "dtype": "torch.bfloat16"}
+    assert mapping(made["kw2"]) == {"device_map": "{'': rank_device}", "trust_remote_code": "False"}
+    assert mapping(made["keep"]) == {"device_map": "'cpu'"}  # an intentional CPU load stays
+    merged = call_at(conv.source, "AutoModelForCausalLM.from_pretrained", "'o'")
+    assert mapping(merged["**"]) == {"device_map": "'auto'"} and merged["line"] > line_of(conv.source, "destroy_process_group")
+    assert len(changed(conv, 1, "device_map='auto' →", '{"": rank_device}')) == 1
+    assert len(changed(conv, 1, "device_map='balanced' →")) == 1

@@ -18,6 +18,7 @@ from kit.cli import main
 from kit.notebooks.convert import convert_notebook
 from kit.notebooks.convert.dryrun import Plan
 from kit.notebooks.convert.standins import FAMILIES, TINY_MODEL, StandIns
+from tests.code_asserts import assigns, call, calls, ifexp, mapping, squeeze, words_in
 from tests.test_convert import TRAIN, make_nb
 
 FIXTURES = Path(__file__).parent / "fixtures" / "notebooks"
@@ -38,12 +39,12 @@ def test_plan_finds_splits_columns_and_the_rows_a_trainer_needs():
                  "def ok(prompts, completions, solution, **kwargs): return [1.0]\n"
                  "t = GRPOTrainer(model=m, reward_funcs=[ok], args=a, train_dataset=d)")
     assert grpo.schema == "prompt" and {"question", "answer", "solution"} <= set(grpo.extra)
-    assert _plan("t = KTOTrainer(model=m, args=a)").schema == "unpaired_preference"
-    assert _plan("t = DPOTrainer(model=m, args=a)\nx = r['question']").schema == "preference"
-    assert _plan("m = AutoModelForMaskedLM.from_pretrained(x)").family == "masked"
-    assert _plan("m = AutoModelForSeq2SeqLM.from_pretrained(x)").family == "seq2seq"
-    assert _plan("m = T5ForConditionalGeneration.from_pretrained(x)").family == "seq2seq"
-    assert _plan("m = AutoModelForCausalLM.from_pretrained(x)").family == "causal"
+    for code, schema in [("t = KTOTrainer(model=m, args=a)", "unpaired_preference"),
+                         ("t = DPOTrainer(model=m, args=a)\nx = r['question']", "preference")]:
+        assert _plan(code).schema == schema, code
+    for loader, family in [("AutoModelForMaskedLM", "masked"), ("AutoModelForSeq2SeqLM", "seq2seq"),
+                           ("T5ForConditionalGeneration", "seq2seq"), ("AutoModelForCausalLM", "causal")]:
+        assert _plan(f"m = {loader}.from_pretrained(x)").family == family, loader
 
 
 def test_ids_in_variables_arguments_and_configs_are_decided_at_run_time(tmp_path):
@@ -60,10 +61,12 @@ def test_ids_in_variables_arguments_and_configs_are_decided_at_run_time(tmp_path
     src = convert_notebook(nb, dry_run=True).source
     assert "from_pretrained(kit_dry_run.model(name)" in src and "from_pretrained(kit_dry_run.model(cfg.model_id))" in src
     assert "'sdpa'" not in src and '"sdpa"' in src and "flash_attention_2" not in src.split("training_ok")[1]
-    assert "'device_map': {\"\": rank_device}" in src and "'quantization_config': None" in src and "q = None" in src
+    made = dict(assigns(src))
+    assert mapping(made["kw"])["device_map"] == "{'': rank_device}" and mapping(made["kw"])["quantization_config"] == "None"
+    assert made["q"] == "None"
     assert "pd.read_csv(kit_dry_run.path('/kaggle/input/x/train.csv'))" in src
     assert "open(kit_dry_run.path('/kaggle/input/x/extra.json'))" in src
-    assert "kit_dry_run.load_dataset(cfg.model_id.replace('big', 'data'))" in src
+    assert squeeze(call(src, "kit_dry_run.load_dataset")[0]) == "cfg.model_id.replace('big','data')"
     assert "Trainer(model=model)" in src  # a model object the notebook made is never wrapped
 
 
@@ -74,10 +77,11 @@ def test_gpu_only_calls_are_neutralised_in_the_dry_run_only(tmp_path):
     nb = make_nb(tmp_path, cells)
     dry, real = convert_notebook(nb, dry_run=True).source, convert_notebook(nb).source
     assert "kit_dry_run.cuda('get_device_capability')" in dry and "kit_dry_run.cuda('mem_get_info')" in dry
-    assert "kit_dry_run.cuda('get_device_name', local_rank)" in dry
-    assert "    assert torch.cuda" not in dry and "raise SystemExit('no GPU')" not in dry
-    assert "torch.device(('cuda' if torch.cuda.is_available() else \"cpu\"))" in dry
-    assert "assert torch.cuda.is_available()" in real and "kit_dry_run" not in real
+    assert [c.get(1) for c in calls(dry, "kit_dry_run.cuda") if c[0] == "'get_device_name'"] == ["local_rank"]
+    assert "    assert torch.cuda" not in dry and "SystemExit('no GPU')" not in dry
+    assert ifexp(call(dry, "torch.device")[0]) == ("'cuda'", "torch.cuda.is_available()", "'cpu'")
+    asserted = [ast.unparse(n.test) for n in ast.walk(ast.parse(real)) if isinstance(n, ast.Assert)]
+    assert "torch.cuda.is_available()" in asserted and "kit_dry_run" not in real
     stand = StandIns()
     if not __import__("torch").cuda.is_available():
         assert stand.cuda("get_device_capability") == (7, 5) and stand.cuda("get_device_name", 0) == "CPU (dry run)"
@@ -116,15 +120,17 @@ def test_stand_ins_at_run_time(tmp_path, monkeypatch):
 def test_run_needs_dry_run(tmp_path, capsys):
     nb = make_nb(tmp_path, TRAIN)
     assert main(["convert", str(nb), "-o", str(tmp_path / "x.py"), "--run"]) == 2
-    assert "--run only make sense with --dry-run" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "--run only" in err and "with --dry-run" in err
 
 
 def test_without_run_the_exact_command_is_printed(tmp_path, capsys):
     nb = make_nb(tmp_path, TRAIN)
     assert main(["convert", str(nb), "-o", str(tmp_path / "x.py"), "--dry-run"]) == 0
     out = capsys.readouterr().out.splitlines()[-2]  # the last: next:
-    assert out.startswith("dry run, exactly: CUDA_VISIBLE_DEVICES='' OMP_NUM_THREADS=1 ")
-    assert f"python -m torch.distributed.run --standalone --nproc_per_node=2 {tmp_path / 'x.py'}" in out
+    assert out.startswith("dry run, exactly: ") and out.split()[3:5] == ["CUDA_VISIBLE_DEVICES=''", "OMP_NUM_THREADS=1"]
+    assert words_in(out, "python", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                    str(tmp_path / "x.py"))
     assert "--run" in out
 
 
@@ -136,17 +142,19 @@ def test_run_runs_the_dry_run_under_torchrun_and_reports_its_exit(tmp_path, caps
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH", "")]))
     assert main(["convert", str(FIXTURES / "tiny_cpu_sft.ipynb"), "-o", "ok.py", "--dry-run", "--run"]) == 0
-    assert "ran to the end on 2 CPU ranks (exit 0)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "ran to the end" in out and "2 CPU ranks (exit 0)" in out
     bad = make_nb(tmp_path, [*TRAIN[:1], "raise ValueError('the notebook fails')", TRAIN[1]], "bad.ipynb")
     assert main(["convert", str(bad), "-o", "bad.py", "--dry-run", "--run"]) == 1
     err = capsys.readouterr().err
-    assert err.count("error:") == 1 and "error: the dry run of bad.py exited 1" in err
+    assert err.count("error:") == 1 and "error: the dry run" in err and "bad.py exited 1" in err
     import kit.commands.convert as command
 
     monkeypatch.setattr(command, "DRY_TIMEOUT_S", 15)
     hang = make_nb(tmp_path, [*TRAIN[:1], "import time\ntime.sleep(600)", TRAIN[1]], "hang.ipynb")
     assert main(["convert", str(hang), "-o", "hang.py", "--dry-run", "--run"]) == 1
-    assert "ran past 15 s and was stopped" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "ran past 15 s" in err and "stopped" in err
     assert sys.modules  # the test process itself is alive: the job's process group was stopped, not us
 
 
@@ -176,7 +184,7 @@ def test_a_metric_the_notebook_loads_is_stood_in_for_without_a_download(tmp_path
              *TRAIN]
     src = convert_notebook(make_nb(tmp_path, cells), dry_run=True).source
     code = src.split("\"\"\"", 2)[2]  # past the docstring, which lists the changes
-    assert "metric = kit_dry_run.metric('rouge')" in code and "evaluate.load(" not in code
+    assert ("metric", "kit_dry_run.metric('rouge')") in assigns(code) and "evaluate.load(" not in code
     metric = StandIns().metric("evaluate-metric/accuracy")
     metric.add_batch(predictions=[1, 0], references=[1, 1])
     metric.add(prediction=2, reference=2)
@@ -195,7 +203,9 @@ def test_an_adapter_the_notebook_did_not_train_is_stood_in_for(tmp_path):
              "base = AutoModelForCausalLM.from_pretrained('org/base')\n"
              "model = PeftModel.from_pretrained(base, 'someone/adapter', is_trainable=True)", *TRAIN]
     code = convert_notebook(make_nb(tmp_path, cells), dry_run=True).source.split('"""', 2)[2]
-    assert "kit_dry_run.adapter(PeftModel, base, 'someone/adapter', is_trainable=True)" in code
+    adapter = call(code, "kit_dry_run.adapter")
+    assert [adapter[i] for i in range(3)] == ["PeftModel", "base", "'someone/adapter'"]
+    assert adapter["is_trainable"] == "True"
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from kit.evaluation.identity import local_revision
+from tests.code_asserts import words_in
 from tests.hubserver import WRITE_TOKEN, HubServer
 from tests.scripts import FAST, ROOT, SCRIPT, cpu_env, kill_job, run, torchrun_cmd, train, train_here
 
@@ -58,10 +59,12 @@ def test_a_full_job_evaluates_before_and_after_and_delivers_final(finished):
     assert samples.count("## Sample ") == 5 and "Before (step 0):" in samples and "After (step 20):" in samples
     # The end of the run says where things are and what to do next.
     assert f"[kit] run id: {run['run_id']}" in stdout
-    assert re.search(r"\[kit\] eval loss [\d.]+ → [\d.]+, perplexity .*exact match \d+ % → \d+ %", stdout)
+    [evals] = [ln for ln in stdout.splitlines() if ln.startswith("[kit] eval loss ")]
+    assert re.fullmatch(r"[\d.]+ → [\d.]+", evals.split("eval loss ")[1].split(",")[0])
+    assert re.search(r"match \d+ % → \d+ %", evals) and "exact match" in evals and ", perplexity " in evals
     assert f"[kit] final: {final} (adapter" in stdout
     assert f"[kit] pushed: {store / 'final'}" in stdout
-    assert f"[kit] export: python -m kit export --adapter {final}" in stdout
+    assert words_in(stdout, "[kit]", "export:", "python", "-m", "kit", "export", "--adapter", str(final))
     # The store holds the deliverable and the job's records; the checkpoints stay where they were.
     assert {p.name for p in (store / "final").iterdir()} == FINAL_FILES
     assert json.loads((store / "kit" / "baseline.json").read_text())["result"]["loss"] == b["loss"]
@@ -121,7 +124,7 @@ def test_export_of_the_finished_job_loads_in_plain_transformers_and_matches(fini
     r = subprocess.run([*_kit(), "export", "--adapter", str(out / "final"), "-o", str(merged), "--dtype", "fp32"],
                        cwd=ROOT, env=cpu_env(), capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "verified: merged logits match base + adapter" in r.stdout
+    assert "verified: merged logits" in r.stdout and "match base + adapter" in r.stdout
     assert list(merged.glob("*.safetensors")) and (merged / "tokenizer.json").is_file()
     assert front_matter((merged / "README.md").read_text())["library_name"] == "transformers"
     plain = AutoModelForCausalLM.from_pretrained(merged)
@@ -148,8 +151,9 @@ def test_final_push_to_the_hub_is_one_commit_with_the_expected_files(tmp_path):
         card = files["README.md"].decode()
         assert card == files["final/README.md"].decode()
         assert front_matter(card)["base_model_revision"] == local_revision(TINY)
-        assert "in `me/ha-final` (branch main): `final/` this deliverable; `checkpoints/`" in card
-        assert f"[kit] pushed: {server.url}/me/ha-final/tree/main/final" in r.stdout
+        assert "in `me/ha-final` (" in card and "(branch main)" in card and "this deliverable" in card
+        assert "`checkpoints/`" in card
+        assert words_in(r.stdout, "[kit]", "pushed:", f"{server.url}/me/ha-final/tree/main/final")
         assert {"kit/run.json", "kit/baseline.json", "checkpoints/checkpoint-4/kit_manifest.json"} <= set(files)
 
 
@@ -169,7 +173,7 @@ def test_a_job_killed_after_the_baseline_resumes_without_measuring_it_again(tmp_
     shutil.rmtree(out)  # a new machine: only the store remains
     r = train_here([*args[:2], "max_steps=6", *args[3:]])
     assert r.returncode == 0, r.stderr[-3000:]
-    assert f"[kit] baseline: kept from directory {store}" in r.stdout
+    assert f"directory {store}" in r.stdout and "[kit] baseline: kept" in r.stdout
     assert "[kit] baseline: loss" not in r.stdout
     assert (store / "kit" / "baseline.json").read_bytes() == kept
     doc = json.loads((out / "final" / "eval_results.json").read_text())
@@ -193,11 +197,11 @@ def test_a_different_base_revision_is_refused_and_nothing_is_overwritten(tmp_pat
     assert r.returncode == 2, r.stderr[-2000:]
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
     assert len(errors) == 1 and "Traceback" not in r.stderr
-    assert "was trained on base revision local-sha256:" in errors[0] and "pass --force" in errors[0]
+    assert "trained on base revision" in errors[0] and "local-sha256:" in errors[0] and "pass --force" in errors[0]
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == snapshot
     forced = train_here([*args, "max_steps=4", "--force"])
     assert forced.returncode == 0, forced.stderr[-2000:]
-    assert "[kit] warning: --force: run " in forced.stdout or "--force: run" in forced.stdout
+    assert "--force: run" in forced.stdout
 
 
 @pytest.mark.slow
@@ -308,7 +312,7 @@ def test_a_full_fine_tune_delivers_a_loadable_model_and_never_points_at_the_adap
     out = tmp_path / "out"
     r = train_here([f"output_dir={out}", "method=full", "max_steps=3", *FAST])
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "kit export" not in r.stdout and "(model weights, tokenizer," in r.stdout
+    assert "kit export" not in r.stdout and "(model weights," in r.stdout and "tokenizer," in r.stdout
     use = [line for line in r.stdout.splitlines() if line.startswith("[kit] use: ")]
     assert use and f"from_pretrained({str(out / 'final')!r})" in use[0]
     card = (out / "final" / "README.md").read_text()
@@ -343,7 +347,7 @@ def test_a_retargeted_job_keeps_the_earlier_final_beside_the_new_one(tmp_path, k
         assert json.loads((out / "final" / "eval_results.json").read_text())["step"] == 3
         assert {p.name: p.read_bytes() for p in (out / "final-step-4").iterdir()} == step4
         assert f"it is kept as {out / 'final-step-4'}" in r.stdout
-        assert "[kit] the store's earlier final/ was of another step: it is kept there as final-step-4/" in r.stdout
+        assert "earlier final/ was of" in r.stdout and "another step" in r.stdout and "as final-step-4/" in r.stdout
         if kind == "dir":
             kept = {p.name: p.read_bytes() for p in (tmp_path / "store" / "final-step-4").iterdir()}
         else:

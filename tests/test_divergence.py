@@ -53,7 +53,7 @@ def test_non_finite_gradients_stop_at_once_in_bf16_and_after_a_run_of_skips_in_f
             watch.after_backward(model)
             assert watch.reason(model, step, fp16) is None  # fp16: the scaler's normal skips
         watch.after_backward(model)
-        assert "the gradients were NaN or inf" in watch.reason(model, limit, fp16)
+        assert "NaN or inf" in watch.reason(model, limit, fp16) and "gradients" in watch.reason(model, limit, fp16)
     watch, model = divergence.Watch(), _model_with_grads(float("inf"))
     for _ in range(divergence.FP16_SKIPS - 1):
         watch.after_backward(model)
@@ -62,7 +62,7 @@ def test_non_finite_gradients_stop_at_once_in_bf16_and_after_a_run_of_skips_in_f
     assert watch.bad_grad_steps == 0 and watch.reason(model, 30, True) is None
     with torch.no_grad():
         model.weight[0, 0] = float("nan")
-    assert "the trained weights are no longer finite" in watch.reason(model, 31, True)
+    assert "no longer finite" in watch.reason(model, 31, True) and "weights" in watch.reason(model, 31, True)
 
 
 def test_a_nan_logged_loss_stops_without_saving_and_a_finite_one_does_not():
@@ -78,7 +78,7 @@ def test_a_nan_logged_loss_stops_without_saving_and_a_finite_one_does_not():
     assert not control.should_training_stop and control.should_save and not ctl.diverged
     ctl.on_log(fp16, state, control, logs={"loss": float("nan"), "grad_norm": 1.0})
     assert control.should_training_stop and not control.should_save and ctl.diverged
-    assert ctl.stop_reason.startswith("training diverged: the training loss is nan at step 12")
+    assert ctl.stop_reason.startswith("training diverged: ") and "loss is nan at step 12" in ctl.stop_reason
 
 
 @pytest.mark.slow
@@ -89,7 +89,7 @@ def test_a_diverging_run_stops_with_exit_3_and_delivers_nothing(tmp_path, nproc,
     # torchrun turns a rank's exit 3 into its own exit 1; kit's line names the 3.
     assert r.returncode == (1 if nproc > 1 else 3), r.stderr[-3000:]
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
-    assert errors and errors[0].startswith("error: training diverged at step "), r.stderr[-2000:]
+    assert errors and errors[0].startswith("error: training diverged") and " at step " in errors[0], r.stderr[-2000:]
     assert nproc == 1 or "[kit exit 3;" in errors[-1]
     assert "lower learning_rate" in errors[0]
     assert "complete:" not in r.stdout

@@ -68,9 +68,10 @@ def test_no_held_out_data_is_a_recorded_skip(tiny, tmp_path):
     ds = data.prepare(cfg, tok)
     assert ds.eval is None
     record, notes = stage.before(stage.open_run(cfg, None), cfg, model, tok, ds, None, batch_size=8, force=False)
-    assert record["skipped"] == "no held-out data (data.eval_fraction is 0)" and record["result"] is None
+    assert record["skipped"].startswith("no held-out data (") and "eval_fraction is 0" in record["skipped"]
+    assert record["result"] is None
     assert json.loads((Path(cfg.output_dir) / results.BASELINE_LOCAL).read_text())["skipped"] == record["skipped"]
-    assert "skipped: no held-out data" in notes[-1]
+    assert "skipped: no held-out" in notes[-1]
 
 
 def test_baseline_off_is_a_recorded_skip(tiny, tmp_path):
@@ -86,8 +87,8 @@ def test_an_eval_split_too_small_for_the_metric_keeps_the_loss_and_says_why(tiny
     record = stage.measure(cfg, model, tok, data.prepare(cfg, tok), 8, "baseline")
     r = record["result"]
     assert r["rows"] == 3 and r["loss"] > 0
-    assert r["metric"] == {"name": None, "skipped": "the held-out subset has 3 rows; exact match needs at least "
-                                                    "eval.min_rows=10"}
+    assert r["metric"]["name"] is None and set(r["metric"]) == {"name", "skipped"}
+    assert "has 3 rows" in r["metric"]["skipped"] and "eval.min_rows=10" in r["metric"]["skipped"]
     assert len(r["samples"]) == 3
 
 
@@ -99,7 +100,8 @@ def test_plain_text_has_no_task_metric_and_exact_match_on_it_is_refused(tiny, tm
     cfg = _cfg(tmp_path, f"data.path={rows}", "data.format=text")
     ds = data.prepare(cfg, tok)
     r = stage.measure(cfg, model, tok, ds, 8, "baseline")["result"]
-    assert r["metric"] == {"name": None, "skipped": "plain text has no reference answer: loss and perplexity only"}
+    assert r["metric"]["name"] is None and set(r["metric"]) == {"name", "skipped"}
+    assert "no reference answer" in r["metric"]["skipped"]
     assert len(r["samples"]) == 5 and all(s["prompt"] for s in r["samples"])
     strict = _cfg(tmp_path, f"data.path={rows}", "data.format=text", "eval.metric=exact_match")
     with pytest.raises(UsageError, match="eval.metric=exact_match needs prompts with reference answers"):
@@ -133,7 +135,7 @@ def test_base_revision_of_a_local_folder_changes_with_its_weights(tmp_path):
     weights[name] = weights[name] + 1e-3
     save_file(weights, base / "model.safetensors", metadata={"format": "pt"})
     assert identity.base_revision(str(base)) != before
-    assert identity.base_revision("someone/model") == "unknown (the loaded config names no Hub commit)"
+    assert identity.base_revision("someone/model").startswith("unknown (")
 
     class Config:
         _commit_hash = "a" * 40
@@ -156,11 +158,12 @@ def test_results_words_and_primary_metric():
     f = {"result": {"loss": 1.0, "perplexity": 2.72, "rows": 40,
                     "metric": {"name": "exact_match", "value": 0.5, "correct": 20, "of": 40}}}
     assert results.primary(b, f) == {"name": "exact_match", "baseline": 0.0, "final": 0.5, "higher_is_better": True}
-    assert results.change_line({"baseline": b, "final": f}) == (
-        "eval loss 6 → 1, perplexity 403.4 → 2.72; exact match 0 % → 50 % (on 40 held-out rows)")
+    line = results.change_line({"baseline": b, "final": f})
+    assert line.startswith("eval loss 6 → 1, ") and "perplexity 403.4 → 2.72" in line
+    assert "exact match 0 % → 50 %" in line and line.endswith("(on 40 held-out rows)")
     skipped = {"skipped": "no held-out data (data.eval_fraction is 0)", "result": None}
     assert results.primary(skipped, skipped)["name"] == "eval_loss"
-    assert "skipped: no held-out data" in results.change_line({"baseline": skipped, "final": skipped})
+    assert "skipped: no held-out" in results.change_line({"baseline": skipped, "final": skipped})
 
 
 def test_an_evaluation_that_fails_is_a_recorded_skip_not_a_lost_job(tiny, tmp_path, monkeypatch):
@@ -172,5 +175,6 @@ def test_an_evaluation_that_fails_is_a_recorded_skip_not_a_lost_job(tiny, tmp_pa
 
     monkeypatch.setattr(heldout, "_generate", out_of_memory)  # stands in for a T4 running out of memory
     record = stage.measure(cfg, model, tok, data.prepare(cfg, tok), 8, "final")
-    assert record["skipped"] == "the evaluation failed: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert record["skipped"].startswith("the evaluation failed: ")
+    assert "RuntimeError: CUDA out" in record["skipped"] and record["skipped"].endswith("allocate 2.00 GiB")
     assert record["result"] is None

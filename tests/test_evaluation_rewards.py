@@ -209,7 +209,7 @@ def test_a_failing_reward_function_is_a_recorded_skip_naming_it(tiny, tmp_path, 
 def test_no_reward_functions_is_a_recorded_skip(tiny, tmp_path):
     model, tok = tiny
     record = stage.measure(_cfg(tmp_path), model, tok, _prompts("text"), 4, "baseline")
-    assert record["skipped"] == "no reward functions were given to the evaluation"
+    assert record["skipped"].startswith("no reward functions") and record["result"] is None
 
 
 def _numbers(text: str, *values: float) -> None:
@@ -246,7 +246,7 @@ def test_results_samples_and_card_name_each_reward_and_its_means_before_and_afte
     assert "temperature 1" in md and "Reference:" not in md and md.count("## Sample ") == 3
     assert f["samples"][0]["output"] in md and "rewards: length" in md
     text = card.render(cfg, run, out, {"plan": "p", "hardware": "h"})
-    assert "TRL GRPOTrainer" in text and "reward functions length, digits" in text
+    assert "TRL GRPOTrainer" in text and "reward functions length," in text and "length, digits" in text
     for name in ("length", "digits"):
         row = next(line for line in text.splitlines() if line.startswith(f"| `{name}` |"))
         _numbers(row, b["rewards"][name], f["rewards"][name])

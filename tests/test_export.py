@@ -54,7 +54,7 @@ def test_export_in_fp32_and_fp16_passes_its_own_check(adapter, tmp_path, capsys,
     out = tmp_path / "merged"
     assert cli.main(["export", "--adapter", str(adapter), "-o", str(out), "--dtype", dtype, "--json"]) == 0
     text = capsys.readouterr().out
-    assert "verified: merged logits match base + adapter" in text
+    assert "verified: merged logits" in text and "match base + adapter" in text
     report = json.loads(text[text.index("{\n"):])
     assert report["rms_logit_error"] <= report["tolerance"]
 
@@ -123,8 +123,8 @@ def test_export_of_a_merge_that_drops_the_adapter_exits_1_and_keeps_nothing(adap
     out = tmp_path / "merged"
     assert cli.main(["export", "--adapter", str(adapter), "-o", str(out)]) == 1
     err = capsys.readouterr().err  # above the error: transformers' loading progress bars
-    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(
-        "error: the merged model does not match base + adapter")
+    last = err.strip().splitlines()[-1]
+    assert "Traceback" not in err and last.startswith("error: the merged model") and "not match base + adapter" in last
     assert not out.exists() and not list(tmp_path.glob(".merged.tmp-*"))
 
 
@@ -150,7 +150,7 @@ def test_export_refuses_when_the_disk_is_too_small(adapter, tmp_path, monkeypatc
     out = tmp_path / "merged"
     assert cli.main(["export", "--adapter", str(adapter), "-o", str(out)]) == 3
     line = _error(capsys)
-    assert "export needs ~0.3 GB free where" in line and "only 0.0 GB is" in line and "/tmp" in line
+    assert "export needs ~0.3 GB" in line and "only 0.0 GB is" in line and "/tmp" in line
     assert not out.exists() and not list(tmp_path.glob(".merged*"))
 
 
@@ -164,7 +164,7 @@ def test_export_refuses_a_base_not_available_offline(adapter, tmp_path, monkeypa
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     assert cli.main(["export", "--adapter", str(moved), "-o", str(tmp_path / "merged")]) == 2
     line = _error(capsys)
-    assert "base model 'nobody/not-cached-model' is not available" in line and "HF_HUB_OFFLINE" in line
+    assert "'nobody/not-cached-model'" in line and "is not available" in line and "HF_HUB_OFFLINE" in line
     assert not (tmp_path / "merged").exists()
 
 
@@ -173,9 +173,11 @@ def test_export_refuses_another_base_revision_unless_forced(adapter, tmp_path, c
     shutil.copytree(adapter, moved)
     (moved / "kit_run.json").write_text(json.dumps({"run_id": "r1", "base_revision": "local-sha256:0000"}))
     assert cli.main(["export", "--adapter", str(moved), "-o", str(tmp_path / "m1")]) == 2
-    assert "was trained on base revision local-sha256:0000" in _error(capsys)
+    line = _error(capsys)
+    assert "trained on base revision" in line and "local-sha256:0000" in line
     assert cli.main(["export", "--adapter", str(moved), "-o", str(tmp_path / "m2"), "--force"]) == 0
-    assert "warning: --force: adapter" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "warning: --force: " in out and "adapter" in out.split("warning: --force: ")[1]
 
 
 @pytest.mark.parametrize("case, words", [
@@ -283,7 +285,7 @@ def test_an_adapter_that_does_not_fit_its_base_is_one_line_and_keeps_nothing(ada
         save_file({**tensors, name: tensors[name].new_zeros(3, 3)}, moved / "adapter_model.safetensors")
     assert cli.main(["export", "--adapter", str(moved), "-o", str(tmp_path / "merged"), "--base", str(TINY)]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and "Loading weights" not in line]
-    assert len(err) == 1 and err[0].startswith(f"error: --adapter {moved} does not load onto"), err
+    assert len(err) == 1 and err[0].startswith(f"error: --adapter {moved} ") and "does not load onto" in err[0], err
     assert ("nonexistent_proj" if how == "targets" else "size mismatch") in err[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter"]
 
@@ -328,7 +330,8 @@ def test_an_adapter_whose_base_folder_moved_says_pass_base(adapter, tmp_path, ca
         {**json.loads((adapter / "adapter_config.json").read_text()),
          "base_model_name_or_path": "/gone/tiny"}).encode())
     assert cli.main(["export", "--adapter", str(moved), "-o", str(tmp_path / "m")]) == 2
-    assert "the adapter's base model '/gone/tiny': folder /gone/tiny does not exist: pass --base" in _error(capsys)
+    line = _error(capsys)
+    assert "base model '/gone/tiny':" in line and "folder /gone/tiny does" in line and "pass --base" in line
 
 
 def test_a_base_with_a_corrupt_safetensors_header_is_one_line(adapter, tmp_path, capsys):
@@ -337,14 +340,16 @@ def test_a_base_with_a_corrupt_safetensors_header_is_one_line(adapter, tmp_path,
     (base / "model.safetensors").write_bytes(b"\x08" + b"\x00" * 7 + b"{not json")
     assert cli.main(["export", "--adapter", str(adapter), "-o", str(tmp_path / "m"), "--base", str(base),
                      "--force"]) == 2
-    assert "model.safetensors is not a readable safetensors file" in _error(capsys)
+    line = _error(capsys)
+    assert "model.safetensors is not" in line and "readable safetensors" in line
 
 
 @pytest.mark.parametrize("push", ["hf://bad!!/x", "hf://a/b/c", "hf://", "hf://-x/y"])
 def test_a_bad_push_target_is_refused_before_any_work(adapter, tmp_path, capsys, monkeypatch, push):
     monkeypatch.setattr(export, "prepare", lambda *a, **k: pytest.fail("prepared before --push was checked"))
     assert cli.main(["export", "--adapter", str(adapter), "-o", str(tmp_path / "m"), "--push", push]) == 2
-    assert f"--push {push}: not a valid Hub repo id" in _error(capsys)
+    line = _error(capsys)
+    assert f"--push {push}: " in line and "not a valid Hub repo id" in line
 
 
 @pytest.mark.parametrize("env, want, code", [
@@ -381,14 +386,15 @@ def test_final_push_without_a_token_exits_4_keeps_final_and_the_rerun_pushes(hub
     lines: list[str] = []
     code, record = wrapup.push(job, final, lines)
     assert code == 4 and record["final_push"].startswith("failed: ")
-    assert lines[0].startswith("error: final/ was not pushed to hf://me/no-token: ") and "token" in lines[0]
+    assert lines[0].startswith("error: final/ was not") and "hf://me/no-token: " in lines[0]
+    assert "token" in lines[0].split("hf://me/no-token: ")[1]
     assert WRITE_TOKEN not in lines[0] and final.is_dir()
     with pytest.raises(StoreError, match="token"):
         job.store.publish_final(final)
     # Run again with a token: the job is complete, and the final/ the store lacks is pushed then.
     job.store = HubStore("me/no-token", token=WRITE_TOKEN, endpoint=hub.url)
     code, lines = wrapup.push_if_missing(job, 4)
-    assert code == 0 and lines == [f"pushed: {hub.url}/me/no-token/tree/main/final"]
+    assert code == 0 and [ln.split() for ln in lines] == [["pushed:", f"{hub.url}/me/no-token/tree/main/final"]]
     assert job.store.final_step() == 4
     assert wrapup.push_if_missing(job, 4) == (0, []), "already there: nothing to push"
 
@@ -424,8 +430,8 @@ def test_a_base_whose_weights_do_not_match_its_config_is_one_line(adapter, tmp_p
     (base / "config.json").write_text(json.dumps({**cfg, "vocab_size": 256}))
     assert cli.main(["export", "--adapter", str(adapter), "-o", str(tmp_path / "merged"), "--base", str(base)]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and "Loading weights" not in line]
-    assert err == [f"error: base model {base} does not load (their shapes differ from config.json's): restore it "
-                   "or give another --base"], err
+    assert len(err) == 1 and err[0].startswith(f"error: base model {base} ") and "does not load (" in err[0], err
+    assert "shapes differ from" in err[0] and err[0].endswith("give another --base")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]
 
 
@@ -443,5 +449,5 @@ def test_a_disk_that_fills_up_during_the_export_is_one_line_and_keeps_nothing(ad
         with pytest.raises(CannotTrain) as e:
             export.merge(dataclasses.replace(plan, out=str(small / "merged")))
         assert e.value.exit_code == 3
-        assert f"export ran out of disk space in {small} (" in str(e.value) and "nothing was kept" in str(e.value)
+        assert f"out of disk space in {small} (" in str(e.value) and "nothing was kept" in str(e.value)
         assert list(small.iterdir()) == []

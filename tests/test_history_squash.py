@@ -59,7 +59,7 @@ def test_a_failed_squash_is_a_warning_and_the_checkpoint_is_published(hub, tmp_p
     sync, events = publish_all(store, tmp_path, [1], squash_every=1)
     assert sync.published == [1] and not sync.errors and store.latest_valid() == 1
     assert [e["event"] for e in events][-1] == "squash failed"
-    assert "squashing the history" in caplog.text and "checkpoints are unaffected" in caplog.text
+    assert "squashing the history" in caplog.text and "unaffected" in caplog.text
 
 
 def test_a_directory_store_has_no_history_to_squash(tmp_path):

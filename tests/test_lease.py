@@ -30,8 +30,8 @@ def test_second_holder_is_refused_with_holder_and_age(store_factory):
     with pytest.raises(StoreError) as err:
         Lease(store_factory(), "host-y pid 9").acquire()
     msg = str(err.value)
-    assert "is leased by host-x pid 123 since 20" in msg and "heartbeat 0 s ago" in msg
-    assert "take over after 180 s without a heartbeat" in msg and err.value.exit_code == 4
+    assert "leased by host-x pid 123" in msg and "since 20" in msg and "heartbeat 0 s ago" in msg
+    assert "take over after 180 s" in msg and err.value.exit_code == 4
     a.heartbeat()
     a.release()
     b = Lease(store_factory(), "host-y pid 9").acquire()
@@ -60,7 +60,7 @@ def test_stale_lease_is_taken_over_with_a_warning(store_factory, caplog):
     time.sleep(0.5)
     with caplog.at_level(logging.WARNING, "kit.checkpoints.lease"):
         new = Lease(store_factory(), "new-session").acquire()  # judged by the cut holder's own 0.3 s
-    assert "taking over the stale lease of cut-session" in caplog.text
+    assert "taking over the stale" in caplog.text and "lease of cut-session" in caplog.text
     assert new.took_over["holder"] == "cut-session" and new.took_over["ttl_s"] == pytest.approx(0.3)
     with pytest.raises(StoreError, match="lost to new-session"):
         old.heartbeat()
@@ -268,8 +268,8 @@ def test_a_job_whose_lease_was_taken_over_stops_and_writes_nothing_more(tmp_path
             taken = max(store.list_steps())
             assert proc.wait(120) == 4, log.read_text()[-3000:]
         text = log.read_text()
-        assert "lease lost: lease on hf://me/lost was lost to other-host pid 7" in text
-        assert "this session writes nothing more to the store" in text and "Traceback" not in text
+        assert "lease lost: " in text and "hf://me/lost was lost to" in text and "other-host pid 7" in text
+        assert "writes nothing more" in text and "Traceback" not in text
         assert max(store.list_steps()) <= taken + 10  # at most the one upload already under way
         assert json.loads(store.read_text("lease.json"))["id"] == "theirs"  # never overwritten by the loser
 
@@ -303,6 +303,6 @@ def test_a_lease_record_of_the_wrong_types_is_no_lease_not_a_crash(tmp_path, cap
     (tmp_path / "store/kit" / LOCK_NAME).write_text(json.dumps(record).replace("Infinity", "1e400"))
     with caplog.at_level(logging.WARNING, "kit.checkpoints.lease"):
         lease = Lease(store, "me").acquire()
-    assert "of the wrong type; treating the store as unleased" in caplog.text
+    assert "of the wrong type" in caplog.text and "as unleased" in caplog.text
     assert json.loads((tmp_path / "store/kit" / LOCK_NAME).read_text())["holder"] == "me"
     lease.release()

@@ -23,6 +23,7 @@ from kit.train import data
 from kit.checkpoints import resume, status
 from kit import cli
 from kit.cli import main
+from tests.code_asserts import words_in
 from tests.scripts import FAST, ROOT, cpu_env, train, train_here
 
 README = (ROOT / "README.md").read_text()
@@ -38,12 +39,13 @@ def test_readme_notebook_cd_is_a_line_of_its_own():
 
 
 def test_readme_keeps_its_two_commands_and_names_the_cpu_index():
-    assert 'pip install torch && pip install -e ".[train]" && torchrun --standalone --nproc_per_node=2 train_ddp.py' in README
-    assert 'pip install -e ".[train,notebooks,test]" && python -m pytest -q' in README
+    assert words_in(README, "pip", "install", "torch", "&&", "pip", "install", "-e", '".[train]"', "&&",
+                    "torchrun", "--standalone", "--nproc_per_node=2", "train_ddp.py")
+    assert words_in(README, "pip", "install", "-e", '".[train,notebooks,test]"', "&&", "python", "-m", "pytest", "-q")
     # CI runs README's test command as it is: the line in .ci/run is one of README's lines.
     ci_line = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
     assert ci_line.startswith("pip install -e") and ci_line in README.splitlines()
-    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in README
+    assert words_in(README, "pip", "install", "torch", "--index-url", "https://download.pytorch.org/whl/cpu")
 
 
 def test_parameter_counts_agree_between_readme_and_run():
@@ -59,8 +61,8 @@ def test_parameter_counts_agree_between_readme_and_run():
     lora = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, target_modules=modeling.target_modules(cfg, model),
                       task_type="CAUSAL_LM")  # as train_ddp.py builds it
     line = modeling.trainable_summary(modeling.add_lora(model, cfg, plan, lora))
-    assert line.startswith("trainable parameters: 32,768 of 139,648")
-    assert "106,880 frozen + 32,768 trainable" in line
+    assert line.startswith("trainable parameters: ") and re.findall(r"[\d,]{5,}", line)[:4] == [
+        "32,768", "139,648", "106,880", "32,768"]  # trainable of total; frozen + trainable
     assert "107k-parameter Qwen3" in README and "32,768 of 139,648" in README and "106,880" in README
 
 
@@ -108,10 +110,10 @@ def test_an_extended_job_reports_one_target_everywhere(tmp_path):
     assert "complete: step 4 of 4" in r.stdout
     assert json.loads((tmp_path / "run/checkpoint-4/trainer_state.json").read_text())["max_steps"] == 4
     again = train_here(["--config", str(c)])  # the config still says 2
-    assert "already complete: step 4 of 4" in again.stdout, again.stdout[-2000:]
+    assert "already complete: " in again.stdout and "step 4 of 4" in again.stdout, again.stdout[-2000:]
     s = status.gather(config.load(str(c)))
     assert (s["latest_step"], s["max_steps"], s["complete"]) == (4, 4, True)
-    assert "step 4 of 4 (100 %) — complete" in status.format_text(s)
+    assert "step 4 of 4 (100 %)" in status.format_text(s) and "— complete" in status.format_text(s)
 
 
 @pytest.mark.slow
@@ -131,16 +133,16 @@ def test_a_job_cut_in_its_wrap_up_finishes_it_and_an_explicit_target_ends_an_ext
     assert status.gather(config.load(str(c)))["max_steps"] == 6  # the plain command would go on to 6
 
     below = train_here(["--config", str(c), "max_steps=3", *FAST])
-    assert below.returncode == 2 and "error: max_steps=3 is below the step of checkpoint-4" in below.stderr
+    assert below.returncode == 2 and "error: max_steps=3 " in below.stderr and "checkpoint-4" in below.stderr
     assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
 
     s = status.gather(config.load(str(c), ["max_steps=4"]), steps_given=True)
     assert (s["latest_step"], s["max_steps"], s["complete"]) == (4, 4, False)
-    assert "did not finish: the same command runs it" in status.format_text(s)
+    assert s["complete"] is False and "did not finish" in status.format_text(s)
 
     ended = train_here(["--config", str(c), "max_steps=4", *FAST])
     assert ended.returncode == 0, ended.stderr[-2000:]
-    assert "checkpoint-4 is the job's last step, but its wrap-up" in ended.stdout
+    assert "checkpoint-4 is the" in ended.stdout and "wrap-up" in ended.stdout
     assert "complete: step 4 of 4" in ended.stdout
     assert not (run / "checkpoint-5").exists()  # no step trained past the target
     assert json.loads((run / "final/eval_results.json").read_text())["step"] == 4
@@ -158,9 +160,9 @@ def test_bootstrap_with_config_on_cpu_exits_0_with_one_next_line(tmp_path, capsy
     # One line says what to do next, and nothing else does: the verdict's "use a machine with a
     # GPU" advice is not repeated under a plan that trains here.
     lines = printed.out.splitlines()
-    assert [line for line in lines if re.search(r"(?i)\b(next|do this)\b", line)] == [
-        f"Next: python {out}  (CPU: slow, fine for the tiny default)"]
-    assert lines[-2:] == [f"Wrote {out}", f"Next: python {out}  (CPU: slow, fine for the tiny default)"]
+    nexts = [line for line in lines if re.search(r"(?i)\b(next|do this)\b", line)]
+    assert nexts == [lines[-1]] and lines[-2] == f"Wrote {out}"
+    assert nexts[0].startswith(f"Next: python {out}  (") and "CPU: slow" in nexts[0]
 
 
 def test_bootstrap_without_config_on_cpu_says_config_gives_a_script(tmp_path, monkeypatch, capsys):
@@ -168,12 +170,14 @@ def test_bootstrap_without_config_on_cpu_says_config_gives_a_script(tmp_path, mo
     printed = capsys.readouterr()
     # exit 0: the default job trains here, and the one next line is the command that writes its script
     assert outcome.code == 0 and outcome.result.cpu_only and printed.err == ""
-    assert outcome.result.next == ["kit bootstrap --config configs/default.yaml  # writes train_ddp.py for "
-                                   "this machine (CPU: slow, fine for the tiny default)"]
+    [command] = outcome.result.next
+    assert command.split("#")[0].split() == ["kit", "bootstrap", "--config", "configs/default.yaml"]
+    assert "train_ddp.py" in command.split("#")[1] and "CPU: slow" in command
     # Outside the checkout the command says where the default config is.
     monkeypatch.chdir(tmp_path)
     outcome = cli.run(["bootstrap", "--facts", str(MACHINES / "cpu_only.json")])
-    assert outcome.result.next[0].startswith(f"cd {ROOT} && kit bootstrap --config configs/default.yaml  #")
+    assert outcome.result.next[0].split("#")[0].split() == ["cd", str(ROOT), "&&", "kit", "bootstrap", "--config",
+                                                            "configs/default.yaml"]
 
 
 def test_bootstrap_keeps_numbered_backups_and_prev_is_ignored(tmp_path, capsys):
@@ -204,14 +208,17 @@ def test_plan_says_to_render_first_when_the_script_is_another(tmp_path, monkeypa
         (tmp_path / name).symlink_to(ROOT / name)
     assert main(["plan", "--config", "configs/default.yaml", "--gpus", "2xT4", "lora.r=8"]) == 0
     last = capsys.readouterr().out.splitlines()[-1]
-    assert last.startswith("next: python -m kit render --config configs/default.yaml --gpus 2xT4 lora.r=8 "
-                           "-o train_ddp.py --force  (./train_ddp.py does not exist yet), then: torchrun")
+    assert last.split("  (")[0].split() == ["next:", "python", "-m", "kit", "render", "--config", "configs/default.yaml",
+                                           "--gpus", "2xT4", "lora.r=8", "-o", "train_ddp.py", "--force"]
+    assert "(./train_ddp.py does not" in last and last.split("), then: ")[1].startswith("torchrun")
     assert main(["render", "--config", "configs/default.yaml", "--gpus", "2xT4", "lora.r=8"]) == 0
     capsys.readouterr()
     assert main(["plan", "--config", "configs/default.yaml", "--gpus", "2xT4", "lora.r=8"]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == "next: torchrun --standalone --nproc_per_node=2 train_ddp.py"
+    assert capsys.readouterr().out.splitlines()[-1].split() == ["next:", "torchrun", "--standalone",
+                                                               "--nproc_per_node=2", "train_ddp.py"]
     assert main(["plan", "--config", "configs/default.yaml", "--gpus", "2xT4"]) == 0  # r=16: another script
-    assert "is another config's or machine's script" in capsys.readouterr().out.splitlines()[-1]
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith("next: ") and "render" in last and "another config's" in last
 
 
 # ---- item 9: the re-render hint reproduces the file ----------------------------------------------------
@@ -242,7 +249,7 @@ def test_plan_refusal_is_printed_once_and_names_the_assumed_torch(capsys):
     assert main(["plan", "--gpus", "1xP100"]) == 3
     out, err = capsys.readouterr()
     assert "sm_60" not in out and err.count("is not in the arch list") == 1
-    assert "torch 2.10.0+cu128 (assumed for --gpus, not the torch installed here)" in err
+    assert "torch 2.10.0+cu128 (" in err and "(assumed" in err and "--gpus" in err
     assert "this torch build" not in err
 
 
@@ -254,12 +261,11 @@ def test_under_torchrun_the_error_line_names_kits_exit_code(tmp_path):
                           text=True, timeout=300)
     assert done.returncode == 1  # torchrun's own code for any failed rank
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert errors[0].endswith("[kit exit 2; torchrun exits 1 and reports it below as a ChildFailedError]")
+    assert "[kit exit 2; torchrun" in errors[0] and errors[0].endswith("ChildFailedError]")
     # torchrun's report follows the rank's line; kit says it again after it, so the last line is kit's.
     assert "ChildFailedError" in done.stderr.split(errors[0])[1]
-    assert errors[1:] == [done.stderr.strip().splitlines()[-1]] and errors[1] == (
-        "error: config key 'max_steps' in command line must be > 0, got 0 [kit exit 2; torchrun's exit 1 and its "
-        "ChildFailedError report above pass it on]")
+    assert errors[1:] == [done.stderr.strip().splitlines()[-1]] and errors[1].startswith("error: config key")
+    assert "'max_steps'" in errors[1] and "> 0, got 0 [kit exit 2;" in errors[1]
     assert "torchrun's" in README and "ChildFailedError" in README and "SignalException" in README
 
 
@@ -291,9 +297,8 @@ def test_ctrl_c_under_torchrun_ends_with_kits_outcome_line(tmp_path):
     step = int(log.split("[kit] paused at step ")[1].split()[0])
     assert (out / f"checkpoint-{step}" / "kit_manifest.json").is_file()
     last = log.strip().splitlines()[-1]
-    assert last.startswith(f"[kit] paused at step {step} of 2000 (signal SIGINT) — run the same command to continue")
-    assert last.endswith("[kit exit 0; the SignalException traceback and exit 1 above are torchrun's own reaction "
-                         "to the signal]")
+    assert last.startswith("[kit] ") and f"paused at step {step} of 2000" in last and "SIGINT" in last
+    assert "same command" in last and "[kit exit 0; the" in last and "SignalException" in last
 
 
 # ---- item 12: smoke cleans up after itself ---------------------------------------------------------------
@@ -303,7 +308,7 @@ def test_smoke_removes_its_temporary_folder(tmp_path):
     tmp.mkdir()
     r = train(["--smoke"], nproc=1, env=cpu_env(TMPDIR=str(tmp)))
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "smoke: one optimizer step in " + str(tmp) in r.stdout
+    assert "smoke: one optimizer" in r.stdout and str(tmp) in r.stdout
     assert not list(tmp.glob("kit-smoke-*"))
 
 
@@ -344,8 +349,8 @@ def test_a_dataset_smaller_than_one_global_batch_is_named(capsys):
     job = Job(cfg, ctx, Plan(strategy="ddp", device="cpu", nproc=2, per_device_batch=8, global_batch=16))
     assert job.max_steps(3) == 1
     out = capsys.readouterr().out
-    assert ("warning: 3 training example(s), fewer than one global batch of 16 (8 per device × 1 accumulation × "
-            "2 process(es))") in out
+    [warned] = [ln for ln in out.splitlines() if "warning: 3 training" in ln]
+    assert "global batch of 16 (" in warned and "8 per device" in warned and "2 process(es)" in warned
     capsys.readouterr()
     job.max_steps(400)
     assert "warning" not in capsys.readouterr().out
@@ -373,7 +378,7 @@ def test_a_torn_session_record_is_named_by_line(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="kit.checkpoints.status"):
         s = status.gather(config.load("configs/default.yaml", [f"output_dir={out}"]))
     assert len(s["sessions"]) == 1
-    assert f"{out / 'kit_sessions.jsonl'} line 2 is not valid JSON" in caplog.text
+    assert f"{out / 'kit_sessions.jsonl'} line 2 " in caplog.text and "not valid JSON" in caplog.text
 
 
 # ---- overrides anywhere among the flags (`train_ddp.py lora.r=8 --force output_dir=X`) ---------------------
@@ -389,7 +394,8 @@ def test_the_script_takes_overrides_before_between_and_after_its_flags(tmp_path)
     # The real script: the override after --force is read (and refused for its value, not as an argument).
     r = subprocess.run([sys.executable, str(ROOT / "train_ddp.py"), "lora.r=8", "--force", f"output_dir={tmp_path}",
                         "max_steps=0"], cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and r.stderr.strip() == "error: config key 'max_steps' in command line must be > 0, got 0"
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("error: config key") and "'max_steps'" in r.stderr
+    assert r.stderr.strip().endswith("> 0, got 0")
 
 
 def test_kit_commands_take_overrides_among_their_flags(capsys):
@@ -401,7 +407,8 @@ def test_kit_commands_take_overrides_among_their_flags(capsys):
     assert lora_bytes("lora.r=8", "--gpus", "2xT4", "--json", "--config", "configs/default.yaml") == flags_first
     assert lora_bytes("--gpus", "2xT4", "--json", "--config", "configs/default.yaml") == 2 * flags_first  # r=16
     assert main(["plan", "lora.r=8", "--jsn", "--gpus", "2xT4"]) == 2  # an unknown flag is still refused, in one line
-    assert capsys.readouterr().err.strip() == "error: kit: unrecognized arguments: --jsn (see `kit --help`)"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: kit: ") and "--jsn" in err and "`kit --help`" in err
 
 
 # ---- commands without --config: the README's main job, from one default --------------------------------
@@ -427,7 +434,7 @@ def test_bare_status_and_export_look_where_the_readme_job_writes(tmp_path, monke
     assert "local outputs/default" in out and "of 60 steps" in out and "0 of ? steps" not in out
     assert main(["export"]) == 2
     err = capsys.readouterr().err
-    assert "outputs/default/final (output_dir/final of configs/default.yaml) does not exist" in err
+    assert "outputs/default/final (" in err and "configs/default.yaml" in err and "does not exist" in err
     assert "--adapter outputs" not in err  # no flag the user did not give
 
 
@@ -462,7 +469,7 @@ def test_no_install_hint_names_pypis_other_kit(capsys):
     assert not found, found
     with pytest.raises(SystemExit):  # `kit schedule --help`, the text the report quoted
         cli.build_parser("schedule").parse_args(["schedule", "--help"])
-    assert 'pip install -e ".[kaggle]"` in the kit checkout' in " ".join(capsys.readouterr().out.split())
+    assert words_in(capsys.readouterr().out, "`pip", "install", "-e", '".[kaggle]"`', "in", "the", "kit", "checkout")
 
 
 # ---- the README's closing lines are what its main job prints -------------------------------------------------

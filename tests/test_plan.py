@@ -4,6 +4,7 @@ exit codes and error lines through a real subprocess."""
 import copy
 import json
 import os
+import re
 
 import pytest
 
@@ -14,6 +15,7 @@ from kit.planning.plan import batch_for_world, make_plan
 from tests.scripts import kit_cli
 
 GIB = 2**30
+TORCHRUN2 = ["torchrun", "--standalone", "--nproc_per_node=2", "train_ddp.py"]
 CU128 = ["sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
 
 
@@ -72,7 +74,7 @@ def test_t4x2_qwen3_8b_qlora_is_ddp_fp16_on_both_gpus():
     # What max_memory_allocated would count: everything but the CUDA context and the allocator's slack.
     t = p.memory["terms"]
     assert abs(p.memory["allocated_bytes"] - (p.memory["per_gpu_bytes"] - t["cuda_context"] - t["allocator_slack"])) <= len(t)
-    assert p.launch == "torchrun --standalone --nproc_per_node=2 train_ddp.py"
+    assert p.launch.split() == TORCHRUN2
     assert any("no native bf16" in r for r in p.reasons) and any("DDP" in r for r in p.reasons)
     assert p.to_dict()["memory"]["terms"]["weights_4bit"] > 0
 
@@ -89,7 +91,7 @@ def test_memory_held_by_another_process_shrinks_the_budget():
     with pytest.raises(CannotTrain) as e:
         make_plan(busy, cfg(*QWEN8_QLORA))
     assert e.value.plan.memory["budget_bytes"] == 4 * GIB
-    assert any("in use by another process" in r for r in e.value.plan.reasons)
+    assert any("in use by another" in r for r in e.value.plan.reasons)
     assert e.value.plan.memory["per_gpu_bytes"] > 4 * GIB and "weights_4bit" in e.value.plan.memory["terms"]
 
 
@@ -133,9 +135,9 @@ def test_a100_h200_and_mi300x_train_in_bf16():
 def test_cpu_only_tiny_default_plans_and_big_models_are_refused():
     p = make_plan(CPU_ONLY, cfg())
     assert (p.device, p.precision, p.strategy, p.launch) == ("cpu", "fp32", "single", "python train_ddp.py")
-    assert "CPU-only: training will be CPU-slow; fine for the tiny default." in p.reasons
+    assert any(r.startswith("CPU-only: ") and "CPU-slow" in r and "tiny default" in r for r in p.reasons)
     p2 = make_plan(CPU_ONLY, cfg(), nproc=2)
-    assert p2.strategy == "ddp" and p2.launch == "torchrun --standalone --nproc_per_node=2 train_ddp.py"
+    assert p2.strategy == "ddp" and p2.launch.split() == TORCHRUN2
     with pytest.raises(CannotTrain, match="too big to train on a CPU"):
         make_plan(CPU_ONLY, cfg("model=Qwen/Qwen3-1.7B"))
     with pytest.raises(CannotTrain, match="needs a CUDA GPU"):
@@ -200,8 +202,8 @@ def test_backend_unsloth_only_on_one_nvidia_gpu():
     with_unsloth["packages"]["unsloth"] = "2026.1.1"
     two = make_plan(with_unsloth, cfg(*QWEN8_QLORA))
     one = make_plan(with_unsloth, cfg(*QWEN8_QLORA), nproc=1)
-    assert two.backend == "transformers" and any("multi-GPU support is limited" in r for r in two.reasons)
-    assert one.backend == "unsloth" and one.launch == "CUDA_VISIBLE_DEVICES=0 python train_ddp.py"
+    assert two.backend == "transformers" and any("multi-GPU support" in r for r in two.reasons)
+    assert one.backend == "unsloth" and one.launch.split() == ["CUDA_VISIBLE_DEVICES=0", "python", "train_ddp.py"]
     assert make_plan(with_unsloth, cfg(*QWEN8_QLORA, "backend=transformers"), nproc=1).backend == "transformers"
 
 
@@ -231,13 +233,16 @@ def kit_plan(*args, tmp_path=None):
 def test_cli_plan_text_and_json():
     out = kit_plan("--config", "configs/qwen3-8b-qlora-kaggle-t4x2.yaml", "--gpus", "2xT4")
     assert out.returncode == 0, out.stderr
-    assert "strategy                ddp" in out.stdout and "weights_4bit" in out.stdout
+    assert re.search(r"^  strategy +ddp ", out.stdout, re.M) and "weights_4bit" in out.stdout
     # ./train_ddp.py is the default config's script, not this one's: render first (issue 11, item 8).
-    assert ("next: python -m kit render --config configs/qwen3-8b-qlora-kaggle-t4x2.yaml --gpus 2xT4 -o train_ddp.py "
-            "--force  (./train_ddp.py is another config's or machine's script), then: torchrun --standalone "
-            "--nproc_per_node=2 train_ddp.py") in out.stdout
+    last = out.stdout.splitlines()[-1]
+    render, torchrun = last.split("), then: ")
+    assert render.split("  (")[0].split() == ["next:", "python", "-m", "kit", "render", "--config",
+                                             "configs/qwen3-8b-qlora-kaggle-t4x2.yaml", "--gpus", "2xT4", "-o",
+                                             "train_ddp.py", "--force"]
+    assert "another config's" in render and torchrun.split() == TORCHRUN2
     out = kit_plan("--config", "configs/default.yaml", "--gpus", "2xT4")
-    assert out.stdout.splitlines()[-1] == "next: torchrun --standalone --nproc_per_node=2 train_ddp.py"
+    assert out.stdout.splitlines()[-1].split() == ["next:", *TORCHRUN2]
     out = kit_plan("--gpus", "2xT4", "model=Qwen/Qwen3-8B", "method=qlora", "--json")
     d = json.loads(out.stdout)
     for key in ("precision", "strategy", "nproc", "per_device_batch", "grad_accum", "global_batch",
@@ -254,7 +259,7 @@ def test_cli_plan_with_facts_file(tmp_path):
     f.write_text(json.dumps(CPU_ONLY))  # facts with no GPU: the tiny default still plans, on the CPU
     assert json.loads(kit_plan("--facts", str(f), "--json").stdout)["device"] == "cpu"
     out = kit_plan("--facts", str(f), "model=Qwen/Qwen3-8B")
-    assert out.returncode == 3 and out.stderr.startswith("error: Qwen/Qwen3-8B has 8.2B parameters")
+    assert out.returncode == 3 and out.stderr.startswith("error: Qwen/Qwen3-8B ") and "8.2B parameters" in out.stderr
 
 
 def test_cli_does_not_fit_prints_plan_and_exits_3():
@@ -265,11 +270,11 @@ def test_cli_does_not_fit_prints_plan_and_exits_3():
     assert out.returncode == 3 and "sm_60" in out.stderr
     # The refused plan's header names the machine the error names.
     out = kit_plan("--gpus", "2xT4", "model=Qwen/Qwen3-32B", "method=lora")
-    assert out.returncode == 3 and "does not fit on 2× Tesla T4" in out.stderr
-    assert out.stdout.splitlines()[0] == "plan for Qwen/Qwen3-32B on 2× Tesla T4"
+    assert out.returncode == 3 and "does not fit on 2× Tesla" in out.stderr
+    assert out.stdout.splitlines()[0].split(" on ") == ["plan for Qwen/Qwen3-32B", "2× Tesla T4"]
     # A seq_len past the model's positions is refused before any fit search (the script found it after loading).
     out = kit_plan("--gpus", "2xT4", "seq_len=2000000000")
-    assert out.returncode == 2 and "longer than models/tiny-qwen3's max_position_embeddings=1024" in out.stderr
+    assert out.returncode == 2 and "longer than" in out.stderr and "max_position_embeddings=1024" in out.stderr
 
 
 @pytest.mark.parametrize("setup,args,needle", [

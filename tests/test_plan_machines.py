@@ -34,6 +34,20 @@ def cfg(*overrides):
     return config.load(None, list(overrides))
 
 
+def heading(out: str) -> tuple[str, str]:
+    """The plan's first line, `plan for MODEL on MACHINE`, as (MODEL, MACHINE)."""
+    first = out.splitlines()[0]
+    assert first.startswith("plan for "), first
+    model, machine = first.removeprefix("plan for ").split(" on ", 1)
+    return model, machine
+
+
+def row(out: str, name: str) -> str:
+    """The value of the plan text's `  NAME   VALUE` row."""
+    [found] = [ln.split(None, 1)[1] for ln in out.splitlines() if ln.startswith("  ") and ln.split()[:1] == [name]]
+    return found
+
+
 def kit_plan(capsys, *args) -> tuple[int, str, str]:
     code = main(["plan", *args])
     out, err = capsys.readouterr()
@@ -94,15 +108,15 @@ def test_known_ram_still_decides_and_a_ram_refusal_names_the_ram_fix():
     with pytest.raises(CannotTrain) as e:
         make_plan(small, cfg(*QWEN8_QLORA), nodes=2)
     msg = str(e.value)
-    assert e.value.exit_code == 3 and "the host RAM while loading does not" in msg
-    assert "cheapest change that fits: --nproc 3" in msg and "GPU with more memory" not in msg
+    assert e.value.exit_code == 3 and "host RAM while loading" in msg
+    assert "cheapest change" in msg and "fits: --nproc 3" in msg and "GPU with more memory" not in msg
     plan = make_plan(small, cfg(*QWEN8_QLORA), nproc=3, nodes=2)
     assert (plan.strategy, plan.nproc) == ("ddp", 3)
     # And the layer split it falls back to on one node says why, not "neither fits".
     p = make_plan(small, cfg(*QWEN8_QLORA))
     split = next(r for r in p.reasons if r.startswith("model parallel"))
-    assert p.strategy == "model_parallel" and "a replica per GPU was passed over" in split
-    assert "neither a replica nor FSDP fits" not in split
+    assert p.strategy == "model_parallel" and "a replica per GPU" in split and "passed over" in split
+    assert "neither a replica nor" not in split
 
 
 # ---- several nodes: every node's command, SLURM and SkyPilot in the text ---------------------------
@@ -110,12 +124,14 @@ def test_multi_node_text_shows_each_nodes_command_and_the_whole_world(capsys):
     code, out, err = kit_plan(capsys, "--config", "configs/qwen3-8b-qlora-kaggle-t4x2.yaml", "--gpus", "4xH100",
                               "--nodes", "2", "--rdzv-endpoint", "10.0.0.1:29500")
     assert (code, err) == (0, "")
-    assert "on 2 nodes × 4× NVIDIA H100 80GB HBM3" in out.splitlines()[0]
+    assert heading(out)[1].startswith("2 nodes × 4× NVIDIA H100") and heading(out)[1].endswith(" 80GB HBM3")
     batch = next(ln for ln in out.splitlines() if ln.lstrip().startswith("batch "))
-    assert "× 8 processes (2 nodes × 4) = 16" in batch and "process(es)" not in batch
+    assert "× 8 processes (" in batch and "(2 nodes × 4) = 16" in batch and "process(es)" not in batch
     for rank in (0, 1):
-        assert f"  node {rank}: torchrun --nnodes=2 --nproc_per_node=4 --node_rank={rank} " in out
-    assert "#SBATCH --nodes=2" in out and "#SBATCH --gpus-per-node=4" in out
+        assert any(ln.split()[:6] == ["node", f"{rank}:", "torchrun", "--nnodes=2", "--nproc_per_node=4",
+                                      f"--node_rank={rank}"] for ln in out.splitlines())
+    sbatch = [ln.split() for ln in out.splitlines() if ln.strip().startswith("#SBATCH")]
+    assert ["#SBATCH", "--nodes=2"] in sbatch and ["#SBATCH", "--gpus-per-node=4"] in sbatch
     assert "    accelerators: H100:4" in out and "HBM3:" not in out
     last = out.splitlines()[-1]
     assert last.startswith("next: ") and "--node_rank=0" not in last and "each node's command" in last
@@ -135,7 +151,9 @@ def test_skypilot_names_other_boards_of_a_model_and_marks_a_gpu_it_does_not_know
     assert gpu_table.skypilot_name("Tesla V100-PCIE-32GB", 32 * GIB) == "V100-32GB"
     unknown = machine("NVIDIA RTX PRO 6000 Blackwell", "12.0", 96 * GIB, count=2, platform="local")
     task = make_plan(unknown, cfg(), nodes=2).snippets["skypilot"]
-    assert "accelerators: GPU:2  # replace GPU with SkyPilot's name" in task and "Blackwell" not in task
+    [acc] = [ln for ln in task.splitlines() if "accelerators:" in ln]
+    assert acc.split("#")[0].split() == ["accelerators:", "GPU:2"] and "SkyPilot's name" in acc
+    assert "Blackwell" not in task
 
 
 # ---- the plan's words on every built-in machine ---------------------------------------------------
@@ -160,27 +178,29 @@ def test_plan_text_reads_right_on_every_built_in_machine(capsys, spec, job):
     if facts["platform"] != "kaggle":  # Kaggle's own fix (its accelerator menu) only for Kaggle's machines
         assert "T4×2 accelerator" not in text and "Settings → Accelerator" not in text
     if code == 3:
-        assert re.search(r"^  strategy +none \(no plan: the error line says why\)$", out, re.M)
+        assert row(out, "strategy").startswith("none (no plan")
         assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
 
 
 def test_a_p100_refusal_names_the_machine_and_says_where_kaggles_fix_applies(capsys):
     code, out, err = kit_plan(capsys, "--gpus", "1xP100")
-    assert code == 3 and out.splitlines()[0] == "plan for models/tiny-qwen3 on 1× Tesla P100-PCIE-16GB"
-    assert "on Kaggle, pick the T4×2 accelerator" in err and "elsewhere, install a torch built for sm_60" in err
+    assert code == 3 and heading(out) == ("models/tiny-qwen3", "1× Tesla P100-PCIE-16GB")
+    assert "on Kaggle, pick the T4×2" in err and "elsewhere, install a" in err and "sm_60" in err
     code, out, err = kit_plan(capsys, "--gpus", "2xP100")  # not a Kaggle machine: no Kaggle advice
-    assert code == 3 and out.splitlines()[0] == "plan for models/tiny-qwen3 on 2× Tesla P100-PCIE-16GB"
-    assert err.rstrip().endswith(": install a torch built for sm_60") and "Kaggle" not in err
+    assert code == 3 and heading(out) == ("models/tiny-qwen3", "2× Tesla P100-PCIE-16GB")
+    assert err.rstrip().endswith("built for sm_60") and ": install a torch" in err and "Kaggle" not in err
 
 
 def test_one_gpu_and_the_cpu_read_in_the_singular(capsys):
     code, out, _ = kit_plan(capsys, "--gpus", "1xL4", "global_batch=16", "per_device_batch=8")
-    assert code == 0 and re.search(r"^  strategy +single \(one GPU, one process\)$", out, re.M)
-    assert "8 per GPU × 2 accumulation steps × 1 process = 16" in out
+    assert code == 0 and row(out, "strategy").startswith("single (one GPU") and "one process)" in out
+    assert row(out, "batch").split(" × ") == ["8 per GPU", "2 accumulation steps", "1 process = 16"]
     assert "(1 process of ~2.5 GiB:" in out
     code, out, _ = kit_plan(capsys, "--gpus", "cpu", "global_batch=8", "per_device_batch=8")
-    assert code == 0 and "plan for models/tiny-qwen3 on the CPU" in out
-    assert "per process × 1 accumulation step × 1 process = " in out and "memory per process" in out
+    assert code == 0 and heading(out) == ("models/tiny-qwen3", "the CPU")
+    per, steps, world = row(out, "batch").split(" × ")
+    assert per.endswith(" per process") and steps == "1 accumulation step" and world.startswith("1 process = ")
+    assert "memory per process" in out
     # The CPU's RAM is not known for --gpus cpu: the budget is an assumption, said so.
     assert "RAM is not known" in out
 
@@ -188,7 +208,7 @@ def test_one_gpu_and_the_cpu_read_in_the_singular(capsys):
 def test_render_says_what_it_wrote_in_words(tmp_path, capsys):
     assert main(["render", "--config", "configs/default.yaml", "--gpus", "cpu", "-o", str(tmp_path / "t.py")]) == 0
     wrote = capsys.readouterr().out.splitlines()[0]
-    assert wrote.endswith(": single on the CPU (one process), fp32") and "× cpu" not in wrote
+    assert wrote.endswith("(one process), fp32") and ": single on the CPU (" in wrote and "× cpu" not in wrote
 
 
 
@@ -211,7 +231,7 @@ def test_a_script_given_a_config_on_one_of_two_nodes_plans_the_whole_world(monke
     planned, note = arguments.replan(cfg(*QWEN8_QLORA, "global_batch=32"), "big.yaml")
     assert (planned.strategy, planned.nodes, planned.nproc) == ("ddp", 2, 8)
     assert planned.global_batch == planned.per_device_batch * planned.grad_accum * 16 == 32
-    assert "planned for these machines (2 nodes × 8× NVIDIA H100 80GB HBM3)" in note
+    assert "planned for these" in note and "(2 nodes × 8× NVIDIA" in note
 
 
 @pytest.mark.parametrize("spec,nodes,words", [
@@ -224,5 +244,5 @@ def test_a_batch_that_does_not_divide_counts_the_whole_worlds_processes(capsys, 
 
 def test_a_refused_mix_of_gpus_is_named_as_the_mix(capsys):
     code, out, err = kit_plan(capsys, "--gpus", "2xT4+L4")
-    assert code == 3 and out.splitlines()[0] == "plan for models/tiny-qwen3 on 2× Tesla T4 + 1× NVIDIA L4"
+    assert code == 3 and heading(out)[1].split(" + ") == ["2× Tesla T4", "1× NVIDIA L4"]
     assert "mixed GPU models" in err

@@ -15,6 +15,11 @@ from kit.planning.plan import make_plan
 from tests.scripts import FAST, ROOT, cpu_env, kit_cli, torchrun_cmd
 from tests.test_plan import CPU_ONLY, KAGGLE_T4X2, machine
 
+
+def reason(plan, *fragments: str) -> list[str]:
+    """The plan's reasons that hold every fragment (a decision's name and its numbers)."""
+    return [r for r in plan.reasons if all(f in r for f in fragments)]
+
 GIB = 2**30
 
 
@@ -36,7 +41,7 @@ def test_14b_qlora_at_4096_on_2xt4_is_fsdp_under_budget():
     assert (p.strategy, p.nproc, p.precision, p.quantization) == ("fsdp", 2, "fp16", "nf4")
     assert p.memory["per_gpu_bytes"] <= p.memory["budget_bytes"]
     assert "fsdp_gathered_layers" in p.memory["terms"]
-    assert p.launch == "torchrun --standalone --nproc_per_node=2 train_ddp.py"
+    assert p.launch.split() == ["torchrun", "--standalone", "--nproc_per_node=2", "train_ddp.py"]
     with pytest.raises(CannotTrain):  # and a replica alone would not fit
         make_plan(KAGGLE_T4X2, cfg("model=Qwen/Qwen3-14B", "method=qlora", "seq_len=4096", "strategy=ddp"))
 
@@ -46,13 +51,13 @@ def test_32b_qlora_on_2xt4_goes_model_parallel_because_fsdp_loads_a_whole_4bit_b
     # GPU before FSDP shards it (~20 GiB): that does not fit, so the layer split is the way.
     p = make_plan(KAGGLE_T4X2, cfg("model=Qwen/Qwen3-32B", "method=qlora", "seq_len=256"))
     assert (p.strategy, p.nproc, p.gpus, p.launch) == ("model_parallel", 1, 2, "python train_ddp.py")
-    assert any(r.startswith("passed over fsdp: each rank quantizes the whole 4-bit base") for r in p.reasons)
-    assert any("the GPUs run one after another" in r and "32 of the 64 layers on each GPU" in r for r in p.reasons)
+    assert any(r.startswith("passed over fsdp: ") for r in reason(p, "each rank quantizes", "4-bit base"))
+    assert reason(p, "one after another", "32 of the 64 layers", "on each GPU")
     # With GPUs that hold the 4-bit base while loading, FSDP it is, with the quant storage named.
     p = make_plan(gpu_table.synthesize("2xL4"), cfg("model=Qwen/Qwen3-32B", "method=qlora", "seq_len=1024",
                                                     "activation_offloading=off"))
     assert p.strategy == "fsdp" and p.memory["per_gpu_bytes"] <= p.memory["budget_bytes"]
-    assert any("stored as bf16 (bnb_4bit_quant_storage)" in r for r in p.reasons)
+    assert any("stored as bf16" in r and "bnb_4bit_quant_storage" in r for r in p.reasons)
     # Unless the layer inputs offloaded to the CPU (chosen for a replica per bf16 GPU) let a replica fit:
     # the search estimates each candidate with the speed choices made for it.
     p = make_plan(gpu_table.synthesize("2xL4"), cfg("model=Qwen/Qwen3-32B", "method=qlora", "seq_len=1024"))
@@ -66,7 +71,7 @@ def test_70b_on_2xt4_does_not_fit_and_names_the_cheapest_bigger_machine():
         make_plan(KAGGLE_T4X2, cfg("model=meta-llama/Llama-3.1-70B", "method=qlora"))
     msg = str(e.value)
     assert e.value.exit_code == 3 and e.value.plan.strategy == "none"
-    assert "does not fit on 2× Tesla T4" in msg and "cheapest change that fits: a machine with 2× " in msg
+    assert "does not fit on 2× Tesla" in msg and "cheapest change" in msg and "a machine with 2× " in msg
 
 
 def test_host_ram_refuses_a_16bit_fsdp_load_that_would_oom_the_host_and_accepts_it_with_more_ram():
@@ -77,22 +82,22 @@ def test_host_ram_refuses_a_16bit_fsdp_load_that_would_oom_the_host_and_accepts_
     small["ram_bytes"] = 16 * GIB
     p = make_plan(small, job)  # changed, with the reason: one process splitting the layers loads in less
     assert p.strategy == "model_parallel"
-    assert any(r.startswith("passed over fsdp: loading needs ~20.3 GiB of host RAM per node") and
-               "more than the 14.4 GiB usable here" in r for r in p.reasons)
+    assert any(r.startswith("passed over fsdp: ") for r in reason(p, "loading needs ~20.3 GiB", "host RAM per node",
+                                                                   "the 14.4 GiB usable"))
     tiny = copy.deepcopy(KAGGLE_T4X2)
     tiny["ram_bytes"] = 4 * GIB  # not even one process loads: refused, exit 3
     with pytest.raises(CannotTrain) as e:
         make_plan(tiny, job)
-    assert e.value.exit_code == 3 and "model_parallel: loading needs ~4.5 GiB of host RAM" in str(e.value)
+    assert e.value.exit_code == 3 and "model_parallel: loading" in str(e.value) and "~4.5 GiB of host RAM" in str(e.value)
     p = make_plan(KAGGLE_T4X2, job)
-    assert p.strategy == "fsdp" and any(r.startswith("host RAM while loading: ~20.3 GiB") for r in p.reasons)
+    assert p.strategy == "fsdp" and any(r.startswith("host RAM while loading: ") for r in reason(p, "~20.3 GiB"))
 
 
 def test_host_ram_counts_ddp_ranks_too_and_changes_the_plan_with_the_reason():
     small = machine("Tesla T4", "7.5", 15_637_086_208, count=8)
     small["ram_bytes"] = 16 * GIB  # 8 ranks × ~4.5 GiB while loading
     p = make_plan(small, cfg("model=Qwen/Qwen3-8B", "method=qlora"))
-    assert "passed over ddp: loading needs ~36.0 GiB of host RAM per node" in " ".join(p.reasons)
+    assert any(r.startswith("passed over ddp: ") for r in reason(p, "loading needs ~36.0 GiB", "host RAM per node"))
     assert p.strategy == "model_parallel"  # one process loads: what 16 GiB of RAM allows
     assert make_plan(small, cfg("model=Qwen/Qwen3-8B", "method=qlora"), nproc=2).strategy == "ddp"
 
@@ -113,9 +118,9 @@ def test_two_nodes_get_a_torchrun_command_each_and_the_batch_spans_all_ranks():
     assert p.global_batch == p.per_device_batch * p.grad_accum * 4 == 32
     assert len(p.node_launch) == 2 and p.launch == p.node_launch[0]
     for rank, command in enumerate(p.node_launch):
-        assert command == ("torchrun --nnodes=2 --nproc_per_node=2 "
-                           f"--node_rank={rank} --rdzv_backend=c10d --rdzv_endpoint=10.0.0.1:29500 "
-                           "--rdzv_id=kit-qwen3-8b --max_restarts=0 train_ddp.py")
+        assert command.split() == ["torchrun", "--nnodes=2", "--nproc_per_node=2", f"--node_rank={rank}",
+                                   "--rdzv_backend=c10d", "--rdzv_endpoint=10.0.0.1:29500", "--rdzv_id=kit-qwen3-8b",
+                                   "--max_restarts=0", "train_ddp.py"]
     assert "#SBATCH --nodes=2" in p.snippets["slurm"] and '--node_rank="$SLURM_NODEID"' in p.snippets["slurm"]
     assert "num_nodes: 2" in p.snippets["skypilot"] and "accelerators: T4:2" in p.snippets["skypilot"]
     # FSDP shards over every rank of every node.
@@ -145,7 +150,7 @@ def test_node_rank_prints_that_nodes_command():
             "--nodes", "3",
             "--node-rank", "2", "--rdzv-endpoint", "[fd00::1]:29400")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip().startswith("torchrun --nnodes=3 --nproc_per_node=2 --node_rank=2 ")
+    assert r.stdout.split()[:4] == ["torchrun", "--nnodes=3", "--nproc_per_node=2", "--node_rank=2"]
     assert "--rdzv_endpoint=[fd00::1]:29400" in r.stdout
 
 
@@ -165,7 +170,7 @@ def test_sharding_asked_for_where_it_cannot_run_on_a_cpu_exits_3(overrides, word
 def test_fsdp_on_two_cpu_processes_plans_for_checking_the_script():
     p = make_plan(CPU_ONLY, cfg("strategy=fsdp"), nproc=2)
     assert (p.strategy, p.device, p.nproc) == ("fsdp", "cpu", 2)
-    assert p.launch == "torchrun --standalone --nproc_per_node=2 train_ddp.py"
+    assert p.launch.split() == ["torchrun", "--standalone", "--nproc_per_node=2", "train_ddp.py"]
 
 
 @pytest.mark.slow
@@ -178,8 +183,8 @@ def test_model_parallel_script_under_torchrun_exits_2_with_one_line(tmp_path):
     run = subprocess.run(torchrun_cmd(script) + [f"output_dir={tmp_path / 'out'}", *FAST], cwd=ROOT, env=cpu_env(),
                          capture_output=True, text=True, timeout=180)
     assert run.returncode != 0
-    assert "error: strategy model_parallel runs as one process" in run.stderr and "not torchrun" in run.stderr
-    assert "Traceback" not in run.stderr.split("error: strategy model_parallel")[0][-500:]
+    assert "error: strategy " in run.stderr and "model_parallel runs as" in run.stderr and "not torchrun" in run.stderr
+    assert "Traceback" not in run.stderr.split("error: strategy ")[0][-500:]
     assert not (tmp_path / "out").exists()
 
 

@@ -16,6 +16,7 @@ from kit.planning.plan import make_plan
 from kit.script import arguments
 from kit.script.render import render
 from kit.train import preference_data
+from tests.code_asserts import call, ifexp
 from tests.test_plan import A100, COLAB_T4, CPU_ONLY, H200, KAGGLE_P100, KAGGLE_T4X2, QWEN8_QLORA, cfg
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,8 +64,8 @@ def test_every_trainer_plans_on_the_gpus_users_bring(trainer, facts, precision):
     assert plan.precision == precision  # the T4 fp16 path holds for every trainer
     assert plan.batching == "padded" and not plan.compile_layers
     assert plan.per_device_batch >= (2 if trainer == "kto" else 1)
-    assert any("reference: the base with the LoRA adapter disabled" in r for r in plan.reasons)
-    assert any(r.startswith(f"batching padded for trainer {trainer}") for r in plan.reasons)
+    assert any(r.startswith("reference: ") and "adapter disabled" in r for r in plan.reasons)
+    assert any(r.startswith("batching padded") and f"for trainer {trainer}" in r for r in plan.reasons)
     assert not any(r.startswith("batching padding_free") for r in plan.reasons)  # not said, then taken back
     assert any(n.startswith(f"{trainer}: ") for n in plan.memory["notes"])
     assert plan.memory["per_gpu_bytes"] <= plan.memory["budget_bytes"]
@@ -102,7 +103,7 @@ def test_the_reference_is_the_disabled_adapter_for_lora_and_a_copy_or_precompute
     assert "reference_model" not in lora.terms and "reference_model" not in pre.terms
     assert full.terms["reference_model"] == model.params * 2  # a 16-bit second copy
     assert any("adapter disabled" in n for n in lora.notes)
-    assert any("computed once before training" in n for n in pre.notes)
+    assert any("computed once before" in n for n in pre.notes)
 
 
 def test_precomputed_reference_is_refused_on_several_processes():
@@ -125,7 +126,7 @@ def test_unsloth_runs_dpo_with_its_figure_but_not_kto_and_says_why():
     assert "trainer dpo: 1.65×" in backend and "7,138 against 4,336" in backend
     kto = make_plan(with_unsloth, cfg(*QWEN8_QLORA, "trainer=kto"), nproc=1)
     assert kto.backend == "transformers"
-    assert any("backend transformers for trainer kto" in r for r in kto.reasons)
+    assert any(r.startswith("backend transformers") and "for trainer kto" in r for r in kto.reasons)
     asked = make_plan(with_unsloth, cfg(*QWEN8_QLORA, "trainer=kto", "backend=unsloth"), nproc=1)
     assert asked.backend == "transformers"
 
@@ -133,8 +134,8 @@ def test_unsloth_runs_dpo_with_its_figure_but_not_kto_and_says_why():
 def test_dpo_compiles_its_layers_only_when_asked_and_says_the_figure():
     auto = make_plan(H200, cfg(*QWEN8_QLORA, "trainer=dpo"))
     assert not auto.compile_layers
-    assert "1.02× the tokens/s of TRL's DPOTrainer" in next(r for r in auto.reasons
-                                                           if r.startswith("compile off for trainer dpo"))
+    why = next(r for r in auto.reasons if r.startswith("compile off for trainer dpo"))
+    assert "1.02× the tokens/s" in why and "TRL's DPOTrainer" in why
     asked = make_plan(H200, cfg(*QWEN8_QLORA, "trainer=dpo", "compile=on"))
     assert asked.compile_layers
 
@@ -203,7 +204,7 @@ def test_the_shipped_data_loads_for_its_trainer():
 def test_sft_data_for_dpo_names_the_expected_columns(tmp_path):
     with pytest.raises(UsageError) as e:
         preference_data.load(cfg("trainer=dpo", f"data.path={ROOT / 'data/ha_commands.jsonl'}"))
-    assert "needs columns prompt, chosen, rejected" in str(e.value) and "set trainer=sft" in str(e.value)
+    assert "prompt, chosen, rejected" in str(e.value) and "set trainer=sft" in str(e.value)
     with pytest.raises(UsageError, match="set trainer=dpo"):  # pairs given to kto
         _load(tmp_path, [PAIR] * 3, trainer="kto")
 
@@ -261,7 +262,7 @@ def test_a_dpo_script_for_unsloth_imports_it_before_trl_and_builds_dpotrainer():
                          "configs/dpo-tiny.yaml", "1 × H100")
     body = text.split('"""', 2)[2]
     # Unsloth rewrites TRL's DPOTrainer when it is imported: the script imports it first.
-    assert body.index("    import unsloth") < body.index("from trl import DPOConfig, DPOTrainer")
+    assert body.index("    import unsloth") < body.index("from trl import DPO")
     assert "trainer = DPOTrainer(" in body
     # Compiled layers under DPO leave the RMSNorm to inductor, as for sft.
-    assert 'liger_kernel_config={"rms_norm": False} if plan.compile_layers else None' in body
+    assert ifexp(call(text, "DPOConfig")["liger_kernel_config"]) == ("{'rms_norm': False}", "plan.compile_layers", "None")

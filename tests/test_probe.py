@@ -222,7 +222,7 @@ def test_no_nvml_and_no_tools_on_path_is_recorded_not_a_crash(tmp_path, warm_cac
     facts, _ = probe(tmp_path, cache=warm_cache, env={"PYTHONPATH": str(fake), "PATH": str(tmp_path / "empty")})
     assert facts["gpus"] == [] and facts["gpu_count"] == 0 and facts["gpu_source"] is None
     reason = facts["unknown"]["gpus"]
-    assert "nvidia-ml-py is not importable (simulated" in reason
+    assert "nvidia-ml-py is not" in reason and "(simulated" in reason
     assert "nvidia-smi: not on PATH" in reason and "rocm-smi: not on PATH" in reason
 
 
@@ -238,7 +238,7 @@ def test_broken_nvml_falls_back_to_nvidia_smi(tmp_path, warm_cache):
     assert [(g["index"], g["name"], g["capability"]) for g in facts["gpus"]] == [(0, "Tesla T4", "7.5"), (1, "Tesla T4", "7.5")]
     assert facts["gpus"][0]["memory_total_bytes"] == 15360 * 2**20
     assert "uuid" not in facts["gpus"][0]  # used for CUDA_VISIBLE_DEVICES matching only
-    assert "Driver/library version mismatch (simulated)" in facts["unknown"]["nvml"]
+    assert "Driver/library version" in facts["unknown"]["nvml"] and "(simulated)" in facts["unknown"]["nvml"]
 
 
 def test_nvml_path_and_cuda_visible_devices(tmp_path, warm_cache):
@@ -272,7 +272,8 @@ def test_amd_tools(tmp_path, warm_cache):
                                 "memory_total_bytes": 64 * 2**30, "memory_free_bytes": 63 * 2**30}
     garbled = write_tool(tmp_path / "garbled", "rocm-smi", "WARNING: rocm-smi is deprecated\n{")
     facts, _ = probe(tmp_path, cache=warm_cache, env={"PYTHONPATH": str(fake), "PATH": f"{garbled}:/usr/bin:/bin"})
-    assert facts["gpus"] == [] and "rocm-smi: could not parse its output (JSONDecodeError" in facts["unknown"]["gpus"]
+    assert facts["gpus"] == [] and "rocm-smi: could not" in facts["unknown"]["gpus"]
+    assert "(JSONDecodeError" in facts["unknown"]["gpus"]
 
 
 def test_failing_nvidia_smi_reason_is_recorded(tmp_path, warm_cache):
@@ -282,7 +283,7 @@ def test_failing_nvidia_smi_reason_is_recorded(tmp_path, warm_cache):
     (bin_ / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate' >&2\nexit 9\n")
     (bin_ / "nvidia-smi").chmod(0o755)
     facts, _ = probe(tmp_path, cache=warm_cache, env={"PYTHONPATH": str(fake), "PATH": f"{bin_}:/usr/bin:/bin"})
-    assert "nvidia-smi: exit code 9: NVIDIA-SMI has failed" in facts["unknown"]["gpus"]
+    assert "nvidia-smi: exit code 9:" in facts["unknown"]["gpus"] and "NVIDIA-SMI has failed" in facts["unknown"]["gpus"]
 
 
 @pytest.fixture(scope="module")
@@ -304,7 +305,7 @@ def test_torch_not_installed(tmp_path, python_without_torch):
     done = subprocess.run([python_without_torch, "-m", "kit", "bootstrap"], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "KIT_CACHE_DIR": str(tmp_path)}, timeout=120)
     assert done.returncode == 3
-    assert "torch is not installed here" in done.stdout and "Traceback" not in done.stderr
+    assert "torch is not installed" in done.stdout and "Traceback" not in done.stderr
 
 
 def test_broken_torch_import_is_recorded(tmp_path):
@@ -314,7 +315,7 @@ def test_broken_torch_import_is_recorded(tmp_path):
     (broken / "__init__.py").write_text('raise ImportError("libtorch_cuda.so: cannot open shared object file (simulated)")\n')
     facts, _ = probe(tmp_path, env={"PYTHONPATH": str(tmp_path / "site")})
     assert facts["torch"]["installed"] is False
-    assert "cannot open shared object file (simulated)" in facts["unknown"]["torch"]
+    assert "cannot open shared" in facts["unknown"]["torch"] and "(simulated)" in facts["unknown"]["torch"]
     assert "torch.version" in facts["unknown"]  # no version.py to read either
 
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import ast
 import os
-import re
 import shutil
 import subprocess
 import sys
 
 import pytest
 
+from tests.code_asserts import call, squeeze, words_in
 from tests.scripts import ROOT, kit_cli
 
 
@@ -36,14 +36,17 @@ def test_dash_as_the_output_prints_the_script_and_writes_no_file(tmp_path):
 def test_the_script_reads_like_the_flow_it_runs():
     text = (ROOT / "train_ddp.py").read_text()
     ast.parse(text)
-    assert text.startswith('"""Fine-tune models/tiny-qwen3 with LoRA')
-    assert "torchrun --standalone --nproc_per_node=2 train_ddp.py" in text
-    assert "ddp_find_unused_parameters=False" in text and 'gradient_checkpointing_kwargs={"use_reentrant": False}' in text
-    assert "fp16=plan.precision == \"fp16\"" in text
+    assert text.split()[:4] == ['"""Fine-tune', "models/tiny-qwen3", "with", "LoRA,"]
+    assert words_in(text, "torchrun", "--standalone", "--nproc_per_node=2", "train_ddp.py")
+    args = call(text, "SFTConfig")
+    assert args["ddp_find_unused_parameters"] == "False"
+    assert args["gradient_checkpointing_kwargs"] == "{'use_reentrant': False}"
+    assert args["fp16"] == "plan.precision == 'fp16'"
     order = [text.index(s) for s in ("dist.init()", "BitsAndBytesConfig(", "modeling.load(", "LoraConfig(", "modeling.add_lora(", "data.prepare(",
                                      "SFTTrainer(", "trainer.train(", "job.finish(", "dist.teardown(ok, exit_code=code)")]
     assert order == sorted(order)
-    assert re.search(r"finally:\n(        #.*\n)*        dist\.teardown\(ok, exit_code=code\)", text)
+    finals = [ast.unparse(n.finalbody) for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Try) and n.finalbody]
+    assert [squeeze(f.splitlines()[-1]) for f in finals if "dist.teardown(" in f] == ["dist.teardown(ok,exit_code=code)"]
 
 
 def test_render_is_deterministic_and_keeps_a_numbered_backup_of_what_it_replaces(tmp_path, monkeypatch, capsys):
@@ -58,12 +61,13 @@ def test_render_is_deterministic_and_keeps_a_numbered_backup_of_what_it_replaces
     capsys.readouterr()
     # Another machine's script over it: written without a flag, the replaced one kept and named.
     assert main(["render", "--config", "configs/default.yaml", "--gpus", "2xT4", "-o", str(out)]) == 0
-    assert capsys.readouterr().out.startswith(f"wrote {out} (the previous one is now t.py.prev): ddp")
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"wrote {out} (") and "t.py.prev): ddp" in printed
     assert (tmp_path / "t.py.prev").read_bytes() == first and out.read_bytes() != first
     second = out.read_bytes()
     # --force (older commands, every script's re-render line) is the same rule: an earlier backup is never replaced.
     assert main(["render", "--config", "configs/default.yaml", "--gpus", "1xA100", "-o", str(out), "--force"]) == 0
-    assert "(the previous one is now t.py.prev.2)" in capsys.readouterr().out
+    assert "now t.py.prev.2)" in capsys.readouterr().out
     assert (tmp_path / "t.py.prev").read_bytes() == first and (tmp_path / "t.py.prev.2").read_bytes() == second
     assert out.read_bytes() == first
 
@@ -76,13 +80,13 @@ def test_render_over_the_shipped_script_as_the_readme_table_says_works_in_a_fres
     shutil.copy(ROOT / "train_ddp.py", tmp_path / "train_ddp.py")
     monkeypatch.chdir(tmp_path)
     assert main(["render", "--config", "configs/default.yaml", "--gpus", "1xA100", "-o", "train_ddp.py"]) == 0
-    assert "(the previous one is now train_ddp.py.prev)" in capsys.readouterr().out
+    assert "now train_ddp.py.prev)" in capsys.readouterr().out
     assert (tmp_path / "train_ddp.py.prev").read_bytes() == (ROOT / "train_ddp.py").read_bytes()
 
 
 def test_render_errors(tmp_path):
     r = kit("render", "-o", str(tmp_path / "x.py"), cwd=tmp_path)  # no configs/default.yaml here to use
-    assert r.returncode == 2 and "needs --config PATH: there is no configs/default.yaml in this folder" in r.stderr
+    assert r.returncode == 2 and "needs --config PATH" in r.stderr and "no configs/default.yaml" in r.stderr
     r = kit("render", "--config", "configs/default.yaml", "--gpus", "2xP100", "-o", str(tmp_path / "x.py"))
     assert r.returncode == 3 and not (tmp_path / "x.py").exists()
     r = kit("render", "--config", "configs/default.yaml", "lora.rr=3", "-o", str(tmp_path / "x.py"))
@@ -123,8 +127,8 @@ def test_plans_that_fit_only_sharded_render_an_fsdp_script(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "wrote" in r.stdout and "fsdp over 2" in r.stdout
     text = out.read_text()
-    assert "'strategy': 'fsdp'" in text and "FSDP over 2 GPUs (Tesla T4), fp16" in text
-    assert f"torchrun --standalone --nproc_per_node=2 {out}" in text
+    assert "'strategy': 'fsdp'" in text and "FSDP over 2 GPUs (" in text and "(Tesla T4), fp16" in text
+    assert words_in(text, "torchrun", "--standalone", "--nproc_per_node=2", str(out))
 
 
 def test_plans_that_do_not_fit_at_all_are_refused(tmp_path):
@@ -132,7 +136,7 @@ def test_plans_that_do_not_fit_at_all_are_refused(tmp_path):
     r = kit("render", "--config", "configs/default.yaml", "model=meta-llama/Llama-3.1-70B", "method=qlora",
             "--gpus", "2xT4", "-o", str(out))
     assert r.returncode == 3, r.stderr
-    assert "does not fit on 2× Tesla T4" in r.stderr and "cheapest change that fits: a machine with 2×" in r.stderr
+    assert "does not fit on 2× Tesla" in r.stderr and "cheapest change" in r.stderr and "a machine with 2×" in r.stderr
     assert not out.exists()
 
 
@@ -145,8 +149,9 @@ def test_the_script_says_in_one_line_how_to_get_kit_when_it_is_not_importable(tm
     hide_kit = "import sys; sys.modules['kit'] = None; sys.argv = ['train_ddp.py']; exec(open('train_ddp.py').read())"
     r = subprocess.run([sys.executable, "-c", hide_kit], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
-    assert r.stderr.strip().splitlines() == ["error: the kit package is not importable: run this script from the "
-                                             "folder that holds kit/ (the kit checkout), or `pip install -e PATH_TO_KIT`"]
+    [line] = r.stderr.strip().splitlines()
+    assert line.startswith("error: the kit package") and "not importable" in line
+    assert "(the kit checkout)" in line and line.endswith("-e PATH_TO_KIT`")
 
 
 def test_paths_and_values_with_quotes_backslashes_and_spaces_still_give_a_script_that_parses(tmp_path):
@@ -213,7 +218,7 @@ def test_a_replaced_file_that_is_not_utf8_is_kept_byte_for_byte(tmp_path, monkey
     out.write_bytes(b"\xff\xfe# mine")
     assert main(["render", "--config", "configs/default.yaml", "--gpus", "cpu", "-o", str(out)]) == 0
     assert (tmp_path / "train_ddp.py.prev").read_bytes() == b"\xff\xfe# mine"
-    assert "(the previous one is now train_ddp.py.prev)" in capsys.readouterr().out
+    assert "now train_ddp.py.prev)" in capsys.readouterr().out
 
 
 def test_a_script_written_under_another_name_names_itself(tmp_path, monkeypatch, capsys):
@@ -222,9 +227,10 @@ def test_a_script_written_under_another_name_names_itself(tmp_path, monkeypatch,
     monkeypatch.chdir(ROOT)
     out = tmp_path / "t8b.py"
     assert main(["render", "--config", "configs/qwen3-8b-qlora-kaggle-t4x2.yaml", "--gpus", "2xT4", "-o", str(out)]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == f"next: torchrun --standalone --nproc_per_node=2 {out}"
+    assert capsys.readouterr().out.splitlines()[-1].split() == ["next:", "torchrun", "--standalone",
+                                                               "--nproc_per_node=2", str(out)]
     text = out.read_text()
     doc = ast.get_docstring(ast.parse(text))
     assert "train_ddp.py" not in doc
-    assert f"torchrun --standalone --nproc_per_node=2 {out} # the plan" in doc
+    assert words_in(doc, "torchrun", "--standalone", "--nproc_per_node=2", str(out), "#", "the", "plan:")
     assert f"python {out} --smoke" in doc and f"-o {out} --force" in doc

@@ -121,7 +121,7 @@ def test_kill_9_at_random_moments_then_rerun_until_done(server, reference_long, 
     # The Hub holds the final checkpoint; a fresh machine would see the job as complete.
     shutil.rmtree(out)
     again = train(args, env=env)
-    assert again.returncode == 0 and "already complete: step 200 of 200" in again.stdout
+    assert again.returncode == 0 and "already complete: " in again.stdout and "step 200 of 200" in again.stdout
 
 
 @pytest.mark.slow
@@ -131,7 +131,7 @@ def test_time_budget_pauses_with_exit_0_and_the_rerun_finishes(server, tmp_path)
     env = hub_env(server)
     first = train([*args, BUDGET], env=env)
     assert first.returncode == 0, first.stderr[-3000:]
-    assert "paused at step" in first.stdout and "run the same command to continue" in first.stdout
+    assert "paused at step" in first.stdout and "same command" in first.stdout
     paused_step = int(first.stdout.split("paused at step ")[1].split()[0])
     assert 0 < paused_step < 200
     pushed = {p.split("/")[1] for p in server.files("me/budget") if p.startswith("checkpoints/")}
@@ -139,8 +139,8 @@ def test_time_budget_pauses_with_exit_0_and_the_rerun_finishes(server, tmp_path)
     shutil.rmtree(out)
     second = train(args, env=env)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert f"resuming from step {paused_step} (store" in second.stdout
-    assert "complete: step 200 of 200" in second.stdout
+    assert f"resuming from step {paused_step} (" in second.stdout
+    assert "complete: step 200" in second.stdout and "step 200 of 200" in second.stdout
     assert_continuous(out / "checkpoint-200", 200)
 
 
@@ -167,7 +167,7 @@ def test_sigterm_saves_pushes_and_stops_cleanly(server, tmp_path, launcher):
     assert "paused at step" in log and "(signal SIGTERM)" in log, log[-3000:]
     step = int(log.split("paused at step ")[1].split()[0])
     assert f"checkpoints/checkpoint-{step}/kit_manifest.json" in server.files("me/sigterm")
-    assert "destroy_process_group() was not called" not in log
+    assert "destroy_process_group()" not in log  # torch's warning of a group left open
     if launcher == "python":
         assert proc.returncode == 0
     else:
@@ -176,7 +176,7 @@ def test_sigterm_saves_pushes_and_stops_cleanly(server, tmp_path, launcher):
         assert "exitcode: 1" not in log and "SignalException" in log
     shutil.rmtree(out)
     again = train([*args, "max_steps=%d" % (step + 2)], env=hub_env(server), nproc=1)
-    assert again.returncode == 0 and f"resuming from step {step} (store" in again.stdout, again.stderr[-2000:]
+    assert again.returncode == 0 and f"resuming from step {step} (" in again.stdout, again.stderr[-2000:]
 
 
 @pytest.mark.slow
@@ -192,7 +192,8 @@ def test_a_second_writer_is_refused_naming_the_holder(server, tmp_path):
         second = train([f"output_dir={tmp_path / 'b'}", "store=hf://me/shared", "max_steps=4"], env=env, nproc=1)
         assert second.returncode == 4
         line = second.stderr.strip().splitlines()[-1]
-        assert line.startswith("error: store hf://me/shared is leased by ") and " pid " in line and "since" in line
+        assert line.startswith("error: store ") and "hf://me/shared is" in line and "leased by " in line and " pid " in line
+        assert "since" in line
         assert not (tmp_path / "b").exists() or not list((tmp_path / "b").glob("checkpoint-*"))
     finally:
         kill_job(first, str(tmp_path / "a"))
@@ -217,7 +218,7 @@ def test_a_failing_server_never_stops_training_nor_corrupts_resume(server, refer
     # Whatever the server went through, a fresh machine resumes from a complete checkpoint.
     shutil.rmtree(out)
     again = train(args, env=env, nproc=1)
-    assert again.returncode == 0 and "already complete: step 24 of 24" in again.stdout
+    assert again.returncode == 0 and "already complete: " in again.stdout and "step 24 of 24" in again.stdout
 
 
 def published_steps(log: str) -> list[int]:
@@ -244,7 +245,7 @@ def test_a_corrupt_download_falls_back_to_an_older_complete_checkpoint(server, r
     server.inject("flip_download", times=100, path="checkpoint-24/adapter_model")
     r = train(args, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert f"resuming from step {steps[0]} (store" in r.stdout  # 24 did not verify: the next older one
+    assert f"resuming from step {steps[0]} (" in r.stdout  # 24 did not verify: the next older one
     assert "already complete" not in r.stdout
     assert_same_training(reference, out / "checkpoint-24")
 
@@ -267,13 +268,13 @@ def test_a_different_world_size_resumes_with_a_warning(tmp_path):
     assert train([f"output_dir={out}", "max_steps=6", "save_steps=3", *FAST]).returncode == 0
     r = train([f"output_dir={out}", "max_steps=9", "save_steps=3", *FAST], nproc=1)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "written by 2 processes, this run has 1" in r.stdout
+    assert "written by 2 processes" in r.stdout and "this run has 1" in r.stdout
     assert "complete: step 9 of 9" in r.stdout
     # One process packs 8 × 2 into 4 × 1 micro-batches: kit says so before transformers' bare
     # "per_device_train_batch_size: 4 (from args) != 8 (from trainer_state.json)" warning.
-    assert ("[kit] micro-batch 4 × accumulation 1 per process now, 8 when the checkpoint was written" in r.stdout
-            and "the global batch is kept, so transformers' warning that "
-                "per_device_train_batch_size does not match trainer_state.json is expected" in r.stdout), r.stdout
+    [said] = [ln for ln in r.stdout.splitlines() if ln.startswith("[kit] micro-batch 4 × ")]
+    assert "accumulation 1 per" in said and "now, 8 when the" in said, r.stdout
+    assert "global batch is kept" in said and "per_device_train_batch_size" in said and "is expected" in said
 
 
 @pytest.mark.slow
@@ -300,5 +301,5 @@ def test_a_store_that_stops_taking_checkpoints_ends_the_session_with_exit_4(tmp_
     paused = int(text.split("paused at step ")[1].split()[0])
     assert paused > 5 and (out / f"checkpoint-{paused}").is_dir()  # the work is kept locally
     error = [line for line in text.splitlines() if line.startswith("error: ")]
-    assert len(error) == 1 and f"is behind: its newest checkpoint is step 5, this session ended at step {paused}" \
-        in error[0] and f"Keep {out}" in error[0]
+    assert len(error) == 1 and "is behind: " in error[0] and "checkpoint is step 5," in error[0]
+    assert f"ended at step {paused}" in error[0] and f"Keep {out}" in error[0]

@@ -71,7 +71,7 @@ def test_memory_estimate_of_packed_rows_is_one_mask_per_row_and_unsloths_one_fla
     packed = make_plan(H200, cfg(*QWEN8_QLORA, *CHAT, "batching=packed"))
     # kit.train.collate: 4 rows of 2,048 tokens, each its own mask: a quarter of one 8,192² mask.
     assert packed.memory["terms"]["packed_attention_mask"] == 4 * 2048 * 2048 * 3
-    assert any("4 rows of up to 2048 tokens" in n for n in packed.memory["notes"])
+    assert any("4 rows of up to 2048" in n for n in packed.memory["notes"])
     with_unsloth = machine("NVIDIA H200", "9.0", 150_754_820_096, platform="local",
                            packages={"transformers": "5.17.0", "trl": "1.15.0", "bitsandbytes": "0.50.2",
                                      "unsloth": "2026.10.9"})
@@ -112,7 +112,7 @@ def test_kernels_auto_is_liger_where_measured_checked_and_installed():
     plan = make_plan(with_liger, cfg(*QWEN8_QLORA))
     assert plan.kernels == "liger"
     why = _reason(plan, "kernels liger")
-    assert "1.29×" in why and "within 0.10 % of the plain one" in why
+    assert "1.29×" in why and "within 0.10 %" in why
     assert "not installed" in _reason(make_plan(H200, cfg(*QWEN8_QLORA)), "kernels none")
     t4 = {**COLAB_T4, "packages": {**COLAB_T4["packages"], "liger_kernel": "0.8.5"}}
     plan = make_plan(t4, cfg(*QWEN8_QLORA))
@@ -125,7 +125,7 @@ def test_kernels_auto_stays_off_while_the_loss_curve_is_unchecked(monkeypatch):
     plan = make_plan(facts, cfg(*QWEN8_QLORA))
     assert plan.kernels == "none"
     why = _reason(plan, "kernels none")
-    assert "1.29×" in why and "loss curve is not yet checked" in why and "kernels=liger" in why
+    assert "1.29×" in why and "not yet checked" in why and "kernels=liger" in why
 
 
 def test_kernels_configured():
@@ -152,7 +152,7 @@ def test_backend_and_fp16_sentences_say_what_was_measured():
     assert "1.20×" in why and "86 %" in why and "Liger" in why and "a third" not in why
     t4 = make_plan(KAGGLE_T4X2, cfg(*QWEN8_QLORA))
     assert t4.precision == "fp16"
-    assert "fp16 measured 0.97× bf16's tokens/s" in " ".join(t4.reasons)
+    assert "fp16 measured 0.97×" in " ".join(t4.reasons)
 
 
 @pytest.mark.parametrize("key,value", [("batching", "pack"), ("kernels", "flash"), ("optimizer", "adamw_fused")])
@@ -174,7 +174,7 @@ def test_runtime_keeps_the_batching_and_drops_what_the_cpu_cannot_run():
     plan, notes = _on_cpu(cfg())
     assert plan.batching == "padding_free" and plan.padding_free
     assert plan.kernels == "none" and plan.optimizer == "adamw_torch"
-    assert any("Liger kernels off: this rank runs on the CPU" in n for n in notes)
+    assert any("Liger kernels off: " in n and "on the CPU" in n for n in notes)
     old, _ = _on_cpu(cfg(), replace(PLANNED, batching="padded", kernels="none"))  # rendered before these existed
     assert old.batching == "padded" and old.kernels == "none"
 
@@ -189,7 +189,7 @@ def test_launch_settles_padding_free_back_to_padded_for_long_rows():
     short, notes = settle.for_data(plan, cfg("seq_len=600"), settle.RowStats(150))
     assert notes == [] and short.batching == "padding_free"
     long, notes = settle.for_data(plan, cfg("seq_len=600"), settle.RowStats(450))
-    assert long.batching == "padded" and "rows average 450 tokens of seq_len 600" in notes[0]
+    assert long.batching == "padded" and "rows average 450 tokens" in notes[0] and "seq_len 600" in notes[0]
     assert plan.batching == "padding_free"  # the plan settled from is not changed
     chosen, _ = _on_cpu(cfg("seq_len=600", "batching=padding_free"))
     kept, notes = settle.for_data(chosen, cfg("seq_len=600", "batching=padding_free"), settle.RowStats(450))
@@ -209,7 +209,7 @@ def test_launch_packs_short_rows_where_accumulation_folds_and_keeps_the_rows_per
     folded, notes = settle.for_data(plan, c, settle.RowStats(150, rows_per_sequence=3.6))
     # 4 sequences of 3.6 rows in one micro-batch: 14.4 rows a step where 16 were asked, one forward instead of 4.
     assert (folded.batching, folded.per_device_batch, folded.grad_accum, folded.global_batch) == ("packed", 4, 1, 4)
-    assert "micro-batch 4 × accumulation 4 → 4 sequences × 1" in notes[0] and "~14 rows (16 unpacked)" in notes[0]
+    assert "accumulation 4 → 4" in notes[0] and "sequences × 1" in notes[0] and "~14 rows (16 unpacked)" in notes[0]
 
 
 @pytest.mark.parametrize("per_device,accum,world,rows,expected", [
@@ -350,7 +350,7 @@ def test_compile_auto_is_on_where_measured_with_the_numbers_and_how_to_turn_it_o
     why = _reason(plan, "compile on:")
     assert "0.89× Unsloth direct" in why and "0.95× its memory" in why and "compile=off" in why
     assert "within 0.09 % of eager's" in why  # the loss curve, now that inductor rounds as eager does
-    assert f"fewer than {speed.COMPILE_REPAID} micro-batches runs eagerly" in why
+    assert f"fewer than {speed.COMPILE_REPAID} micro-" in why and "runs eagerly" in why
     assert not make_plan(H200, cfg(*QWEN8_QLORA, *CHAT, "compile=off")).compile_layers
 
 
@@ -394,7 +394,7 @@ def test_script_runs_a_job_too_short_to_repay_compiling_eagerly(setting, steps_l
     assert launch.grad_accum == accum and launch.compile_layers
     settled, notes = settle.for_steps(launch, cfg("method=lora", f"compile={setting}"), steps_left)
     assert settled.compile_layers == want[0] and launch.compile_layers
-    assert (want[1] is None and not notes) or (want[1] in notes[0] and "compile=on compiles anyway" in notes[0])
+    assert (want[1] is None and not notes) or (want[1] in notes[0] and "compiles anyway" in notes[0])
 
 
 def test_settling_compile_leaves_a_plan_without_it_alone():

@@ -37,7 +37,7 @@ def test_nothing_yet(tmp_path):
     assert (s["latest_step"], s["max_steps"], s["complete"], s["checkpoints"], s["sessions"], s["lease"]) == \
         (None, 50, False, [], [], None)
     text = status.format_text(s)
-    assert "not started (0 of 50 steps)" in text and "none recorded" in text
+    assert "not started (0 of 50" in text and "none recorded" in text
 
 
 def test_local_sessions_with_a_torn_last_line(tmp_path):
@@ -51,8 +51,11 @@ def test_local_sessions_with_a_torn_last_line(tmp_path):
     assert [r["end_step"] for r in s["sessions"]] == [40, 90]  # oldest first, torn line skipped
     text = status.format_text(s).splitlines()
     assert text[3] == "sessions     2"
-    assert text[4].startswith("             #1  2026-") and "0 → 40 of 200  paused  (20 min, 2 processes)" in text[4]
-    assert text[5].endswith("40 → 90 of 200  paused  (20 min, 2 processes, ~7,087 tokens/s, peak 10.1 GiB)")
+    assert text[4].startswith(" " * 13 + "#1  2026-")
+    assert text[4].split("  ")[-3:] == ["0 → 40 of 200", "paused", "(20 min, 2 processes)"]
+    assert text[5].split("  ")[-3:-1] == ["40 → 90 of 200", "paused"]
+    assert text[5].split("  ")[-1].strip("()").split(", ") == ["20 min", "2 processes", "~7,087 tokens/s",
+                                                               "peak 10.1 GiB"]
     assert all(len(line.split()[0]) <= 12 for line in text if line[:1] != " ")
 
 
@@ -123,12 +126,13 @@ def test_progress_plot_needs_a_session(tmp_path):
     with pytest.raises(UsageError, match="no sessions recorded yet"):
         plots.progress([], tmp_path / "p.png")
     r = kit(["status", f"output_dir={tmp_path / 'out'}", "--plot", str(tmp_path / "p.png")])
-    assert r.returncode == 2 and r.stderr.startswith("error: no sessions recorded yet")
+    assert r.returncode == 2 and r.stderr.startswith("error: no sessions") and "recorded yet" in r.stderr
 
 
 def test_invalid_hub_store_is_exit_2():
     r = kit(["status", "store=hf://not a repo"])
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "invalid Hugging Face repo id" in r.stderr
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "invalid Hugging Face" in r.stderr
+    assert "repo id" in r.stderr
 
 
 def test_unreachable_hub_store_is_exit_4():
@@ -295,7 +299,8 @@ def test_session_records_are_judged_once_for_every_reader():
     recs = session_records.parse(_jsonl_with_bad_lines(), "f", warn=lambda *a: said.append(a[0] % a[1:]))
     assert [r["end_step"] for r in recs] == [90, 40] and len(said) == len(BAD_RECORDS)
     assert session_records.problem({"started": None, "host": None, "world_size": 2}) is None
-    assert session_records.problem({"world_size": True}) == "has world_size=true, not an integer"
+    problem = session_records.problem({"world_size": True})
+    assert problem.startswith("has world_size=true") and problem.endswith("not an integer")
 
 
 def test_a_checkpoints_trainer_state_with_other_types_is_left_out():

@@ -114,10 +114,11 @@ def test_status_reports_the_newest_verified_checkpoint_and_why_others_are_not(ba
     by_step = {c["step"]: c for c in s["verified"]}
     assert by_step[20]["state"] == by_step[10]["state"] == "verified"
     assert by_step[22]["state"] == "invalid" and MANIFEST_NAME in by_step[22]["why"]
-    assert by_step[21]["state"] == "invalid" and "optimizer.pt sha256 differs" in by_step[21]["why"]
+    assert by_step[21]["state"] == "invalid" and "optimizer.pt sha256" in by_step[21]["why"]
     text = status.format_text(s)
-    assert "20 (newest verified), verified: 10; 2 that do not verify" in text
-    assert "checkpoints/checkpoint-21: does not verify — optimizer.pt sha256 differs" in text
+    assert "20 (newest verified)" in text and "verified: 10; 2 that" in text
+    [bad] = [ln for ln in text.splitlines() if "checkpoints/checkpoint-21: " in ln]
+    assert bad.split("does not verify — ")[1].startswith("optimizer.pt sha256") and "differs" in bad
     assert "step 20 of 40 (50 %)" in text
 
 
@@ -127,7 +128,8 @@ def test_status_of_a_local_output_dir_lists_what_does_not_verify(tmp_path):
     make_ckpt(out, 8, manifest=False)
     s = status.gather(config.load(None, [f"output_dir={out}", "max_steps=8"]))
     assert s["latest_step"] == 4 and [(c["step"], c["state"]) for c in s["verified"]] == [(8, "invalid"), (4, "verified")]
-    assert "checkpoint-8: does not verify — no kit_manifest.json" in status.format_text(s)
+    [bad] = [ln for ln in status.format_text(s).splitlines() if "checkpoint-8: " in ln]
+    assert "does not verify — " in bad and "no kit_manifest.json" in bad
 
 
 # ---- 30: a 500 on a checkpoint download is retried, then an older checkpoint is used ----------
@@ -199,7 +201,7 @@ def test_status_with_a_file_as_store_is_one_line_exit_4(tmp_path, capsys):
     f = tmp_path / "store.txt"
     f.write_text("not a folder")
     code, _, err = run_cli(["status", f"store={f}", f"output_dir={tmp_path / 'o'}"], capsys)
-    assert code == 4 and err.count("\n") == 1 and err.startswith("error: ") and "is a file, not a directory" in err
+    assert code == 4 and err.count("\n") == 1 and err.startswith("error: ") and "is a file, not a" in err
     assert f.read_text() == "not a folder"
 
 
@@ -210,7 +212,7 @@ def test_training_script_says_the_same_about_a_file_store(tmp_path):
     r = subprocess.run([sys.executable, str(SCRIPT), f"store={f}", f"output_dir={tmp_path / 'o'}"], cwd=ROOT,
                        env=cpu_env(), capture_output=True, text=True, timeout=180)
     assert r.returncode == 4 and "Traceback" not in r.stderr, r.stderr[-2000:]
-    assert r.stderr.strip().splitlines()[-1].startswith("error: store ") and "is a file, not a directory" in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("error: store ") and "is a file, not a" in r.stderr
 
 
 def test_status_of_a_hub_store_offline_is_one_line_exit_4():
@@ -273,7 +275,7 @@ def test_every_hub_api_call_is_bounded(silent, call):
     box = in_thread(fn, 30)
     assert isinstance(box.get("error"), TransientStoreError), box
     assert time.monotonic() - t0 < 20
-    assert silent in str(box["error"]) and "did not answer within 1 s" in str(box["error"])
+    assert silent in str(box["error"]) and "did not answer" in str(box["error"]) and "within 1 s" in str(box["error"])
 
 
 @pytest.mark.slow

