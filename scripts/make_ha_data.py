@@ -77,6 +77,15 @@ def to_chat(request: str, answer: str) -> dict:
                          {"role": "assistant", "content": answer}]}
 
 
+def write_jsonl(path: Path, items: list[dict], what: str = "rows") -> None:
+    """One JSON object per line, UTF-8 as is; the folder made if missing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for item in items:
+            f.write(json.dumps(item, ensure_ascii=False) + "\n")
+    print(f"wrote {len(items)} {what} to {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "data" / "ha_commands.jsonl"))
@@ -84,12 +93,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = examples()
     random.Random(args.seed).shuffle(rows)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", encoding="utf-8") as f:
-        for request, answer in rows:
-            f.write(json.dumps(to_chat(request, answer), ensure_ascii=False) + "\n")
-    print(f"wrote {len(rows)} examples to {out}")
+    write_jsonl(Path(args.out), [to_chat(request, answer) for request, answer in rows], "examples")
 
 
 if __name__ == "__main__":

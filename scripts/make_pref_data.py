@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_ha_data import SYSTEM, examples  # noqa: E402
+from make_ha_data import SYSTEM, examples, write_jsonl  # noqa: E402
 
 OPPOSITE = {"turn_on": "turn_off", "turn_off": "turn_on", "open_cover": "close_cover", "close_cover": "open_cover",
             "lock": "unlock", "unlock": "lock", "media_play": "media_pause", "media_pause": "media_play"}
@@ -66,11 +66,7 @@ def main() -> None:
     kto = [{"prompt": prompt(q), "completion": answer(a if i % 2 == 0 else wrong(a, rng)), "label": i % 2 == 0}
            for i, (q, a) in enumerate(rows)]
     for path, items in ((Path(args.pairs), pairs), (Path(args.kto), kto)):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("w", encoding="utf-8") as f:
-            for item in items:
-                f.write(json.dumps(item, ensure_ascii=False) + "\n")
-        print(f"wrote {len(items)} rows to {path}")
+        write_jsonl(path, items)
 
 
 if __name__ == "__main__":

@@ -10,13 +10,12 @@ from the word lists with a fixed seed, so re-running gives the same bytes:
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_ha_data import SYSTEM, examples  # noqa: E402
+from make_ha_data import SYSTEM, examples, write_jsonl  # noqa: E402
 
 
 def main() -> None:
@@ -31,12 +30,7 @@ def main() -> None:
     rng.shuffle(rows)
     items = [{"prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}], "answer": a}
              for q, a in rows[: args.rows]]
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
-        for item in items:
-            f.write(json.dumps(item, ensure_ascii=False) + "\n")
-    print(f"wrote {len(items)} rows to {path}")
+    write_jsonl(Path(args.out), items)
 
 
 if __name__ == "__main__":

@@ -59,6 +59,24 @@ def kit_cli(args: list[str], *, env: dict | None = None, cwd=ROOT) -> subprocess
     return subprocess.CompletedProcess(["kit", *map(str, args)], code, out.getvalue(), err.getvalue())
 
 
+def elsewhere_env(**extra) -> dict:
+    """cpu_env for a script rendered into a temp folder: kit imported from this checkout."""
+    return cpu_env(PYTHONPATH=str(ROOT), **extra)
+
+
+def hub_env(server, token: str | None = None) -> dict:
+    """elsewhere_env talking to the test Hub `server` with `token` (its write token by default)."""
+    from tests.hubserver import WRITE_TOKEN
+
+    return elsewhere_env(HF_ENDPOINT=server.url, HF_TOKEN=token or WRITE_TOKEN, HF_HUB_OFFLINE="0", HF_HUB_DISABLE_TELEMETRY="1")
+
+
+def two_ranks(script: Path, args: list[str], environ: dict, timeout: float = 400) -> subprocess.CompletedProcess:
+    """`torchrun --nproc_per_node=2 script args` from the checkout, to the end."""
+    return subprocess.run(torchrun_cmd(script, 2) + args, cwd=ROOT, env=environ, capture_output=True, text=True,
+                          timeout=timeout)
+
+
 def torchrun_cmd(script=SCRIPT, nproc: int = 2) -> list[str]:
     return launch_argv(nproc, torchrun=True, script=str(script))  # kit's one launch-command builder
 

@@ -403,12 +403,12 @@ SCRIPT_CASES = [
 ]
 
 
-def run_script_in_process(box: Path, argv: list[str]) -> int:
-    """`python train_ddp.py ARGV` in this process: the script's own __main__ block, its exit code."""
+def run_script_in_process(box: Path, argv: list[str], name: str = "train_ddp.py") -> int:
+    """`python NAME ARGV` in this process: the script's own __main__ block, its exit code."""
     saved = sys.argv
-    sys.argv = [str(box / "train_ddp.py"), *argv]
+    sys.argv = [str(box / name), *argv]
     try:
-        runpy.run_path(str(box / "train_ddp.py"), run_name="__main__")
+        runpy.run_path(str(box / name), run_name="__main__")
     except SystemExit as e:
         return int(e.code or 0)
     finally:

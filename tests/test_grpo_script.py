@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import runpy
 import shutil
 import subprocess
 import sys
@@ -23,8 +22,9 @@ from kit.planning.fit import batch_for_world
 from kit.planning.plan import make_plan
 from kit.machine import gpu_table
 from tests.hubserver import WRITE_TOKEN, HubServer
-from tests.scripts import FAST, ROOT, cpu_env, kill_job, losses, torchrun_cmd
-from tests.test_resume import assert_same_training, wait_for_steps
+from tests.scripts import FAST, ROOT, elsewhere_env as env, hub_env, losses, two_ranks as run
+from tests.test_bad_input import run_script_in_process
+from tests.test_resume import assert_same_training, kill_9_after_steps_and_rerun
 
 CONFIG = "configs/grpo-tiny.yaml"
 STEPS = ["max_steps=12", "save_steps=3", "keep_checkpoints=2", *FAST]
@@ -149,15 +149,7 @@ def box(tmp_path, monkeypatch):
 
 
 def run_script(box: Path, argv: list[str]) -> int:
-    saved = sys.argv
-    sys.argv = [str(box / "train_grpo.py"), *argv]
-    try:
-        runpy.run_path(str(box / "train_grpo.py"), run_name="__main__")
-    except SystemExit as e:
-        return int(e.code or 0)
-    finally:
-        sys.argv = saved
-    return 0
+    return run_script_in_process(box, argv, "train_grpo.py")
 
 
 GOOD = "def ok(completions, **kwargs):\n    return [1.0] * len(completions)\n"
@@ -280,19 +272,6 @@ def script(tmp_path_factory) -> Path:
     return out
 
 
-def env(**extra) -> dict:
-    return cpu_env(PYTHONPATH=str(ROOT), **extra)  # the script lives in a temp folder: kit from this checkout
-
-
-def hub_env(server) -> dict:
-    return env(HF_ENDPOINT=server.url, HF_TOKEN=WRITE_TOKEN, HF_HUB_OFFLINE="0", HF_HUB_DISABLE_TELEMETRY="1")
-
-
-def run(script: Path, args: list[str], environ: dict, timeout: float = 400) -> subprocess.CompletedProcess:
-    return subprocess.run(torchrun_cmd(script, 2) + args, cwd=ROOT, env=environ, capture_output=True, text=True,
-                          timeout=timeout)
-
-
 @pytest.fixture
 def server():
     with HubServer(tokens={WRITE_TOKEN: "write"}) as s:
@@ -332,13 +311,7 @@ def test_kill_9_then_rerun_ends_with_the_uninterrupted_adapter(script, server, t
     assert r.returncode == 0, r.stderr[-3000:]
     out = tmp_path / "run"
     args = [f"output_dir={out}", "store=hf://me/grpo-cut", *STEPS]
-    log = tmp_path / "first.log"
-    with open(log, "w") as f:
-        proc = subprocess.Popen(torchrun_cmd(script, 2) + args, cwd=ROOT, env=hub_env(server), stdout=f,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        assert wait_for_steps(proc, log, 7, timeout=300), log.read_text()[-3000:]
-        kill_job(proc, str(out))
-    again = run(script, args, hub_env(server))
+    again = kill_9_after_steps_and_rerun(script, args, hub_env(server), tmp_path / "first.log", str(out))
     words = again.stdout + again.stderr
     assert again.returncode == 0, words[-3000:]
     assert "resuming from step" in words

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.hubserver import WRITE_TOKEN, HubServer
-from tests.scripts import FAST, ROOT, cpu_env, kill_job, kit_cli, losses, torchrun_cmd
-from tests.test_resume import assert_same_training, wait_for_steps
+from tests.scripts import FAST, elsewhere_env as env, hub_env, kit_cli, losses, two_ranks as run
+from tests.test_resume import assert_same_training, kill_9_after_steps_and_rerun
 
 STEPS = ["max_steps=12", "save_steps=3", "keep_checkpoints=2", *FAST]
 
@@ -28,19 +27,6 @@ def scripts(tmp_path_factory) -> dict[str, Path]:
         assert r.returncode == 0, r.stderr
         out[trainer] = script
     return out
-
-
-def env(**extra) -> dict:
-    return cpu_env(PYTHONPATH=str(ROOT), **extra)  # the scripts live in a temp folder: kit from this checkout
-
-
-def hub_env(server) -> dict:
-    return env(HF_ENDPOINT=server.url, HF_TOKEN=WRITE_TOKEN, HF_HUB_OFFLINE="0", HF_HUB_DISABLE_TELEMETRY="1")
-
-
-def run(script: Path, args: list[str], environ: dict, timeout: float = 400) -> subprocess.CompletedProcess:
-    return subprocess.run(torchrun_cmd(script, 2) + args, cwd=ROOT, env=environ, capture_output=True, text=True,
-                          timeout=timeout)
 
 
 @pytest.fixture
@@ -82,13 +68,7 @@ def test_kill_9_then_rerun_ends_with_the_uninterrupted_adapter(scripts, server, 
     assert r.returncode == 0, r.stderr[-3000:]
     out = tmp_path / "run"
     args = [f"output_dir={out}", f"store=hf://me/{trainer}-cut", *STEPS]
-    log = tmp_path / "first.log"
-    with open(log, "w") as f:
-        proc = subprocess.Popen(torchrun_cmd(script, 2) + args, cwd=ROOT, env=hub_env(server), stdout=f,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        assert wait_for_steps(proc, log, 7, timeout=300), log.read_text()[-3000:]
-        kill_job(proc, str(out))
-    again = run(script, args, hub_env(server))
+    again = kill_9_after_steps_and_rerun(script, args, hub_env(server), tmp_path / "first.log", str(out))
     words = again.stdout + again.stderr
     assert again.returncode == 0, words[-3000:]
     assert "resuming from step" in words

@@ -91,6 +91,20 @@ def wait_for_steps(proc, log: Path, steps: int, timeout: float = 120) -> bool:
     return False
 
 
+def kill_9_after_steps_and_rerun(script: Path, args: list[str], environ: dict, log: Path, marker: str,
+                                 steps: int = 7) -> subprocess.CompletedProcess:
+    """Two gloo ranks of `script`: kill -9 of the whole job (its ranks found by `marker`, e.g. the
+    output_dir) after `steps` logged losses, then the same command again, to its end. The rerun's
+    result; the first run's output is in `log`."""
+    with open(log, "w") as f:
+        proc = subprocess.Popen(torchrun_cmd(script, 2) + args, cwd=ROOT, env=environ, stdout=f,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        assert wait_for_steps(proc, log, steps, timeout=300), log.read_text()[-3000:]
+        kill_job(proc, marker)
+    return subprocess.run(torchrun_cmd(script, 2) + args, cwd=ROOT, env=environ, capture_output=True, text=True,
+                          timeout=400)
+
+
 @pytest.mark.slow
 def test_kill_9_at_random_moments_then_rerun_until_done(server, reference_long, tmp_path):
     out = tmp_path / "run"
