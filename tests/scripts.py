@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from kit.machine.command import launch_argv
@@ -132,6 +133,7 @@ def kill_job(proc: subprocess.Popen, marker: str, sig: int = signal.SIGKILL) -> 
         os.killpg(proc.pid, sig)
     except ProcessLookupError:
         pass
+    killed = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
@@ -143,8 +145,21 @@ def kill_job(proc: subprocess.Popen, marker: str, sig: int = signal.SIGKILL) -> 
             try:
                 os.kill(int(entry.name), sig)
             except ProcessLookupError:
-                pass
+                continue
+            killed.append(int(entry.name))
     proc.wait()
+    if sig == signal.SIGKILL:  # as a platform's cut: every rank gone (or a zombie) before the test goes on
+        deadline = time.monotonic() + 10
+        while any(_running(pid) for pid in killed) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] not in (["Z"], ["X"])
 
 
 def losses(ckpt: Path) -> list[tuple[int, float]]:

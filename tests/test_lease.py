@@ -3,8 +3,10 @@ the Hub cannot both win (parent_commit compare-and-swap on tests/hubserver.py)."
 
 import json
 import logging
+import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -52,6 +54,31 @@ def test_same_holder_object_can_reacquire(store_factory):
     other = Lease(store_factory(), "other").acquire()  # released: free at once
     assert other.held
     other.release()
+
+
+def test_a_killed_holder_not_yet_reaped_is_taken_over_at_once(tmp_path, caplog):
+    """kill -9 of a job whose torchrun died with it leaves its ranks as zombies until something reaps
+    them (never, in a container without an init): a rerun on the same host must not wait 180 s."""
+    import signal
+    import socket
+    import subprocess
+
+    holder = subprocess.Popen(["sleep", "60"])
+    try:
+        Lease(DirStore(tmp_path / "store"), f"{socket.gethostname()} pid {holder.pid}").acquire()
+        with pytest.raises(StoreError, match="is leased by"):  # alive: it blocks
+            Lease(DirStore(tmp_path / "store"), "rerun").acquire()
+        os.kill(holder.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{holder.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+            assert time.monotonic() < deadline, "the killed process did not become a zombie"
+            time.sleep(0.01)
+        with caplog.at_level(logging.WARNING, "kit.checkpoints.lease"):
+            rerun = Lease(DirStore(tmp_path / "store"), "rerun").acquire()  # not reaped: still taken over
+        assert rerun.took_over["holder"].endswith(f"pid {holder.pid}") and "no longer runs" in caplog.text
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 @pytest.mark.slow

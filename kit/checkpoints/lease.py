@@ -30,6 +30,7 @@ import socket
 import threading
 import time
 import uuid
+from pathlib import Path
 
 from kit.errors import StoreError
 from kit.files import parse_json
@@ -62,7 +63,18 @@ def _dead_here(holder: str) -> bool:
         return True
     except PermissionError:  # alive, owned by another user
         return False
-    return False
+    # A killed rank whose torchrun died with it waits as a zombie until something reaps it (in a
+    # container without an init, never): it exists, but it runs no more and heartbeats no more.
+    return _zombie(int(pid))
+
+
+def _zombie(pid: int) -> bool:
+    """True when /proc says `pid` has exited and is waiting to be reaped (state Z or X)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # no /proc (macOS), or the process was reaped meanwhile: judged by kill() alone
+        return False
+    return stat.rpartition(")")[2].split()[:1] in (["Z"], ["X"])
 
 
 def _iso(t: float) -> str:
