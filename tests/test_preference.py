@@ -11,7 +11,7 @@ import pytest
 
 from kit.cli import main as kit_main
 from kit.errors import CannotTrain, UsageError
-from kit.planning import config, memory, shapes
+from kit.planning import config, memory, shapes, trainers
 from kit.planning.plan import make_plan
 from kit.script import arguments
 from kit.script.render import render
@@ -102,8 +102,9 @@ def test_the_reference_is_the_disabled_adapter_for_lora_and_a_copy_or_precompute
                                      "dpo.precompute_ref_log_probs=on"), "bf16", 2, True, False)
     assert "reference_model" not in lora.terms and "reference_model" not in pre.terms
     assert full.terms["reference_model"] == model.params * 2  # a 16-bit second copy
-    assert any("reference adapter_disabled" in n for n in lora.notes)
-    assert any("reference precomputed" in n for n in pre.notes)
+    assert [trainers.reference(c)[1].code for c in (cfg("trainer=dpo"), cfg("trainer=dpo", "method=full"),
+                                                     cfg("trainer=dpo", "method=full", "dpo.precompute_ref_log_probs=on"))] \
+        == ["reference_adapter_disabled", "reference_model_copy", "reference_precomputed"]
 
 
 def test_precomputed_reference_is_refused_on_several_processes():

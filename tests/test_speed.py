@@ -3,7 +3,6 @@ H200 measurements; the memory estimate follows the batching; the script's launch
 
 from __future__ import annotations
 
-import types
 from dataclasses import replace
 
 import pytest

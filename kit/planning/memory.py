@@ -217,9 +217,9 @@ def estimate(model, cfg, precision: str, per_device_batch: int, gradient_checkpo
     ref_kind = trainers.reference(cfg)[0]
     if ref_kind == "model_copy":
         terms["reference_model"] = model.params * bp / n
-    if trainer.reference:
+    if trainer.reference:  # how the reference is had is the plan's reason (trainers.reference), said there
         notes.append(f"{trainer.name}: {rows} sequences of up to {cfg.seq_len} tokens per micro-batch of "
-                     f"{per_device_batch}; reference {ref_kind or 'none'} (the reasons say why)")
+                     f"{per_device_batch}")
 
     # Activations and logits.
     tokens = rows * cfg.seq_len
