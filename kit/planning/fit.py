@@ -2,6 +2,7 @@
 
     fit(model, cfg, "fp16", quantized=True, optimizer="adamw_torch", n=2, budget=15 * GIB, loop=training_loop(facts))
     # -> ("ddp", 2, 8, True, MemoryEstimate) or None
+    search(...)   # -> (that or None, the Reasons cheaper strategies were passed over for host RAM or FSDP's load)
 
 Strategies are tried cheapest first (DDP, then FSDP, then device_map model parallelism), micro-
 batches largest first, no gradient checkpointing before checkpointing; the first combination whose
@@ -100,16 +101,23 @@ def strategies(cfg, n: int, nodes: int = 1, device: str = "cuda") -> list[tuple]
 
 
 def fit(model, cfg, precision, quantized, optimizer, n, budget, device="cuda", loop=None,
-        nodes=1, ram=None, why=None, speed=None):
-    """First (strategy, world, per_device_batch, checkpointing, estimate) that fits, or None.
+        nodes=1, ram=None, speed=None):
+    """First (strategy, world, per_device_batch, checkpointing, estimate) that fits, or None (`search`'s
+    answer without the strategies it passed over)."""
+    return search(model, cfg, precision, quantized, optimizer, n, budget, device, loop, nodes, ram, speed)[0]
 
-    `ram`: host RAM per node for loading (None: not checked); `why`: a list that collects the Reasons a
-    strategy was passed over for something other than GPU memory in training (`passed_over_words`
-    words them for a refusal); `speed`: a function
-    of (strategy, checkpointing) giving memory.estimate's keywords for the speed choices made for
-    that candidate (batching, activation offloading), so each is estimated as it would run.
+
+def search(model, cfg, precision, quantized, optimizer, n, budget, device="cuda", loop=None,
+           nodes=1, ram=None, speed=None) -> tuple[tuple | None, tuple[Reason, ...]]:
+    """(the first (strategy, world, per_device_batch, checkpointing, estimate) that fits or None, the
+    Reasons the cheaper strategies were passed over for something other than GPU memory in training:
+    host RAM while loading, FSDP's 4-bit load peak; `passed_over_words` words them for a refusal).
+
+    `ram`: host RAM per node for loading (None: not checked); `speed`: a function of (strategy,
+    checkpointing) giving memory.estimate's keywords for the speed choices made for that candidate
+    (batching, activation offloading), so each is estimated as it would run.
     """
-    why = [] if why is None else why
+    why = []
     if cfg.gradient_checkpointing != "auto":
         gcs = [cfg.gradient_checkpointing == "on"]
     else:
@@ -140,8 +148,8 @@ def fit(model, cfg, precision, quantized, optimizer, n, budget, device="cuda", l
                                       world_size=n if sharding == "layers" else world,
                                       sharding=sharding, optimizer=optimizer, device=device, **run)
                 if est.total_bytes <= budget:
-                    return strategy, world, b, gc, est
-    return None
+                    return (strategy, world, b, gc, est), tuple(why)
+    return None, tuple(why)
 
 
 def passed_over_words(reason: Reason) -> str:

@@ -23,7 +23,8 @@ from kit.planning.reasons import Reason, why
 from kit.planning.measured import MEASURED
 from kit.planning.names import check_data
 from kit.planning import nodes as nodes_mod
-from kit.planning.fit import batch_for_world, cheaper_change, fit, passed_over_words, rank_budget, training_loop
+from kit.planning.fit import (batch_for_world, cheaper_change, fit, passed_over_words, rank_budget, search,
+                              training_loop)
 from kit.files import GIB
 
 CPU_MAX_PARAMS = 1e9
@@ -187,9 +188,10 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
             chosen[strategy, gc] = _speed(cfg, facts, gpu, model, plan.batching, strategy, gc)
         return chosen[strategy, gc]
 
-    ram, passed_over = hostram.budget(facts.ram_bytes), []
-    found = fit(model, cfg, plan.precision, quantized, plan.optimizer, n, budget, loop=loop, nodes=nodes, ram=ram,
-                why=passed_over, speed=lambda strategy, gc: _as_run(choices(strategy, gc)[0], strategy, gc))
+    ram = hostram.budget(facts.ram_bytes)
+    found, passed_over = search(model, cfg, plan.precision, quantized, plan.optimizer, n, budget, loop=loop,
+                                nodes=nodes, ram=ram,
+                                speed=lambda strategy, gc: _as_run(choices(strategy, gc)[0], strategy, gc))
     plan.memory["budget_bytes"] = budget
     plan.nodes = nodes
     if found is None:
