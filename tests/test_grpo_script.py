@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import huggingface_hub
 import pytest
@@ -24,7 +25,7 @@ from kit.machine import gpu_table
 from kit.report.reasons import words
 from tests.test_plan import reason
 from tests.hubserver import WRITE_TOKEN, HubServer
-from tests.scripts import FAST, ROOT, elsewhere_env as env, hub_env, losses, two_ranks as run
+from tests.scripts import FAST, ROOT, elsewhere_env as env, hub_env, kit_cli, losses, two_ranks as run
 from tests.test_bad_input import run_script_in_process
 from tests.test_resume import assert_same_training, kill_9_after_steps_and_rerun
 
@@ -282,12 +283,26 @@ def server():
         yield s
 
 
+@pytest.fixture(scope="module")
+def pushed(script, tmp_path_factory):
+    """One 2-rank run to the end into a test Hub store, tracked (report_to=tensorboard), and what `kit status`
+    says of it afterwards (text, --json, --plot): the tests below each read a part of it."""
+    tmp = tmp_path_factory.mktemp("pushed")
+    out = tmp / "run"
+    with HubServer(tokens={WRITE_TOKEN: "write"}) as server:
+        environ = hub_env(server)
+        r = run(script, [f"output_dir={out}", "store=hf://me/grpo-tiny", "report_to=tensorboard", *STEPS], environ)
+        status = ["status", "--config", CONFIG, f"output_dir={out}", "store=hf://me/grpo-tiny", *STEPS]
+        text = kit_cli(status, env=environ)
+        as_json = kit_cli([*status, "--json", "--plot", str(tmp / "job.png")], env=environ)
+        yield SimpleNamespace(out=out, log=r.stdout + r.stderr, code=r.returncode, text=text, json=as_json,
+                              plot=tmp / "job.png", files=server.files("me/grpo-tiny"))
+
+
 @pytest.mark.slow
-def test_two_ranks_train_deliver_and_push_once(script, server, tmp_path):
-    out = tmp_path / "run"
-    r = run(script, [f"output_dir={out}", "store=hf://me/grpo-tiny", *STEPS], hub_env(server))
-    log = r.stdout + r.stderr
-    assert r.returncode == 0, log[-3000:]
+def test_two_ranks_train_deliver_and_push_once(pushed):
+    out, log = pushed.out, pushed.log
+    assert pushed.code == 0, log[-3000:]
     assert log.count("[kit] complete: step 12 of 12") == 1 and "2 × cpu" in log
     assert "batch 2 × accumulation 2 × 2 = 8" in log  # 2 prompts x 4 generations per optimizer step
     assert "[kit] rewards: json_format, brevity" in log
@@ -296,8 +311,7 @@ def test_two_ranks_train_deliver_and_push_once(script, server, tmp_path):
     assert "ref" not in {p.name for p in (out / "final").iterdir()}
     card = (out / "final" / "README.md").read_text()
     assert "TRL GRPOTrainer" in card and "json_format" in card and "brevity" in card  # the reward functions by name
-    pushed = server.files("me/grpo-tiny")
-    assert "final/adapter_model.safetensors" in pushed and "final/eval_results.json" in pushed
+    assert "final/adapter_model.safetensors" in pushed.files and "final/eval_results.json" in pushed.files
     history = json.loads((out / "checkpoint-12" / "trainer_state.json").read_text())["log_history"]
     steps = [h for h in history if "loss" in h]
     assert len(steps) == 12 and all("rewards/json_format/mean" in h and "rewards/brevity/mean" in h for h in steps)
@@ -306,6 +320,42 @@ def test_two_ranks_train_deliver_and_push_once(script, server, tmp_path):
     results = json.loads((out / "final" / "eval_results.json").read_text())
     for record in (results["baseline"]["result"], results["final"]["result"]):
         assert set(record["rewards"]) == {"json_format", "brevity"}, record
+
+
+@pytest.mark.slow
+def test_status_shows_a_grpo_jobs_rewards_where_its_loss_says_nothing(pushed):
+    # GRPO's loss is near 0 by construction; what says how the job goes is the reward TRL logs each step.
+    assert pushed.text.returncode == 0 and pushed.json.returncode == 0, pushed.text.stderr + pushed.json.stderr
+    history = json.loads((pushed.out / "checkpoint-12" / "trainer_state.json").read_text())["log_history"]
+    logged = {h["step"]: h for h in history if "reward" in h}
+    facts = json.loads(pushed.json.stdout)
+    assert [r["step"] for r in facts["rewards"]] == list(range(1, 13))
+    for r in facts["rewards"]:
+        assert r["reward"] == logged[r["step"]]["reward"]
+        assert r["rewards"] == {name: logged[r["step"]][f"rewards/{name}/mean"] for name in ("json_format", "brevity")}
+    line = next(ln for ln in pushed.text.stdout.splitlines() if ln.startswith("reward "))
+    first = sum(logged[s]["reward"] for s in (1, 2, 3)) / 3  # a quarter of the 12 logged steps each
+    last = sum(logged[s]["reward"] for s in (10, 11, 12)) / 3
+    assert f"{first:.3g} over steps 1-3 → {last:.3g} over steps 10-12" in line, line
+    assert "json_format " in line and "brevity " in line, line
+    assert facts["plot"] == str(pushed.plot) and pushed.plot.stat().st_size > 0
+    # The goodput ledger of the one session: 12 steps done, none redone, on 2 processes.
+    assert facts["complete"] and [(r["steps_done"], r["steps_lost"], r["weight"])
+                                  for r in facts["goodput"]["sessions"]] == [(12, 0, 2)]
+
+
+@pytest.mark.slow
+def test_rank_0_alone_tracks_the_run_with_each_reward_functions_mean(pushed):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_id = json.loads((pushed.out / "kit_run.json").read_text())["run_id"]
+    events = list((pushed.out / "runs").rglob("events.out.tfevents.*"))
+    assert [e.parent.name for e in events] == [run_id], events  # one event file: rank 0's, named by kit's run id
+    tracked = EventAccumulator(str(events[0].parent))
+    tracked.Reload()
+    scalars = set(tracked.Tags()["scalars"])
+    assert {"train/reward", "train/rewards/json_format/mean", "train/rewards/brevity/mean"} <= scalars, scalars
+    assert [e.step for e in tracked.Scalars("train/reward")] == list(range(1, 13))
 
 
 @pytest.mark.slow
@@ -330,8 +380,6 @@ def test_kill_9_then_rerun_ends_with_the_uninterrupted_adapter(script, server, t
 def test_a_rank_that_cannot_import_the_rewards_stops_with_one_line(tmp_path):
     # The other ranks import the file rank 0 checked; one that cannot (a file only rank 0's machine has) raises
     # the error on every rank (dist.gather) instead of leaving the others waiting in training.
-    from types import SimpleNamespace
-
     from kit.errors import UsageError
     from kit.train.job import Job
 
@@ -346,8 +394,6 @@ def test_a_rank_that_cannot_import_the_rewards_stops_with_one_line(tmp_path):
 
 
 def test_an_epoch_of_prompts_is_num_generations_completions_of_each():
-    from types import SimpleNamespace
-
     from kit.train.job import Job
 
     cfg = grpo_cfg(max_steps=None, epochs=1.0)  # 4 generations, 2 completions a micro-batch, global batch 8
