@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,12 +28,15 @@ from kit.machine import gpu_table
 from kit.report.reasons import words
 from tests.test_plan import reason
 from tests.hubserver import WRITE_TOKEN, HubServer
-from tests.scripts import FAST, ROOT, elsewhere_env as env, hub_env, kit_cli, losses, two_ranks as run
+from tests.scripts import FAST, ROOT, elsewhere_env as env, hub_env, kill_job, kit_cli, losses, torchrun_cmd, \
+    two_ranks as run
 from tests.test_bad_input import run_script_in_process
 from tests.test_resume import assert_same_training, kill_9_after_steps_and_rerun
 
 CONFIG = "configs/grpo-tiny.yaml"
 STEPS = ["max_steps=12", "save_steps=3", "keep_checkpoints=2", *FAST]
+# Steps that are mostly generation, as on a GPU, without the held-out evaluations' own generating.
+LONG_GENERATION = ["grpo.max_completion_length=160", "eval.baseline=false", "eval.final=false"]
 
 
 def grpo_cfg(**changes) -> config.RunConfig:
@@ -375,6 +381,74 @@ def test_kill_9_then_rerun_ends_with_the_uninterrupted_adapter(script, server, t
     rewards = [[h["reward"] for h in json.loads((d / "checkpoint-12" / "trainer_state.json").read_text())
                 ["log_history"] if "reward" in h] for d in (reference, out)]
     assert rewards[0] == rewards[1]
+
+
+@pytest.mark.slow
+def test_sigterm_during_generation_gives_the_step_up_and_the_rerun_ends_as_uninterrupted(script, tmp_path):
+    # Completions of up to 160 tokens: each step is ~2 s on 2 CPU ranks, almost all of it generating. The signal
+    # comes 0.6 s into step 3's generation; step 2 was not saved (save_steps=100).
+    args = ["max_steps=4", "save_steps=100", *LONG_GENERATION, *FAST]
+    reference = tmp_path / "reference"
+    r = run(script, [f"output_dir={reference}", *args], env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    out, log = tmp_path / "run", tmp_path / "first.log"
+    args += [f"output_dir={out}", f"store={tmp_path / 'drive'}"]
+    with open(log, "w") as sink:
+        agent = subprocess.Popen(torchrun_cmd(script, 2) + args, cwd=ROOT, env=env(), stdout=sink,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        while log.read_text().count("'step_time'") < 2:  # step 2 logged: step 3 is generating
+            assert agent.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.05)
+        time.sleep(0.6)
+        os.kill(agent.pid, signal.SIGTERM)  # torchrun forwards it to both ranks
+        sent = time.monotonic()
+        agent.wait(timeout=120)
+        took = time.monotonic() - sent
+    finally:
+        kill_job(agent, str(out))
+    text = log.read_text()
+    # Before: the job went on generating, scoring and training step 3, then paused at step 3.
+    assert "[kit] step 3 given up during its generation (signal SIGTERM): step 2 saved now" in text, text[-3000:]
+    assert "[kit exit 0" in text and "paused at step 2 of 4 (signal SIGTERM)" in text, text[-3000:]
+    assert took < 20, took  # no rank left waiting for another
+    assert not (out / "checkpoint-3").exists() and (tmp_path / "drive" / "checkpoints" / "checkpoint-2").is_dir()
+    again = run(script, args, env())
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming from step 2" in again.stdout and "complete: step 4 of 4" in again.stdout
+    # The given-up step redone as the uninterrupted run did it: the saved RNG state is that of step 2's end.
+    assert_same_training(reference / "checkpoint-4", out / "checkpoint-4")
+
+
+@pytest.mark.slow
+def test_a_lease_taken_over_during_generation_stops_both_ranks_with_nothing_more_written(script, server, tmp_path):
+    # Another session's record replaces the lease while a step generates (as a takeover after missed heartbeats
+    # would): at the next heartbeat the generation ends, no rank trains or saves again, exit 4 (torchrun: 1).
+    from kit.checkpoints.store.hub import HubStore
+
+    out, log = tmp_path / "run", tmp_path / "log.txt"
+    args = [f"output_dir={out}", "store=hf://me/grpo-lost", "max_steps=50", "save_steps=2",
+            "lease_heartbeat_seconds=0.3", *LONG_GENERATION, *FAST]
+    with open(log, "w") as sink:
+        agent = subprocess.Popen(torchrun_cmd(script, 2) + args, cwd=ROOT, env=hub_env(server), stdout=sink,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        while " published: " not in log.read_text():  # step 2 is in the store: step 3 is generating
+            assert agent.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.05)
+        store = HubStore("hf://me/grpo-lost", token=WRITE_TOKEN, endpoint=server.url)
+        store.write_text("lease.json", json.dumps({"holder": "other-host pid 7", "id": "theirs", "since": time.time(),
+                                                   "heartbeat": time.time(), "ttl_s": 600}))
+        agent.wait(timeout=120)
+    finally:
+        kill_job(agent, str(out))
+    text = log.read_text()
+    assert agent.returncode == 1 and text.count("exitcode  : 4") == 2, text[-3000:]  # each rank's exit 4 in torchrun's
+    assert "[kit] step 3 given up during its generation (lease lost: " in text, text[-3000:]  # before: at its end
+    assert "other-host pid 7" in text
+    assert "writes nothing more" in text
+    assert max(store.list_steps()) <= 4  # at most the one upload under way when the lease went
+    assert json.loads(store.read_text("lease.json"))["id"] == "theirs"  # never overwritten by the loser
 
 
 def test_a_rank_that_cannot_import_the_rewards_stops_with_one_line(tmp_path):
