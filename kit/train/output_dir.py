@@ -12,7 +12,7 @@ from kit.errors import UsageError
 from kit.files import refuse_shared_folder
 from kit.evaluation.identity import RUN_LOCAL
 from kit.evaluation.results import BASELINE_LOCAL
-from kit.train.sessions import LOCAL as SESSIONS_LOCAL
+from kit.checkpoints.session_records import LOCAL as SESSIONS_LOCAL
 
 # The files kit writes at output_dir's top: the run record, the baseline, the session records.
 # (The model card is final/README.md; TRL's own card at the top is not written: keep_users_files.)
