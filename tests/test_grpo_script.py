@@ -282,12 +282,21 @@ def server():
         yield s
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(script, tmp_path_factory):
+    """(its output_dir, the run, the Hub it pushed to): the job under two ranks to its end, once, with the
+    test Hub as its store. The tests that read the finished job (what it delivered and pushed; the adapter
+    a killed and rerun job must end with) share that one launch."""
+    with HubServer(tokens={WRITE_TOKEN: "write"}) as hub:
+        out = tmp_path_factory.mktemp("grpo-uninterrupted") / "run"
+        out.mkdir()
+        (out / "README.md").write_text("# my notes\n")  # the trainer's saves write no card over it
+        yield out, run(script, [f"output_dir={out}", "store=hf://me/grpo-tiny", *STEPS], hub_env(hub)), hub
+
+
 @pytest.mark.slow
-def test_two_ranks_train_deliver_and_push_once(script, server, tmp_path):
-    out = tmp_path / "run"
-    out.mkdir()
-    (out / "README.md").write_text("# my notes\n")  # the trainer's saves write no card over it
-    r = run(script, [f"output_dir={out}", "store=hf://me/grpo-tiny", *STEPS], hub_env(server))
+def test_two_ranks_train_deliver_and_push_once(uninterrupted):
+    out, r, server = uninterrupted
     log = r.stdout + r.stderr
     assert r.returncode == 0, log[-3000:]
     assert log.count("[kit] complete: step 12 of 12") == 1 and "2 × cpu" in log
@@ -312,9 +321,8 @@ def test_two_ranks_train_deliver_and_push_once(script, server, tmp_path):
 
 
 @pytest.mark.slow
-def test_kill_9_then_rerun_ends_with_the_uninterrupted_adapter(script, server, tmp_path):
-    reference = tmp_path / "reference"
-    r = run(script, [f"output_dir={reference}", *STEPS], env())
+def test_kill_9_then_rerun_ends_with_the_uninterrupted_adapter(script, uninterrupted, server, tmp_path):
+    reference, r, _ = uninterrupted
     assert r.returncode == 0, r.stderr[-3000:]
     out = tmp_path / "run"
     args = [f"output_dir={out}", "store=hf://me/grpo-cut", *STEPS]
