@@ -341,6 +341,26 @@ def test_a_rank_that_cannot_import_the_rewards_stops_with_one_line(tmp_path):
     assert [f.__name__ for f in job.reward_funcs] == ["ok"]
 
 
+def test_the_rewards_line_names_an_instance_or_a_partial_as_trl_logs_it(tmp_path, capsys):
+    # TRL 1.16 takes a callable instance (logged by its class) and a functools.partial (by its function); the
+    # job's line named them through __name__, an AttributeError traceback before any model loaded.
+    from types import SimpleNamespace
+
+    from kit.train.job import Job
+
+    (tmp_path / "r.py").write_text("import functools\nclass Judge:\n    def __call__(self, completions, **kw):\n"
+                                   "        return [1.0] * len(completions)\njudge = Judge()\n"
+                                   "def score(completions, w=1.0, **kw):\n    return [w] * len(completions)\n"
+                                   "heavy = functools.partial(score, w=2.0)\n")
+    (tmp_path / "job.yaml").write_text("trainer: grpo\n")
+    cfg = grpo_cfg(grpo__rewards="r.py:judge,heavy", data__path=str(ROOT / "data" / "grpo_prompts.jsonl"))
+    job = Job(cfg, SimpleNamespace(rank=0, is_main=True, world_size=1), None, config_path=str(tmp_path / "job.yaml"))
+    job._check_rewards()
+    out = capsys.readouterr().out
+    assert "[kit] rewards: Judge, score from r.py:judge,heavy" in out, out
+    assert re.search(r"judge \d+\.\d\d s; heavy \d+\.\d\d s", out), out  # each dry call's time
+
+
 def test_an_epoch_of_prompts_is_num_generations_completions_of_each():
     from types import SimpleNamespace
 

@@ -42,8 +42,6 @@ evaluation records it as skipped; the job is kept). Rank 0 runs this alone on th
 from __future__ import annotations
 
 import contextlib
-import functools
-import numbers
 import time
 
 from kit.evaluation.heldout import GENERATE_BATCH_FACTOR, rows_fingerprint
@@ -68,10 +66,10 @@ class RewardFailed(Exception):
 def reward_names(funcs) -> list[str]:
     """Each function's name as TRL logs it (`rewards/NAME/mean`), a repeated one numbered (`name_2`)."""
     out: list[str] = []
+    from kit.train.rewards import reward_name
+
     for func in funcs:
-        while isinstance(func, functools.partial):
-            func = func.func
-        name = getattr(func, "__name__", type(func).__name__)
+        name = reward_name(func)
         base, n = name, 2
         while name in out:
             name, n = f"{base}_{n}", n + 1
@@ -125,25 +123,21 @@ def summary(values: dict[str, list]) -> dict:
 
 
 def _call(func, name: str, prompts, completions, completion_ids, columns: dict) -> list:
+    from kit.train.rewards import BadValues, call, values
+
     n = len(prompts)
     try:
-        out = func(prompts=prompts, completions=completions, completion_ids=completion_ids, trainer_state=None,
-                   log_extra=lambda *a, **k: None, log_metric=lambda *a, **k: None, **columns)
-        values = list(out)
+        out = call(func, dict(prompts=prompts, completions=completions, completion_ids=completion_ids,
+                              trainer_state=None, log_extra=lambda *a, **k: None, log_metric=lambda *a, **k: None,
+                              **columns))
+        floats = values(out, n)  # TRL's reading of it: NaN for None, a number else
+    except BadValues as exc:
+        raise RewardFailed(f"the reward function {name} {exc} (on {n} held-out completions)") from None
     except Exception as exc:  # the user's code: named in the skipped reason, the job goes on
         first = str(exc).splitlines()[0][:200] if str(exc) else ""
         raise RewardFailed(f"the reward function {name} raised {type(exc).__name__}: {first} (on {n} held-out "
                            "completions)") from None
-    if len(values) != n:
-        raise RewardFailed(f"the reward function {name} returned {len(values)} values for {n} completions")
-    bad = [v for v in values if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Real))]
-    if bad:
-        raise RewardFailed(f"the reward function {name} returned a {type(bad[0]).__name__}; each value must be a "
-                           "number or None")
-    try:  # NaN (v != v) is unscored, as TRL's nanmean leaves it out
-        return [None if v is None or v != v else float(v) for v in values]
-    except OverflowError:  # an int past float's range
-        raise RewardFailed(f"the reward function {name} returned a number too large for a float") from None
+    return [None if v != v else v for v in floats]  # NaN (or None) is unscored, as TRL's nanmean leaves it out
 
 
 @contextlib.contextmanager

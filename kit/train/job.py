@@ -131,13 +131,14 @@ class Job:
         """Trainer grpo: the prompt rows' shape (kit.train.prompt_data), then the reward functions
         loaded and dry-called with two of them (kit.train.rewards); each problem one line, exit 2."""
         from kit.train import prompt_data
-        from kit.train.rewards import load_rewards
+        from kit.train.rewards import load_rewards, reward_name
 
         rows = prompt_data.dry_rows(prompt_data.load(self.cfg))
-        self.reward_funcs = load_rewards(self.cfg.grpo.rewards, base=self._config_folder(), rows=rows)
-        self.log(f"rewards: {', '.join(f.__name__ for f in self.reward_funcs)} from {self.cfg.grpo.rewards} "
-                 f"(dry-called with {len(rows['prompt'])} rows; TRL runs them on every rank, each on its own "
-                 "completions)")
+        notes: list[str] = []
+        self.reward_funcs = load_rewards(self.cfg.grpo.rewards, base=self._config_folder(), rows=rows, notes=notes)
+        self.log(f"rewards: {', '.join(reward_name(f) for f in self.reward_funcs)} from {self.cfg.grpo.rewards} "
+                 f"(dry-called with {len(rows['prompt'])} rows: {'; '.join(notes)}; TRL runs them on every rank, "
+                 "each on its own completions)")
 
     def _rewards_on_every_rank(self) -> None:
         """Rank 0 checked and dry-called the reward functions; the other ranks import the same file. A rank
