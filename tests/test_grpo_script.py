@@ -214,13 +214,30 @@ def prompt_rows(rows) -> str:
     ({}, ["global_batch=6"], "global_batch 6 is not a multiple of per_device_batch 2|num_generations=4"),
     ({}, ["global_batch=10", "per_device_batch=null"], "num_generations=4.*global_batch=8 or 12"),
     ({}, ["grpo.num_generations=1"], "it needs at least 2"),
+    # One generation batch holds global_batch / num_generations = 2 prompts; TRL's sampler drops a partial one.
+    ({"p.jsonl": prompt_rows([{"prompt": "turn on the light", "answer": "x"}])}, ["data.path=p.jsonl"],
+     "p.jsonl: 1 training prompt, fewer than the 2 one generation batch holds .*no step would train"),
+    ({"p.jsonl": prompt_rows([{"prompt": [{"role": "system", "content": " "}, {"role": "user", "content": ""}],
+                               "answer": "x"}] * 4)}, ["data.path=p.jsonl"],
+     "p.jsonl line 1: field 'prompt' holds only empty messages"),
 ], ids=["sft-data", "prompt-not-text", "prompt-empty", "bad-role", "columns-missing", "reserved-column",
-        "indivisible", "indivisible-picked", "one-generation"])
+        "indivisible", "indivisible-picked", "one-generation", "one-prompt", "empty-messages"])
 def test_a_wrong_data_shape_or_batch_is_one_line_exit_2_before_the_model_loads(box, capfd, files, argv, want):
     for name, text in files.items():
         (box / name).write_text(text)
     code = run_script(box, [f"output_dir={box / 'out'}", *argv])
     assert_refused_before_loading(code, capfd, want)
+
+
+def test_prompts_that_fill_no_generation_batch_after_the_split_are_one_line_exit_2(box, capfd):
+    # 2 prompts pass the check before the model loads; the held-out split leaves 1 to train on, fewer than the 2
+    # a generation batch holds: TRL's sampler would hand out nothing and the job end at step 0 "complete".
+    (box / "p.jsonl").write_text(prompt_rows([{"prompt": f"turn on light {i}", "answer": "x"} for i in range(2)]))
+    code = run_script(box, [f"output_dir={box / 'out'}", "data.path=p.jsonl"])
+    out, err = capfd.readouterr()
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and "1 training prompt, fewer than the 2" in errors[0], err[-2000:]
+    assert "Traceback" not in out + err and not any((box / "out").glob("checkpoint-*"))
 
 
 def test_prompts_keep_their_columns_for_the_rewards_and_a_mapped_prompt_is_read(box):
@@ -354,7 +371,8 @@ def test_the_rewards_line_names_an_instance_or_a_partial_as_trl_logs_it(tmp_path
                                    "heavy = functools.partial(score, w=2.0)\n")
     (tmp_path / "job.yaml").write_text("trainer: grpo\n")
     cfg = grpo_cfg(grpo__rewards="r.py:judge,heavy", data__path=str(ROOT / "data" / "grpo_prompts.jsonl"))
-    job = Job(cfg, SimpleNamespace(rank=0, is_main=True, world_size=1), None, config_path=str(tmp_path / "job.yaml"))
+    job = Job(cfg, SimpleNamespace(rank=0, is_main=True, world_size=1), SimpleNamespace(global_batch=8),
+              config_path=str(tmp_path / "job.yaml"))
     job._check_rewards()
     out = capsys.readouterr().out
     assert "[kit] rewards: Judge, score from r.py:judge,heavy" in out, out

@@ -133,12 +133,23 @@ class Job:
         from kit.train import prompt_data
         from kit.train.rewards import load_rewards, reward_name
 
-        rows = prompt_data.dry_rows(prompt_data.load(self.cfg))
+        prompts = prompt_data.load(self.cfg)
+        self._enough_prompts(len(prompts))  # every row, before the eval split: the exact count is checked later
+        rows = prompt_data.dry_rows(prompts)
         notes: list[str] = []
         self.reward_funcs = load_rewards(self.cfg.grpo.rewards, base=self._config_folder(), rows=rows, notes=notes)
         self.log(f"rewards: {', '.join(reward_name(f) for f in self.reward_funcs)} from {self.cfg.grpo.rewards} "
                  f"(dry-called with {len(rows['prompt'])} rows: {'; '.join(notes)}; TRL runs them on every rank, "
                  "each on its own completions)")
+
+    def _enough_prompts(self, n_prompts: int) -> None:
+        """Trainer grpo: UsageError when the prompts do not fill one generation batch (kit.planning.grpo)."""
+        from kit.errors import UsageError
+        from kit.planning.grpo import prompts_problem
+
+        problem = prompts_problem(n_prompts, self.plan.global_batch, self.cfg.grpo.num_generations)
+        if problem:
+            raise UsageError(f"{self.cfg.data.path}: {problem}")
 
     def _rewards_on_every_rank(self) -> None:
         """Rank 0 checked and dry-called the reward functions; the other ranks import the same file. A rank
@@ -248,8 +259,10 @@ class Job:
     def max_steps(self, n_train: int, plan=None) -> int:
         """The step the job trains to, for `n_train` train rows batched as `plan` says (default: the job's plan)."""
         plan = plan or self.plan
-        # GRPO's batches count completions: each training prompt is answered num_generations times an epoch.
-        n_train *= self.cfg.grpo.num_generations if self.cfg.trainer == "grpo" else 1
+        if self.cfg.trainer == "grpo":
+            self._enough_prompts(n_train)  # the train split, after over-long prompts left out
+            # GRPO's batches count completions: each training prompt is answered num_generations times an epoch.
+            n_train *= self.cfg.grpo.num_generations
         if self.smoke:
             self._max_steps = 1
         elif self.cfg.max_steps:

@@ -52,7 +52,12 @@ def row_problem_of(row: dict, names: dict) -> str | None:
     prompt = row[column]
     if isinstance(prompt, list):
         problem = row_problem({"p": prompt}, "prompt_completion", {"prompt": "p", "completion": "p"})
-        return problem.replace("'p'", repr(column)).replace("p[", f"{column}[") if problem else None
+        if problem:
+            return problem.replace("'p'", repr(column)).replace("p[", f"{column}[")
+        texts = [m.get("content", m.get("value")) for m in prompt]
+        if not any(isinstance(t, str) and t.strip() for t in texts):
+            return f"field {column!r} holds only empty messages: nothing to answer"
+        return None
     if not isinstance(prompt, str):
         text = repr(prompt)
         return (f"field {column!r} is {type(prompt).__name__} ({text[:40]}{'…' if len(text) > 40 else ''}), "
