@@ -340,6 +340,36 @@ def test_kill_9_then_rerun_ends_with_the_uninterrupted_adapter(script, server, t
     assert rewards[0] == rewards[1]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("body,want", [
+    ("import time\ndef ok(completions, **kwargs):\n    time.sleep(3600)\n",
+     "rewards: r.py:ok (a dry call with 2 rows) did not finish within 3 s"),
+    ("import os\ndef ok(completions, **kwargs):\n    os._exit(0)\n", "rewards: r.py:ok called os._exit(0)"),
+], ids=["never-returns", "os-exit-0"])
+def test_under_torchrun_a_reward_that_hangs_or_exits_stops_every_rank_with_one_line(script, tmp_path, body, want):
+    # Rank 0 dry-calls the rewards while rank 1 waits for its word: a reward that never returned left both ranks
+    # waiting (rank 1 in the broadcast), and os._exit(0) ended rank 0 "successfully" with rank 1 still waiting.
+    import os
+    import time
+
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "r.py").write_text(body)
+    (folder / "job.yaml").write_text((ROOT / CONFIG).read_text().replace("grpo_rewards.py:json_format,brevity", "r.py:ok")
+                                     .replace("data/grpo_prompts.jsonl", str(ROOT / "data" / "grpo_prompts.jsonl")))
+    shim = tmp_path / "shim"  # the dry call's bound, 120 s, made 3 s in the ranks (a test-only setting)
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text("import kit.train.rewards\nkit.train.rewards.CALL_SECONDS = 3\n")
+    started = time.monotonic()
+    r = run(script, ["--config", str(folder / "job.yaml"), f"output_dir={tmp_path / 'out'}"],
+            {**env(), "PYTHONPATH": f"{shim}{os.pathsep}{ROOT}"}, timeout=300)
+    log = r.stdout + r.stderr
+    assert r.returncode != 0 and time.monotonic() - started < 150, log[-3000:]
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert errors and all(want in ln for ln in errors) and "[kit exit 2" in errors[0], log[-3000:]
+    assert "trainable parameters" not in log and not any((tmp_path / "out").glob("checkpoint-*"))
+
+
 def test_a_rank_that_cannot_import_the_rewards_stops_with_one_line(tmp_path):
     # The other ranks import the file rank 0 checked; one that cannot (a file only rank 0's machine has) raises
     # the error on every rank (dist.gather) instead of leaving the others waiting in training.
