@@ -240,6 +240,27 @@ def test_prompts_that_fill_no_generation_batch_after_the_split_are_one_line_exit
     assert "Traceback" not in out + err and not any((box / "out").glob("checkpoint-*"))
 
 
+LATER = "def ok(completions, trainer_state=None, **kwargs):\n    late = trainer_state is not None and trainer_state.global_step >= 1\n"
+
+
+@pytest.mark.parametrize("body,want", [
+    (LATER + "    return [float('inf') if late else 1.0 for _ in completions]\n",
+     r"rewards: ok returned inf .*advantages would be NaN.* at step 2 "),
+    (LATER + "    return [1.0] * (len(completions) - late)\n", r"rewards: ok returned 7 values for 8 completions at step 2 "),
+], ids=["inf-later", "short-later"])
+def test_a_reward_that_goes_wrong_in_training_stops_with_one_line_and_keeps_the_checkpoints(box, capfd, body, want):
+    # The dry call passes; at step 2 TRL got inf (NaN advantages: the adapter's weights went NaN) or one value short
+    # (TRL's ValueError traceback). kit checks every call as the dry call does, and names the function and the step.
+    (box / "configs" / "grpo_rewards.py").write_text(body)
+    code = run_script(box, [f"output_dir={box / 'out'}", "grpo.rewards=grpo_rewards.py:ok", "max_steps=4",
+                            "save_steps=1", "eval.baseline=false"])
+    out, err = capfd.readouterr()
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and re.search(want, errors[0]), err[-3000:]
+    assert "Traceback" not in err
+    assert (box / "out" / "checkpoint-1" / "adapter_model.safetensors").is_file()  # step 1's checkpoint is kept
+
+
 def test_prompts_keep_their_columns_for_the_rewards_and_a_mapped_prompt_is_read(box):
     from kit.train import prompt_data
 

@@ -126,6 +126,7 @@ def _call(func, name: str, prompts, completions, completion_ids, columns: dict) 
     from kit.train.rewards import BadValues, call, values
 
     n = len(prompts)
+    func = getattr(func, "__wrapped__", func)  # the user's own: its failure here is a recorded skip, not a stop
     try:
         out = call(func, dict(prompts=prompts, completions=completions, completion_ids=completion_ids,
                               trainer_state=None, log_extra=lambda *a, **k: None, log_metric=lambda *a, **k: None,

@@ -29,7 +29,7 @@ class Job:
         self.cfg, self.ctx, self.plan, self.smoke, self.force = cfg, ctx, plan, smoke, force
         self.notes = list(notes)  # how the plan was settled for this rank, said once the job starts
         self.config_path = config_path  # trainer grpo: its reward file is found from this config's folder
-        self.reward_funcs: list | None = None  # trainer grpo: the reward functions, checked (kit.train.rewards)
+        self.reward_funcs: list | None = None  # trainer grpo: the reward functions, checked at every call (kit.train.rewards)
         self.steps_given = steps_given  # max_steps from the command line: the target (resume.current_target)
         self.store = self.sync = self.lease = self._dir_lock = None
         self.decision = resume.Decision()
@@ -131,13 +131,14 @@ class Job:
         """Trainer grpo: the prompt rows' shape (kit.train.prompt_data), then the reward functions
         loaded and dry-called with two of them (kit.train.rewards); each problem one line, exit 2."""
         from kit.train import prompt_data
-        from kit.train.rewards import load_rewards, reward_name
+        from kit.train.rewards import checked, load_rewards, reward_name
 
         prompts = prompt_data.load(self.cfg)
         self._enough_prompts(len(prompts))  # every row, before the eval split: the exact count is checked later
         rows = prompt_data.dry_rows(prompts)
         notes: list[str] = []
-        self.reward_funcs = load_rewards(self.cfg.grpo.rewards, base=self._config_folder(), rows=rows, notes=notes)
+        self.reward_funcs = checked(load_rewards(self.cfg.grpo.rewards, base=self._config_folder(), rows=rows,
+                                                 notes=notes))
         self.log(f"rewards: {', '.join(reward_name(f) for f in self.reward_funcs)} from {self.cfg.grpo.rewards} "
                  f"(dry-called with {len(rows['prompt'])} rows: {'; '.join(notes)}; TRL runs them on every rank, "
                  "each on its own completions)")
@@ -154,12 +155,12 @@ class Job:
     def _rewards_on_every_rank(self) -> None:
         """Rank 0 checked and dry-called the reward functions; the other ranks import the same file. A rank
         that cannot is one line on every rank (each raises it), not a rank left waiting in training."""
-        from kit.train.rewards import load_rewards
+        from kit.train.rewards import checked, load_rewards
 
         problem = None
         if self.reward_funcs is None:
             try:
-                self.reward_funcs = load_rewards(self.cfg.grpo.rewards, base=self._config_folder())
+                self.reward_funcs = checked(load_rewards(self.cfg.grpo.rewards, base=self._config_folder()))
             except KitError as e:
                 problem = (type(e), f"rank {self.ctx.rank}: {e}")
         problems = [p for p in dist.gather(problem) if p is not None]

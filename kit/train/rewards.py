@@ -299,6 +299,38 @@ def load_rewards(spec: str, *, base: Path, rows: dict | None = None, notes: list
     return funcs
 
 
+def checked(funcs: list) -> list:
+    """Each reward function as TRL gets it: its return checked at every step as at the dry call (`values`).
+    One that returns inf or the wrong count later (on completions the dry call did not see) stops the job
+    with one `error:` line naming it and the step, where TRL raised a traceback or trained on NaN
+    advantages. The wrapper keeps the name TRL logs (`reward_name`), TRL's async reading (`is_async`), and
+    the function itself as `__wrapped__`; it hands TRL the same floats TRL would have made."""
+    return [_checked(f) for f in funcs]
+
+
+def _checked(func):
+    name = reward_name(func)
+
+    def after(out, kwargs):
+        try:
+            return values(out, len(kwargs.get("completions") or ()))
+        except BadValues as exc:
+            state = kwargs.get("trainer_state")
+            step = f" at step {state.global_step + 1}" if getattr(state, "global_step", None) is not None else ""
+            raise UsageError(f"rewards: {name} {exc}{step} (it passed the dry call: this batch's completions "
+                             "differ)") from None
+
+    if is_async(func):
+        async def wrapper(**kwargs):
+            return after(await func(**kwargs), kwargs)
+    else:
+        def wrapper(**kwargs):
+            return after(func(**kwargs), kwargs)
+    wrapper.__name__ = wrapper.__qualname__ = name
+    wrapper.__wrapped__ = func
+    return wrapper
+
+
 def _stand_in(prompt):
     """A completion shaped like the prompt: text for text prompts, one assistant message for chats."""
     if isinstance(prompt, list):
