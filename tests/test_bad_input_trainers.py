@@ -99,3 +99,21 @@ def test_kto_rows_of_one_label_are_taken_as_trl_takes_them(tmp_path, label):
     rows = [{"prompt": f"p{i}", "completion": f"a{i}", "label": label} for i in range(12)]
     ds, fmt = preference_data.load(_rows(tmp_path, rows, "kto"))
     assert len(ds) == 12 and fmt == "unpaired_preference"
+
+
+@pytest.mark.parametrize("name,text", [
+    ("bom.jsonl", "\ufeff" + "".join(json.dumps({"prompt": f"turn on light {i}", "answer": "x"}) + "\n"
+                                     for i in range(6))),
+    ("bom-crlf.jsonl", "\ufeff" + "".join(json.dumps({"prompt": f"turn on light {i}", "answer": "x"}) + "\r\n"
+                                          for i in range(6))),
+    ("bom.json", "\ufeff" + json.dumps([{"prompt": f"turn on light {i}", "answer": "x"} for i in range(6)])),
+])
+def test_a_file_saved_with_a_byte_order_mark_reads_as_without(tmp_path, name, text):
+    # Windows Notepad's "UTF-8" starts the file with a byte-order mark; Arrow reads past it, kit's line scan
+    # refused line 1 as "not valid JSON".
+    from kit.train import prompt_data
+
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    ds = prompt_data.load(config.load(GRPO, [f"data.path={path}"]))
+    assert len(ds) == 6 and ds[0]["prompt"] == "turn on light 0" and ds[5]["answer"] == "x"
