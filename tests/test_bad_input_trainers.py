@@ -45,6 +45,8 @@ PLAN_CASES = [
     ("temperature-0", GRPO, ["grpo.temperature=0"], r"'grpo.temperature' .*must be > 0"),
     ("temperature-nan", GRPO, ["grpo.temperature=.nan"], r"must be a finite number"),
     ("beta-negative", GRPO, ["grpo.beta=-0.1"], r"'grpo.beta' .*must be >= 0"),
+    ("completion-past-context", GRPO, ["grpo.max_completion_length=2000"],
+     r"seq_len=128 \+ grpo.max_completion_length=2000 is longer than .*max_position_embeddings=1024"),
     ("completion-0", GRPO, ["grpo.max_completion_length=0"], r"'grpo.max_completion_length' .*must be > 0"),
     ("loss-unknown", GRPO, ["grpo.loss_type=ppo"], r"expected one of dapo\|grpo\|dr_grpo\|bnpo"),
     ("section-not-mapping", GRPO, ["grpo=8"], r"config key 'grpo' .*must be a mapping"),
