@@ -181,3 +181,14 @@ def test_a_reward_that_hangs_or_ends_the_process_is_one_line_exit_2(tmp_path, bo
 
 def test_without_data_a_required_parameter_is_taken_for_a_column(tmp_path):
     assert rewards.load_rewards("my_rewards.py:correct", base=write(tmp_path, GOOD))
+
+
+def test_what_a_reward_prints_never_shows_the_token(tmp_path, monkeypatch, capfd):
+    token = "hf_" + "rewardPRINTSthisTOKEN" + "0123456789"
+    monkeypatch.setenv("HF_TOKEN", token)
+    (tmp_path / "my_rewards.py").write_text("import os\nprint('import', os.environ['HF_TOKEN'])\n" + F
+                                            + "    print('call', os.environ['HF_TOKEN'])\n    return [1.0] * len(completions)\n")
+    [func] = rewards.checked(rewards.load_rewards("my_rewards.py:f", base=tmp_path, rows=ROWS))
+    func(completions=["a", "b"], prompts=["p", "q"], trainer_state=None)  # as TRL calls it at a step
+    out, err = capfd.readouterr()
+    assert token not in out + err and out.count("***") == 3  # the import, the dry call, the step

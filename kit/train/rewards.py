@@ -16,7 +16,8 @@ a generator, a NumPy array, a 1-d tensor) of one value per completion, each a nu
 is left out of the row's sum and of its mean). An infinite value is refused: TRL's group
 advantages would be NaN. `async def` rewards are awaited, as TRL awaits them.
 
-The import and each dry call are bounded (CALL_SECONDS): a file or a function that never returns
+What the user's code prints, at import, in the dry call and at every step (`checked`), shows a token
+as ***, as everything kit prints does. The import and each dry call are bounded (CALL_SECONDS): a file or a function that never returns
 is one line and exit 2 from a watchdog, not a hang (the process cannot be unwound from inside the
 user's code, so the watchdog ends it). The user's code runs in the main thread, as under TRL (a
 reward that sets signal handlers, as math-verify's timeouts do, works the same).
@@ -40,6 +41,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from kit.errors import EXIT_USAGE, UsageError, exit_words
+from kit.redaction import redacted_output
 
 DRY_ROWS = 2
 CALL_SECONDS = 120.0  # the import of the file, and each function's dry call: a real one takes well under a second
@@ -116,7 +118,8 @@ def _bounded(what: str, why: str = ""):
     threading.Thread(target=watch, name="kit-rewards-watchdog", daemon=True).start()
     os._exit = no_exit
     try:
-        yield
+        with redacted_output():  # what the user's code prints shows a token as ***
+            yield
     finally:
         done.set()
         os._exit = real_exit
@@ -322,10 +325,12 @@ def _checked(func):
 
     if is_async(func):
         async def wrapper(**kwargs):
-            return after(await func(**kwargs), kwargs)
+            with redacted_output():  # what it prints shows a token as ***
+                return after(await func(**kwargs), kwargs)
     else:
         def wrapper(**kwargs):
-            return after(func(**kwargs), kwargs)
+            with redacted_output():
+                return after(func(**kwargs), kwargs)
     wrapper.__name__ = wrapper.__qualname__ = name
     wrapper.__wrapped__ = func
     return wrapper
