@@ -220,8 +220,10 @@ def prompt_rows(rows) -> str:
     ({"p.jsonl": prompt_rows([{"prompt": [{"role": "system", "content": " "}, {"role": "user", "content": ""}],
                                "answer": "x"}] * 4)}, ["data.path=p.jsonl"],
      "p.jsonl line 1: field 'prompt' holds only empty messages"),
+    ({"p.jsonl": prompt_rows([{"prompt": f"light {i}", "image": f"img/{i}.png"} for i in range(4)])},
+     ["data.path=p.jsonl"], "p.jsonl has a column image, which TRL's GRPOTrainer reads as the prompts' images"),
 ], ids=["sft-data", "prompt-not-text", "prompt-empty", "bad-role", "columns-missing", "reserved-column",
-        "indivisible", "indivisible-picked", "one-generation", "one-prompt", "empty-messages"])
+        "indivisible", "indivisible-picked", "one-generation", "one-prompt", "empty-messages", "image-column"])
 def test_a_wrong_data_shape_or_batch_is_one_line_exit_2_before_the_model_loads(box, capfd, files, argv, want):
     for name, text in files.items():
         (box / name).write_text(text)
