@@ -49,6 +49,8 @@ PLAN_CASES = [
      r"seq_len=128 \+ grpo.max_completion_length=2000 is longer than .*max_position_embeddings=1024"),
     ("completion-0", GRPO, ["grpo.max_completion_length=0"], r"'grpo.max_completion_length' .*must be > 0"),
     ("loss-unknown", GRPO, ["grpo.loss_type=ppo"], r"expected one of dapo\|grpo\|dr_grpo\|bnpo"),
+    ("reward-timeout-0", GRPO, ["grpo.reward_timeout=0"], r"'grpo.reward_timeout' .*must be > 0"),
+    ("reward-timeout-inf", GRPO, ["grpo.reward_timeout=.inf"], r"'grpo.reward_timeout' .*must be a finite number"),
     ("section-not-mapping", GRPO, ["grpo=8"], r"config key 'grpo' .*must be a mapping"),
 ]
 

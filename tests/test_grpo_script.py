@@ -249,10 +249,15 @@ LATER = "def ok(completions, trainer_state=None, **kwargs):\n    late = trainer_
     (LATER + "    return [float('inf') if late else 1.0 for _ in completions]\n",
      r"rewards: ok returned inf .*advantages would be NaN.* at step 2 "),
     (LATER + "    return [1.0] * (len(completions) - late)\n", r"rewards: ok returned 7 values for 8 completions at step 2 "),
-], ids=["inf-later", "short-later"])
+    (LATER + "    if late:\n        raise KeyError('answer')\n    return [1.0] * len(completions)\n",
+     r"rewards: ok raised KeyError: 'answer' at step 2 \(on 8 completions; it passed the dry call\)"),
+    (LATER + "    if late:\n        import os\n        os._exit(0)\n    return [1.0] * len(completions)\n",
+     r"rewards: ok called os._exit\(0\) at step 2 "),
+], ids=["inf-later", "short-later", "raises-later", "os-exit-later"])
 def test_a_reward_that_goes_wrong_in_training_stops_with_one_line_and_keeps_the_checkpoints(box, capfd, body, want):
-    # The dry call passes; at step 2 TRL got inf (NaN advantages: the adapter's weights went NaN) or one value short
-    # (TRL's ValueError traceback). kit checks every call as the dry call does, and names the function and the step.
+    # The dry call passes; at step 2 TRL got inf (NaN advantages: the adapter's weights went NaN), one value short or
+    # an exception (TRL's traceback), or os._exit(0) (the job ended "successfully" with no word). kit runs every call
+    # as the dry call, and names the function and the step.
     (box / "configs" / "grpo_rewards.py").write_text(body)
     code = run_script(box, [f"output_dir={box / 'out'}", "grpo.rewards=grpo_rewards.py:ok", "max_steps=4",
                             "save_steps=1", "eval.baseline=false"])
@@ -372,7 +377,6 @@ def test_kill_9_then_rerun_ends_with_the_uninterrupted_adapter(script, server, t
 def test_under_torchrun_a_reward_that_hangs_or_exits_stops_every_rank_with_one_line(script, tmp_path, body, want):
     # Rank 0 dry-calls the rewards while rank 1 waits for its word: a reward that never returned left both ranks
     # waiting (rank 1 in the broadcast), and os._exit(0) ended rank 0 "successfully" with rank 1 still waiting.
-    import os
     import time
 
     folder = tmp_path / "job"
@@ -380,12 +384,9 @@ def test_under_torchrun_a_reward_that_hangs_or_exits_stops_every_rank_with_one_l
     (folder / "r.py").write_text(body)
     (folder / "job.yaml").write_text((ROOT / CONFIG).read_text().replace("grpo_rewards.py:json_format,brevity", "r.py:ok")
                                      .replace("data/grpo_prompts.jsonl", str(ROOT / "data" / "grpo_prompts.jsonl")))
-    shim = tmp_path / "shim"  # the dry call's bound, 120 s, made 3 s in the ranks (a test-only setting)
-    shim.mkdir()
-    (shim / "sitecustomize.py").write_text("import kit.train.rewards\nkit.train.rewards.CALL_SECONDS = 3\n")
     started = time.monotonic()
-    r = run(script, ["--config", str(folder / "job.yaml"), f"output_dir={tmp_path / 'out'}"],
-            {**env(), "PYTHONPATH": f"{shim}{os.pathsep}{ROOT}"}, timeout=300)
+    r = run(script, ["--config", str(folder / "job.yaml"), f"output_dir={tmp_path / 'out'}", "grpo.reward_timeout=3"],
+            env(), timeout=300)
     log = r.stdout + r.stderr
     assert r.returncode != 0 and time.monotonic() - started < 150, log[-3000:]
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]

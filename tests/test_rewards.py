@@ -1,6 +1,8 @@
 """GRPO reward functions from the user's file: every bad file, name, signature or return is one line,
 exit 2, before a model loads; good ones come back in the order named."""
 
+import types
+
 import pytest
 
 from kit.errors import EXIT_USAGE, UsageError
@@ -192,3 +194,35 @@ def test_what_a_reward_prints_never_shows_the_token(tmp_path, monkeypatch, capfd
     func(completions=["a", "b"], prompts=["p", "q"], trainer_state=None)  # as TRL calls it at a step
     out, err = capfd.readouterr()
     assert token not in out + err and out.count("***") == 3  # the import, the dry call, the step
+
+
+@pytest.mark.parametrize("body,words", [
+    (F + "    raise ValueError('no answer')\n", "f raised ValueError: no answer at step 5 (on 2 completions; it passed"),
+    (F + "    raise SystemExit(1)\n", "f raised SystemExit: 1 at step 5"),
+    ("import os\n" + F + "    os._exit(0)\n", "f called os._exit(0) at step 5"),
+    (F + "    return [float('-inf'), 0.0]\n", "f returned -inf (infinite"),
+    ("async def f(completions, **kw):\n    return [None]\n", "f returned 1 values for 2 completions at step 5"),
+])
+def test_a_reward_that_fails_at_a_step_is_one_line_naming_it_and_the_step(tmp_path, body, words):
+    (tmp_path / "my_rewards.py").write_text(body)
+    module = rewards.import_file(tmp_path / "my_rewards.py")
+    [func] = rewards.checked([module.f], seconds=30)
+    with pytest.raises(UsageError) as e:
+        rewards.call(func, {"completions": ["a", "b"], "prompts": ["p", "q"],
+                            "trainer_state": types.SimpleNamespace(global_step=4)})
+    assert e.value.exit_code == EXIT_USAGE and words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_reward_that_hangs_at_a_step_is_one_line_exit_2(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "my_rewards.py").write_text(HANG)
+    code = ("import sys, types\nfrom pathlib import Path\nfrom kit.train import rewards\n"
+            "module = rewards.import_file(Path(sys.argv[1]) / 'my_rewards.py')\n"
+            "[f] = rewards.checked([module.f], seconds=2)\n"
+            "f(completions=['a', 'b'], trainer_state=types.SimpleNamespace(global_step=6))\n")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert r.returncode == EXIT_USAGE and len(errors) == 1, (r.returncode, r.stderr[-2000:])
+    assert "rewards: f at step 7 (on 2 completions; it passed the dry call) did not finish within 2 s" in errors[0]

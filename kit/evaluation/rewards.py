@@ -98,7 +98,8 @@ def measure(model, tokenizer, rows: dict, keys: list[int], funcs, cfg, batch_siz
     columns = {k: list(v) for k, v in rows.items() if k not in NOT_KWARGS}
     names = reward_names(funcs)
     with _random_states_kept(next(model.parameters()).device):  # a reward function may draw random numbers
-        values = {name: _call(func, name, prompts, completions, completion_ids, columns)
+        values = {name: _call(func, name, prompts, completions, completion_ids, columns,
+                              cfg.grpo.reward_timeout)
                   for name, func in zip(names, funcs)}
     result = {"rows": len(prompts), "rows_sha256": rows_fingerprint(ids), **summary(values),
               "decoding": {"temperature": cfg.grpo.temperature, "seed": cfg.seed,
@@ -122,22 +123,21 @@ def summary(values: dict[str, list]) -> dict:
     return {"rewards": means, "scored": scored, "reward": sum(totals) / len(totals) if totals else None}
 
 
-def _call(func, name: str, prompts, completions, completion_ids, columns: dict) -> list:
-    from kit.train.rewards import BadValues, call, values
+def _call(func, name: str, prompts, completions, completion_ids, columns: dict, seconds: float) -> list:
+    from kit.train.rewards import USER_FAILURES, BadValues, bounded, call, failure, values
 
     n = len(prompts)
     func = getattr(func, "__wrapped__", func)  # the user's own: its failure here is a recorded skip, not a stop
     try:
-        out = call(func, dict(prompts=prompts, completions=completions, completion_ids=completion_ids,
-                              trainer_state=None, log_extra=lambda *a, **k: None, log_metric=lambda *a, **k: None,
-                              **columns))
-        floats = values(out, n)  # TRL's reading of it: NaN for None, a number else
+        with bounded(f"{name} (on {n} held-out completions)", seconds=seconds):  # a hang still ends the job
+            out = call(func, dict(prompts=prompts, completions=completions, completion_ids=completion_ids,
+                                  trainer_state=None, log_extra=lambda *a, **k: None, log_metric=lambda *a, **k: None,
+                                  **columns))
+            floats = values(out, n)  # TRL's reading of it: NaN for None, a number else
     except BadValues as exc:
         raise RewardFailed(f"the reward function {name} {exc} (on {n} held-out completions)") from None
-    except Exception as exc:  # the user's code: named in the skipped reason, the job goes on
-        first = str(exc).splitlines()[0][:200] if str(exc) else ""
-        raise RewardFailed(f"the reward function {name} raised {type(exc).__name__}: {first} (on {n} held-out "
-                           "completions)") from None
+    except USER_FAILURES as exc:  # the user's code: named in the skipped reason, the job goes on
+        raise RewardFailed(f"the reward function {name} {failure(exc)[:260]} (on {n} held-out completions)") from None
     return [None if v != v else v for v in floats]  # NaN (or None) is unscored, as TRL's nanmean leaves it out
 
 

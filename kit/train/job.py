@@ -29,7 +29,7 @@ class Job:
         self.cfg, self.ctx, self.plan, self.smoke, self.force = cfg, ctx, plan, smoke, force
         self.notes = list(notes)  # how the plan was settled for this rank, said once the job starts
         self.config_path = config_path  # trainer grpo: its reward file is found from this config's folder
-        self.reward_funcs: list | None = None  # trainer grpo: the reward functions, checked at every call (kit.train.rewards)
+        self.reward_funcs: list | None = None  # trainer grpo: the reward functions (kit.train.rewards.checked)
         self.steps_given = steps_given  # max_steps from the command line: the target (resume.current_target)
         self.store = self.sync = self.lease = self._dir_lock = None
         self.decision = resume.Decision()
@@ -137,8 +137,9 @@ class Job:
         self._enough_prompts(len(prompts))  # every row, before the eval split: the exact count is checked later
         rows = prompt_data.dry_rows(prompts)
         notes: list[str] = []
+        seconds = self.cfg.grpo.reward_timeout
         self.reward_funcs = checked(load_rewards(self.cfg.grpo.rewards, base=self._config_folder(), rows=rows,
-                                                 notes=notes))
+                                                 notes=notes, seconds=seconds), seconds)
         self.log(f"rewards: {', '.join(reward_name(f) for f in self.reward_funcs)} from {self.cfg.grpo.rewards} "
                  f"(dry-called with {len(rows['prompt'])} rows: {'; '.join(notes)}; TRL runs them on every rank, "
                  "each on its own completions)")
@@ -160,7 +161,9 @@ class Job:
         problem = None
         if self.reward_funcs is None:
             try:
-                self.reward_funcs = checked(load_rewards(self.cfg.grpo.rewards, base=self._config_folder()))
+                seconds = self.cfg.grpo.reward_timeout
+                self.reward_funcs = checked(load_rewards(self.cfg.grpo.rewards, base=self._config_folder(),
+                                                         seconds=seconds), seconds)
             except KitError as e:
                 problem = (type(e), f"rank {self.ctx.rank}: {e}")
         problems = [p for p in dist.gather(problem) if p is not None]

@@ -17,10 +17,13 @@ is left out of the row's sum and of its mean). An infinite value is refused: TRL
 advantages would be NaN. `async def` rewards are awaited, as TRL awaits them.
 
 What the user's code prints, at import, in the dry call and at every step (`checked`), shows a token
-as ***, as everything kit prints does. The import and each dry call are bounded (CALL_SECONDS): a file or a function that never returns
-is one line and exit 2 from a watchdog, not a hang (the process cannot be unwound from inside the
-user's code, so the watchdog ends it). The user's code runs in the main thread, as under TRL (a
-reward that sets signal handlers, as math-verify's timeouts do, works the same).
+as ***, as everything kit prints does. The import, each dry call and each call in training are bounded
+(grpo.reward_timeout): a file or a function that never returns is one line and exit 2 from a
+watchdog, not a hang (the process cannot be unwound from inside the user's code, so the watchdog ends
+it; under torchrun, torchrun then stops the other ranks). The user's code runs in the main thread, as
+under TRL (a reward that sets signal handlers, as math-verify's timeouts do, works the same). A
+reward that raises, exits or returns something unusable at a step stops the job with one line naming
+it and the step.
 
 TRL runs the reward functions on every rank, each on that rank's own completions.
 """
@@ -44,7 +47,7 @@ from kit.errors import EXIT_USAGE, UsageError, exit_words
 from kit.redaction import redacted_output
 
 DRY_ROWS = 2
-CALL_SECONDS = 120.0  # the import of the file, and each function's dry call: a real one takes well under a second
+CALL_SECONDS = 300.0  # grpo.reward_timeout's default: the file's import, each dry call, each call in training
 
 
 class BadValues(ValueError):
@@ -85,7 +88,7 @@ def is_async(func) -> bool:
     return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(getattr(func, "__call__", None))
 
 
-class _ProcessExit(BaseException):
+class ProcessExit(BaseException):
     """os._exit called by the user's code while kit runs it: turned into this, then into one line."""
 
     def __init__(self, code):
@@ -93,17 +96,19 @@ class _ProcessExit(BaseException):
 
 
 @contextlib.contextmanager
-def _bounded(what: str, why: str = ""):
-    """Run the user's code of the block in this thread, with os._exit turned into _ProcessExit and a watchdog
-    that, after CALL_SECONDS, prints one `error:` line naming `what` and ends the process with exit 2."""
+def bounded(what: str, why: str = "", seconds: float | None = None):
+    """Run the user's code of the block in this thread, with os._exit turned into ProcessExit and a watchdog
+    that, after `seconds` (CALL_SECONDS), prints one `error:` line naming `what` and ends the process with exit 2
+    (the user's code cannot be unwound from outside; under torchrun, torchrun then stops the other ranks)."""
+    seconds = CALL_SECONDS if seconds is None else seconds
     done = threading.Event()
     real_exit, caller = os._exit, threading.current_thread()
 
     def watch():
-        if done.wait(CALL_SECONDS):
+        if done.wait(seconds):
             return
-        err = UsageError(f"rewards: {what} did not finish within {CALL_SECONDS:g} s{why}: make it return, or "
-                         "bound its own waits")
+        err = UsageError(f"rewards: {what} did not finish within {seconds:g} s (grpo.reward_timeout){why}: make "
+                         "it return, or bound its own waits")
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
@@ -112,7 +117,7 @@ def _bounded(what: str, why: str = ""):
 
     def no_exit(code=0):
         if threading.current_thread() is caller:
-            raise _ProcessExit(code)
+            raise ProcessExit(code)
         real_exit(code)
 
     threading.Thread(target=watch, name="kit-rewards-watchdog", daemon=True).start()
@@ -125,15 +130,19 @@ def _bounded(what: str, why: str = ""):
         os._exit = real_exit
 
 
-def _failure(exc: BaseException) -> str:
+# What the user's code may raise that kit turns into one line: any exception, sys.exit, and os._exit (ProcessExit).
+USER_FAILURES = (Exception, SystemExit, ProcessExit)
+
+
+def failure(exc: BaseException) -> str:
     """What the user's code did, in words: `raised Type: first line`, or `called os._exit(code)`."""
-    if isinstance(exc, _ProcessExit):
+    if isinstance(exc, ProcessExit):
         return f"called {exc}"
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"raised {type(exc).__name__}: {first}" if first else f"raised {type(exc).__name__}"
 
 
-def import_file(path: Path):
+def import_file(path: Path, seconds: float | None = None):
     """The module at `path`, imported under a private name (the user's file may share a stdlib name)."""
     if path.is_dir():
         raise UsageError(f"rewards: {path} is a folder, not a Python file")
@@ -145,11 +154,11 @@ def import_file(path: Path):
     sys.modules[name] = module  # as an import does: a dataclass or a pickled object in the file looks itself up there
     sys.path.insert(0, str(path.parent))  # the file may import its neighbours
     try:
-        with _bounded(f"importing {path.name}"):
+        with bounded(f"importing {path.name}", seconds=seconds):
             spec.loader.exec_module(module)
-    except (Exception, SystemExit, _ProcessExit) as exc:  # the user's code: any failure is theirs, in one line
+    except USER_FAILURES as exc:  # the user's code: any failure is theirs, in one line
         sys.modules.pop(name, None)
-        raise UsageError(f"rewards: {path} failed to import: {_failure(exc).removeprefix('raised ')}"[:400]) from None
+        raise UsageError(f"rewards: {path} failed to import: {failure(exc).removeprefix('raised ')}"[:400]) from None
     finally:
         with contextlib.suppress(ValueError):
             sys.path.remove(str(path.parent))
@@ -236,7 +245,7 @@ def call(func, kwargs: dict):
         return pool.submit(asyncio.run, wait()).result()
 
 
-def dry_call(func, name: str, rows: dict) -> tuple[float, int]:
+def dry_call(func, name: str, rows: dict, seconds: float | None = None) -> tuple[float, int]:
     """Call `func` as TRL would on `rows` (DRY_ROWS prompts, each answered by its own text): (seconds it took,
     values that were None or NaN). UsageError naming `name` for anything TRL could not use."""
     import torch  # noqa: F401  (imported here, not inside the bounded call: `values` uses it)
@@ -250,15 +259,15 @@ def dry_call(func, name: str, rows: dict) -> tuple[float, int]:
     where = f"(a dry call with {n} rows)"
     started = time.monotonic()
     try:
-        with _bounded(f"{name} (a dry call with {n} rows)", "; TRL would wait on it at every step (with several "
-                      "ranks, the others in their next collective)"):
+        with bounded(f"{name} (a dry call with {n} rows)", "; TRL would wait on it at every step (with several "
+                      "ranks, the others in their next collective)", seconds):
             out = call(func, {**given, "trainer_state": None, "log_extra": lambda *a, **k: None,
                               "log_metric": lambda *a, **k: None})
             floats = values(out, n)  # a generator's values come from the user's code too
     except BadValues as exc:
         raise UsageError(f"rewards: {name} {exc} {where}") from None
-    except (Exception, SystemExit, _ProcessExit) as exc:  # the user's code: reported in one line, naming the function
-        raise UsageError(f"rewards: {name} {_failure(exc)} {where}"[:400]) from None
+    except USER_FAILURES as exc:  # the user's code: reported in one line, naming the function
+        raise UsageError(f"rewards: {name} {failure(exc)} {where}"[:400]) from None
     seconds = time.monotonic() - started
     changed = [k for k in given if repr(given[k]) != before[k]]
     if changed:
@@ -267,14 +276,16 @@ def dry_call(func, name: str, rows: dict) -> tuple[float, int]:
     return seconds, sum(1 for v in floats if v != v)
 
 
-def load_rewards(spec: str, *, base: Path, rows: dict | None = None, notes: list | None = None) -> list:
+def load_rewards(spec: str, *, base: Path, rows: dict | None = None, notes: list | None = None,
+                 seconds: float | None = None) -> list:
     """The reward functions `spec` names, checked; `rows` (column → values) for the dry call, if given;
-    `notes`: what the dry call found, in words (its time, None values), appended.
+    `notes`: what the dry call found, in words (its time, None values), appended; `seconds`: the bound on the
+    import and each dry call (grpo.reward_timeout; CALL_SECONDS when not given).
 
     Relative files are found from `base` (the config's folder)."""
     file, names = parse_spec(spec)
     path = Path(file) if Path(file).is_absolute() else Path(base) / file
-    module = import_file(path)
+    module = import_file(path, seconds)
     funcs, by_name = [], {}
     for name in names:
         func = getattr(module, name, None)
@@ -294,43 +305,52 @@ def load_rewards(spec: str, *, base: Path, rows: dict | None = None, notes: list
         if problem:
             raise UsageError(f"rewards: {path.name}:{name} cannot be called by TRL: {problem}")
         if rows is not None:
-            seconds, none = dry_call(func, f"{path.name}:{name}", rows)
+            took, none = dry_call(func, f"{path.name}:{name}", rows, seconds)
             if notes is not None:
-                notes.append(f"{name} {seconds:.2f} s" + (f", None for {none} of {min(DRY_ROWS, len(rows['prompt']))} "
+                notes.append(f"{name} {took:.2f} s" + (f", None for {none} of {min(DRY_ROWS, len(rows['prompt']))} "
                                                           "(TRL: not applicable, left out of the sum)" if none else ""))
         funcs.append(func)
     return funcs
 
 
-def checked(funcs: list) -> list:
-    """Each reward function as TRL gets it: its return checked at every step as at the dry call (`values`).
-    One that returns inf or the wrong count later (on completions the dry call did not see) stops the job
-    with one `error:` line naming it and the step, where TRL raised a traceback or trained on NaN
-    advantages. The wrapper keeps the name TRL logs (`reward_name`), TRL's async reading (`is_async`), and
-    the function itself as `__wrapped__`; it hands TRL the same floats TRL would have made."""
-    return [_checked(f) for f in funcs]
+def checked(funcs: list, seconds: float | None = None) -> list:
+    """Each reward function as TRL gets it, each call run as the dry call is: bounded by `seconds`
+    (grpo.reward_timeout), os._exit and sys.exit caught, what it prints redacted, its return checked
+    (`values`). One that hangs, raises, exits, or returns inf or the wrong count later (on completions the
+    dry call did not see) stops the job with one `error:` line naming it and the step, where TRL hung,
+    raised a traceback or trained on NaN advantages. The wrapper keeps the name TRL logs (`reward_name`),
+    TRL's async reading (`is_async`), and the function itself as `__wrapped__`; it hands TRL the same
+    floats TRL would have made."""
+    return [_checked(f, seconds) for f in funcs]
 
 
-def _checked(func):
+def _checked(func, seconds: float | None):
     name = reward_name(func)
 
-    def after(out, kwargs):
+    def where(kwargs) -> str:
+        state = kwargs.get("trainer_state")
+        step = getattr(state, "global_step", None)
+        return (f" at step {step + 1}" if step is not None else "") + f" (on {len(kwargs.get('completions') or ())} " \
+            "completions; it passed the dry call)"
+
+    @contextlib.contextmanager
+    def one_line(kwargs):
         try:
-            return values(out, len(kwargs.get("completions") or ()))
+            with bounded(f"{name}{where(kwargs)}", seconds=seconds):
+                yield
         except BadValues as exc:
-            state = kwargs.get("trainer_state")
-            step = f" at step {state.global_step + 1}" if getattr(state, "global_step", None) is not None else ""
-            raise UsageError(f"rewards: {name} {exc}{step} (it passed the dry call: this batch's completions "
-                             "differ)") from None
+            raise UsageError(f"rewards: {name} {exc}{where(kwargs)}") from None
+        except USER_FAILURES as exc:  # the user's code: one line naming it and the step
+            raise UsageError(f"rewards: {name} {failure(exc)}{where(kwargs)}"[:600]) from None
 
     if is_async(func):
-        async def wrapper(**kwargs):
-            with redacted_output():  # what it prints shows a token as ***
-                return after(await func(**kwargs), kwargs)
+        async def wrapper(**kwargs):  # awaited on TRL's event loop, as the function itself was
+            with one_line(kwargs):
+                return values(await func(**kwargs), len(kwargs.get("completions") or ()))
     else:
         def wrapper(**kwargs):
-            with redacted_output():
-                return after(func(**kwargs), kwargs)
+            with one_line(kwargs):
+                return values(func(**kwargs), len(kwargs.get("completions") or ()))
     wrapper.__name__ = wrapper.__qualname__ = name
     wrapper.__wrapped__ = func
     return wrapper
