@@ -78,7 +78,12 @@ HOSTILE = [
     ("twice", "my_rewards.py:format,format", GOOD, "'format' is named twice"),
     ("not-py", "my_rewards.txt:format", GOOD, "'my_rewards.txt' is not a .py file"),
     ("a-class", "my_rewards.py:f", "class f:\n    def __init__(self, completions, **kw):\n        pass\n", "is a class"),
-    ("alias", "my_rewards.py:format,g", GOOD + "g = format\n", "are one function, 'format'"),
+    ("alias", "my_rewards.py:format,g", GOOD + "g = format\n", "have one name, 'format'"),
+    ("two-lambdas", "my_rewards.py:a,b", "a = lambda completions, **kw: [1.0] * len(completions)\nb = a.__class__("
+     "(lambda completions, **kw: [0.0] * len(completions)).__code__, {})\n", "have one name, '<lambda>'"),
+    ("two-partials", "my_rewards.py:a,b", "import functools\ndef score(completions, w=1.0, **kw):\n    return [w] * "
+     "len(completions)\na = functools.partial(score, w=1.0)\nb = functools.partial(score, w=2.0)\n",
+     "have one name, 'score'"),
     ("exit-at-import", "my_rewards.py:f", "import sys\nsys.exit(3)\n", "failed to import: SystemExit: 3"),
     ("exit-in-call", "my_rewards.py:f", F + "    raise SystemExit(0)\n", "my_rewards.py:f raised SystemExit"),
     ("nul-byte", "my_rewards.py:f", F + "    return [0.0]\x00\n", "failed to import: SyntaxError"),

@@ -298,8 +298,9 @@ def load_rewards(spec: str, *, base: Path, rows: dict | None = None, notes: list
             raise UsageError(f"rewards: {path.name}:{name} is a {type(func).__name__}, not a function")
         logged = reward_name(func)
         if logged in by_name:
-            raise UsageError(f"rewards: {path.name}:{name} and {path.name}:{by_name[logged]} are one function, "
-                             f"{logged!r}: TRL logs each by its name (rewards/{logged}/mean); name it once")
+            raise UsageError(f"rewards: {path.name}:{name} and {path.name}:{by_name[logged]} have one name, "
+                             f"{logged!r}, which TRL logs and sums them by (rewards/{logged}/mean): give each a def "
+                             "of its own name, or name it once")
         by_name[logged] = name
         problem = signature_problem(func, set(rows) if rows is not None else None)
         if problem:
