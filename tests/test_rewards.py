@@ -231,3 +231,22 @@ def test_a_reward_that_hangs_at_a_step_is_one_line_exit_2(tmp_path):
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert r.returncode == EXIT_USAGE and len(errors) == 1, (r.returncode, r.stderr[-2000:])
     assert "rewards: f at step 7 (on 2 completions; it passed the dry call) did not finish within 2 s" in errors[0]
+
+
+def test_async_rewards_awaited_together_leave_os_exit_as_it_was(tmp_path):
+    # TRL gathers async rewards on one event loop: their guarded calls interleave on one thread (a starts first and
+    # ends first). Each guard restoring what it found left os._exit replaced after training's rewards, an exit raising in that thread.
+    import asyncio
+    import os
+
+    real = os._exit
+    (tmp_path / "my_rewards.py").write_text(
+        "import asyncio\nasync def a(completions, **kw):\n    await asyncio.sleep(0.01)\n    return [1.0] * len(completions)\n"
+        "async def b(completions, **kw):\n    await asyncio.sleep(0.1)\n    return [0.0] * len(completions)\n")
+    funcs = rewards.checked(rewards.load_rewards("my_rewards.py:a,b", base=tmp_path, rows=ROWS))
+
+    async def both():
+        return await asyncio.gather(*(f(completions=["x", "y"]) for f in funcs))
+
+    assert asyncio.run(both()) == [[1.0, 1.0], [0.0, 0.0]]
+    assert os._exit is real

@@ -95,14 +95,26 @@ class ProcessExit(BaseException):
         super().__init__(f"os._exit({code})")
 
 
+_REAL_EXIT = os._exit
+_GUARD = threading.Lock()
+_GUARDED: dict[int, int] = {}  # thread id -> how many `bounded` blocks it is in
+
+
+def _guarded_exit(code=0):
+    """os._exit while the user's code runs: ProcessExit in a thread running it, the real exit elsewhere."""
+    if _GUARDED.get(threading.get_ident()):
+        raise ProcessExit(code)
+    _REAL_EXIT(code)
+
+
 @contextlib.contextmanager
 def bounded(what: str, why: str = "", seconds: float | None = None):
     """Run the user's code of the block in this thread, with os._exit turned into ProcessExit and a watchdog
     that, after `seconds` (CALL_SECONDS), prints one `error:` line naming `what` and ends the process with exit 2
-    (the user's code cannot be unwound from outside; under torchrun, torchrun then stops the other ranks)."""
+    (the user's code cannot be unwound from outside; under torchrun, torchrun then stops the other ranks).
+    Blocks may nest and interleave (TRL awaits async rewards together on one thread)."""
     seconds = CALL_SECONDS if seconds is None else seconds
-    done = threading.Event()
-    real_exit, caller = os._exit, threading.current_thread()
+    done, me = threading.Event(), threading.get_ident()
 
     def watch():
         if done.wait(seconds):
@@ -113,21 +125,23 @@ def bounded(what: str, why: str = "", seconds: float | None = None):
             with contextlib.suppress(Exception):
                 stream.flush()
         print(f"error: {err}{exit_words(EXIT_USAGE)}", file=sys.__stderr__, flush=True)
-        real_exit(EXIT_USAGE)
-
-    def no_exit(code=0):
-        if threading.current_thread() is caller:
-            raise ProcessExit(code)
-        real_exit(code)
+        _REAL_EXIT(EXIT_USAGE)
 
     threading.Thread(target=watch, name="kit-rewards-watchdog", daemon=True).start()
-    os._exit = no_exit
+    with _GUARD:
+        _GUARDED[me] = _GUARDED.get(me, 0) + 1
+        os._exit = _guarded_exit
     try:
         with redacted_output():  # what the user's code prints shows a token as ***
             yield
     finally:
         done.set()
-        os._exit = real_exit
+        with _GUARD:
+            _GUARDED[me] -= 1
+            if not _GUARDED[me]:
+                del _GUARDED[me]
+            if not _GUARDED:
+                os._exit = _REAL_EXIT
 
 
 # What the user's code may raise that kit turns into one line: any exception, sys.exit, and os._exit (ProcessExit).
@@ -268,12 +282,12 @@ def dry_call(func, name: str, rows: dict, seconds: float | None = None) -> tuple
         raise UsageError(f"rewards: {name} {exc} {where}") from None
     except USER_FAILURES as exc:  # the user's code: reported in one line, naming the function
         raise UsageError(f"rewards: {name} {failure(exc)} {where}"[:400]) from None
-    seconds = time.monotonic() - started
+    took = time.monotonic() - started
     changed = [k for k in given if repr(given[k]) != before[k]]
     if changed:
         raise UsageError(f"rewards: {name} changed its argument {changed[0]!r} in place {where}: TRL hands the same "
                          "lists to every reward function and keeps them for logging; copy before changing")
-    return seconds, sum(1 for v in floats if v != v)
+    return took, sum(1 for v in floats if v != v)
 
 
 def load_rewards(spec: str, *, base: Path, rows: dict | None = None, notes: list | None = None,
