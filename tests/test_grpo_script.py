@@ -303,7 +303,7 @@ def test_prompts_longer_than_seq_len_are_left_out_and_counted(box):
 def test_the_script_builds_grpo_trainer_with_the_rewards_and_the_fast_generation(box):
     text = (box / "train_grpo.py").read_text()
     compile(text, "train_grpo.py", "exec")
-    assert "training_args = GRPOConfig(" in text and "trainer = GRPOTrainer(" in text
+    assert "training_args = GRPOConfig(" in text and "Trainer = output_dir.without_card(GRPOTrainer)" in text
     assert "reward_funcs=job.reward_funcs," in text and "num_generations=cfg.grpo.num_generations" in text
     assert "generation.speed_up_generation(trainer, max_prompt_tokens=cfg.seq_len)" in text
     assert "modeling.reference_is_base(trainer.model)" in text
@@ -330,10 +330,13 @@ def server():
 @pytest.mark.slow
 def test_two_ranks_train_deliver_and_push_once(script, server, tmp_path):
     out = tmp_path / "run"
+    out.mkdir()
+    (out / "README.md").write_text("# my notes\n")  # the trainer's saves write no card over it
     r = run(script, [f"output_dir={out}", "store=hf://me/grpo-tiny", *STEPS], hub_env(server))
     log = r.stdout + r.stderr
     assert r.returncode == 0, log[-3000:]
     assert log.count("[kit] complete: step 12 of 12") == 1 and "2 × cpu" in log
+    assert (out / "README.md").read_text() == "# my notes\n"
     assert "batch 2 × accumulation 2 × 2 = 8" in log  # 2 prompts x 4 generations per optimizer step
     assert "[kit] rewards: json_format, brevity" in log
     assert log.count("[kit] pushed: ") == 1  # final/ once, by rank 0

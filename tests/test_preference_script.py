@@ -39,10 +39,13 @@ def server():
 @pytest.mark.parametrize("trainer, trainer_class", [("dpo", "DPOTrainer"), ("kto", "KTOTrainer")])
 def test_two_ranks_train_deliver_and_push_once(scripts, server, tmp_path, trainer, trainer_class):
     out = tmp_path / "run"
+    out.mkdir()
+    (out / "README.md").write_text("# my notes\n")  # the trainer's saves write no card over it
     r = run(scripts[trainer], [f"output_dir={out}", f"store=hf://me/{trainer}-tiny", *STEPS], hub_env(server))
     log = r.stdout + r.stderr
     assert r.returncode == 0, log[-3000:]
     assert log.count("[kit] complete: step 12 of 12") == 1 and "2 × cpu" in log
+    assert (out / "README.md").read_text() == "# my notes\n"
     assert log.count("[kit] pushed: ") == 1  # final/ once, by rank 0
     results = json.loads((out / "final" / "eval_results.json").read_text())
     before, after = results["baseline"]["result"], results["final"]["result"]
