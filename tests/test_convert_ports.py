@@ -203,4 +203,4 @@ def test_chat_template_token_ids_come_back_as_the_notebook_reads_them(tmp_path):
     assert [(c.cell, c.review) for c in ported] == [(2, False), (2, True)]  # one line a cell, and the REVIEW
     assert all("return_dict=False" in c.text and "transformers 5.0" in c.text for c in ported)
     code_lines = [ln for ln in conv.source.splitlines() if not ln.strip().startswith("#")]
-    assert sum(ln.count("return_dict=False") for ln in code_lines) == 5 and "# kit: REVIEW (cell 2): port: " in conv.source
+    assert sum(ln.count("return_dict=False") for ln in code_lines) == 5 and "REVIEW (cell 2)" in conv.source

@@ -21,6 +21,7 @@ from kit.planning import config, grpo, memory, shapes
 from kit.planning.fit import batch_for_world
 from kit.planning.plan import make_plan
 from kit.machine import gpu_table
+from tests.code_asserts import assigns, call
 from tests.hubserver import WRITE_TOKEN, HubServer
 from tests.scripts import FAST, ROOT, elsewhere_env as env, hub_env, losses, two_ranks as run
 from tests.test_bad_input import run_script_in_process
@@ -96,9 +97,9 @@ def test_plan_text_shows_the_grpo_memory_terms(capsys):
     assert code == 0, out
     assert "ddp" in out and "fp16" in out
     assert re.search(r"kv_cache\s+\d+\.\d\d", out) and "sampling_logits_fp32" in out
-    assert "generation is the peak" in out and "each generating its own share" in out
-    assert "reference: none (grpo.beta=0" in out and "vLLM" in out
-    assert "1 per GPU × 8 accumulation steps × 2 processes = 16" in out
+    assert "generation is the peak" in out and "its own share" in out
+    assert "reference: none" in out and "grpo.beta=0" in out and "vLLM" in out
+    assert "1 per GPU × 8 accumul" in out and "× 2 processes = 16" in out
     plan = make_plan(gpu_table.synthesize("2xT4"), grpo_cfg(model="Qwen/Qwen3-4B", seq_len=512,
                                                              grpo__max_completion_length=1024,
                                                              grpo__num_generations=16, per_device_batch=1,
@@ -248,15 +249,17 @@ def test_prompts_longer_than_seq_len_are_left_out_and_counted(box):
     prepared = data.prepare(cfg, AutoTokenizer.from_pretrained(str(box / "models" / "tiny-qwen3")))
     assert prepared.format == "prompts" and prepared.dropped_too_long == 4
     assert len(prepared.train) + len(prepared.eval) == 16
-    assert "4 dropped (prompt longer than seq_len)" in prepared.summary()
+    assert "4 dropped" in prepared.summary() and "seq_len" in prepared.summary()
 
 
 def test_the_script_builds_grpo_trainer_with_the_rewards_and_the_fast_generation(box):
     text = (box / "train_grpo.py").read_text()
     compile(text, "train_grpo.py", "exec")
-    assert "training_args = GRPOConfig(" in text and "trainer = GRPOTrainer(" in text
+    made = dict(assigns(text))
+    assert made["training_args"].startswith("GRPOConfig(") and made["trainer"].startswith("GRPOTrainer(")
     assert "reward_funcs=job.reward_funcs," in text and "num_generations=cfg.grpo.num_generations" in text
-    assert "generation.speed_up_generation(trainer, max_prompt_tokens=cfg.seq_len)" in text
+    speed = call(text, "generation.speed_up_generation")
+    assert speed[0] == "trainer" and speed["max_prompt_tokens"] == "cfg.seq_len"
     assert "modeling.reference_is_base(trainer.model)" in text
     assert "'dpo'" not in text.split("SETTINGS = ")[1].split("PLAN = ")[0]  # its own trainer's section only
 
@@ -284,9 +287,9 @@ def test_two_ranks_train_deliver_and_push_once(script, server, tmp_path):
     r = run(script, [f"output_dir={out}", "store=hf://me/grpo-tiny", *STEPS], hub_env(server))
     log = r.stdout + r.stderr
     assert r.returncode == 0, log[-3000:]
-    assert log.count("[kit] complete: step 12 of 12") == 1 and "2 × cpu" in log
-    assert "batch 2 × accumulation 2 × 2 = 8" in log  # 2 prompts x 4 generations per optimizer step
-    assert "[kit] rewards: json_format, brevity" in log
+    assert log.count("complete: step 12 of 12") == 1 and "2 × cpu" in log
+    assert "accumulation 2 × 2 = 8" in log  # 2 prompts x 4 generations per optimizer step
+    assert "[kit] rewards:" in log and "json_format, brevity" in log
     assert log.count("[kit] pushed: ") == 1  # final/ once, by rank 0
     assert (out / "final" / "adapter_model.safetensors").is_file()
     assert "ref" not in {p.name for p in (out / "final").iterdir()}
@@ -359,6 +362,6 @@ def test_the_reasons_say_what_the_plan_chose_for_grpo():
     plan = make_plan(gpu_table.synthesize("1xH100"), cfg)
     words = " ".join(plan.reasons)
     assert plan.compile_layers is False and plan.kernels == "none" and plan.activation_offloading is False
-    assert "activation_offloading off (trainer grpo" in words and "Liger off (trainer grpo" in words
-    assert "activation_offloading=on turns it on" not in words  # it is refused for grpo
-    assert "compile off for trainer grpo: compiled decoder layers were measured for sft and dpo only" in words
+    assert "_offloading off (trainer" in words and "Liger off (trainer grpo" in words
+    assert "=on turns it on" not in words  # it is refused for grpo
+    assert "compile off for trainer" in words and "sft and dpo only" in words

@@ -143,6 +143,7 @@ class Plan:
         rewards = [functions[fn.id] for fn in reward_funcs if isinstance(fn, ast.Name) and fn.id in functions]
         for fn in rewards:  # a GRPO reward function's own arguments are dataset columns
             extra |= {a.arg for a in [*fn.args.args, *fn.args.kwonlyargs] if a.arg not in REWARD_ARGS}
+        extra |= _library_reward_columns(trees, reward_funcs)  # TRL's own (trl.rewards.accuracy_reward: solution)
         if self.schema == "prompt" and _text_prompts(trees, rewards):
             self.schema = "prompt_text"
         extra |= columns  # every key the notebook reads, other than another schema's columns (below)
@@ -151,6 +152,7 @@ class Plan:
         # reads (`x["question"]` to build its prompts) are plain text columns; else they would change the format.
         skip = TOKEN_KEYS if by_trainer else NOT_EXTRA
         self.extra = sorted(c for c in extra if c.isidentifier() and c not in skip and c not in taken)
+        self.chat = _rich_chat(trees)
         self.family = _family(trainers | {ast.unparse(n.func).rsplit(".", 1)[0].rsplit(".", 1)[-1] for n in calls})
         self.packages = sorted({(a.name if isinstance(n, ast.Import) else n.module or "").split(".")[0]
                                 for t in trees for n in ast.walk(t) if isinstance(n, (ast.Import, ast.ImportFrom))
@@ -165,6 +167,46 @@ class Plan:
                     self.literals |= {t.id: v.value for t, v in zip(target.elts, node.value.elts)
                                       if isinstance(t, ast.Name) and isinstance(v, ast.Constant)
                                       and isinstance(v.value, str)}
+
+
+def _rich_chat(trees: list[ast.Module]) -> bool:
+    """Whether the notebook's chats need more than role and text: tools (`tools=`, `environment_factory=`), or
+    a message whose content is a list of parts (`"content": [{"type": "text", "text": …}]`)."""
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and any(k.arg in ("tools", "environment_factory") and not (
+                    isinstance(k.value, ast.Constant) and k.value.value is None) for k in node.keywords):
+                return True
+            if isinstance(node, ast.Dict) and any(isinstance(k, ast.Constant) and k.value == "content"
+                                                  and isinstance(v, (ast.List, ast.ListComp))
+                                                  for k, v in zip(node.keys, node.values)):
+                return True
+    return False
+
+
+def _library_reward_columns(trees: list[ast.Module], reward_funcs: list[ast.expr]) -> set[str]:
+    """The dataset columns TRL's own reward functions take (`from trl.rewards import accuracy_reward`, or
+    `trl.rewards.accuracy_reward`): their parameters in the installed TRL, which the notebook never names."""
+    import importlib
+    import inspect
+
+    imported = {(a.asname or a.name): f"{n.module}.{a.name}" for t in trees for n in ast.walk(t)
+                if isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "trl" for a in n.names}
+    columns: set[str] = set()
+    for fn in reward_funcs:
+        dotted = imported.get(fn.id) if isinstance(fn, ast.Name) else ast.unparse(fn) if isinstance(fn, ast.Attribute) \
+            else None
+        if not dotted or dotted.split(".")[0] != "trl" or "." not in dotted:
+            continue
+        module, _, name = dotted.rpartition(".")
+        try:
+            func = getattr(importlib.import_module(module), name)
+            params = inspect.signature(func).parameters.values()
+        except (ImportError, AttributeError, TypeError, ValueError):  # not in the installed TRL: TRL says so itself
+            continue
+        columns |= {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+                    and p.default is p.empty and p.name not in REWARD_ARGS}  # a default is a setting
+    return columns
 
 
 def _text_prompts(trees: list[ast.Module], rewards: list[ast.FunctionDef]) -> bool:
@@ -239,6 +281,11 @@ class DryRun(cst.CSTTransformer):
         self.data = str(data)
         self.notes: list[str] = []
         self.used_helpers = False
+        # Chats richer than the tiny model's template renders: the stand-in gets a real one (standins._chat_model).
+        self._chat = self.plan.chat and self.family == "causal"
+        self.cell = 0  # the cell being rewritten (set by the caller)
+        self.imports: dict[str, int] = {}  # module the script imports unguarded -> the first cell that does
+        self._guarded = 0  # inside a try (an import that may fail) or a function (it may never run)
 
     def setup(self) -> str:
         """The lines at the top of the script that make the stand-ins."""
@@ -246,7 +293,9 @@ class DryRun(cst.CSTTransformer):
         return ("from kit.notebooks.convert.standins import StandIns  # kit: --dry-run\n"
                 f"kit_dry_run = StandIns(schema={self.schema!r}, extra={self.extra!r}, splits={sorted(self.plan.splits)!r}, "
                 f"family={self.plan.family!r}{model}, data={self.data!r}"
-                + (f", packages={self.plan.packages!r}" if self.plan.packages else "") + ")\n")
+                + (f", packages={self.plan.packages!r}" if self.plan.packages else "")
+                + (", chat=True" if self._chat else "")
+                + (f", imports={self.imports!r}" if self.imports else "") + ")\n")
 
     def _helper(self, what: str, *args: cst.Arg) -> cst.Call:
         self.used_helpers = True
@@ -271,7 +320,8 @@ class DryRun(cst.CSTTransformer):
                 if self._swappable(a.value):
                     self._check_head(name)
                     self.notes.append(f"{name}: {code(a.value)} → the tiny local model")
-                    args[i] = a.with_changes(value=cst.SimpleString(repr(self.model)))
+                    args[i] = a.with_changes(value=cst.parse_expression("kit_dry_run.model_dir") if self._chat
+                                             else cst.SimpleString(repr(self.model)))
                 elif not self._literal(a.value) and normal(code(a.value)) not in self.produced and not (
                         isinstance(a.value, cst.Name) and a.value.value in self.plan.objects):
                     # An id in a variable, an argument, a config field: decided at run time on its value.
@@ -292,6 +342,33 @@ class DryRun(cst.CSTTransformer):
                              "of that kind, or leave --dry-run out")
 
     # --- statements -------------------------------------------------------------------------------
+
+    def visit_Try(self, node: cst.Try) -> bool:
+        self._guarded += 1
+        return True
+
+    def leave_Try(self, original: cst.Try, updated: cst.Try):
+        self._guarded -= 1
+        return updated
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        self._guarded += 1
+        return True
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef):
+        self._guarded -= 1
+        return updated
+
+    def leave_Import(self, original: cst.Import, updated: cst.Import):
+        if not self._guarded:
+            for alias in updated.names:
+                self.imports.setdefault(code(alias.name).split(".")[0], self.cell)
+        return updated
+
+    def leave_ImportFrom(self, original: cst.ImportFrom, updated: cst.ImportFrom):
+        if not self._guarded and updated.module is not None and not updated.relative:
+            self.imports.setdefault(code(updated.module).split(".")[0], self.cell)
+        return updated
 
     def leave_Assert(self, original: cst.Assert, updated: cst.Assert):
         if "cuda" in code(updated.test):  # `assert torch.cuda.is_available()`: the dry run runs on a CPU too

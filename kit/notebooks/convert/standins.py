@@ -126,13 +126,16 @@ class StandIns:
     """The dry run's stand-ins, set up once at the top of the script with what conversion learned."""
 
     def __init__(self, schema: str = "messages", extra=(), splits=(), family: str = "causal", model: str | None = None,
-                 data: str = str(TINY_DATA), packages=()):
+                 data: str = str(TINY_DATA), packages=(), chat: bool = False, imports=None):
         self.schema, self.extra, self.splits, self.data = schema, list(extra), list(splits), data
         self.model_dir = str(model or FAMILIES[family])
+        if chat and model is None and family == "causal":
+            self.model_dir = self._chat_model(self.model_dir)
         self._files: Path | None = None
         # A tracker the notebook starts itself (wandb.init) must not ask for a login or a key here.
         os.environ.setdefault("WANDB_MODE", "disabled")
         self._cpu_packages(packages)
+        self._check_imports(imports or {})
 
     def _cpu_packages(self, packages) -> None:
         """Unsloth & co on a CPU: their stand-ins (they cannot run without a GPU; on one, the real ones)."""
@@ -143,6 +146,42 @@ class StandIns:
             os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(CPU_PACKAGES), os.environ.get("PYTHONPATH"))
                                                        if p)
             self.say(f"no GPU: {', '.join(sorted(GPU_PACKAGES & set(packages)))} stood in for by kit's CPU version")
+
+    def _check_imports(self, imports: dict) -> None:
+        """The modules the notebook imports (outside a try or a function), each installed here: a notebook
+        installs its own packages (`!pip install langid`), which the script does not run, so a missing one
+        stops the dry run now, in one line naming it and its cell, before any model loads."""
+        import importlib.util
+
+        missing = {}
+        for module, cell in imports.items():
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except (ImportError, ValueError):  # a broken package: its import says why
+                found = True
+            if not found:
+                missing[module] = cell
+        if missing:
+            first = min(missing, key=missing.get)
+            if os.environ.get("RANK", "0") == "0":
+                print(f"error: cell {missing[first]}: the notebook imports {', '.join(sorted(missing))}, not installed on "
+                      f"this machine: install {'it' if len(missing) == 1 else 'them'} (the notebook's pip lines are in the "
+                      "script's docstring; the script runs none), then run the dry run again", file=sys.stderr, flush=True)
+            raise SystemExit(2)
+
+    def _chat_model(self, folder: str) -> str:
+        """The causal stand-in with a real chat model's template (Qwen3-VL's, as TRL ships it): messages whose
+        content is a list of text parts, tools, assistant tool calls and tool replies render as on the
+        notebook's model, and TRL's tool-calling GRPO knows how to parse its replies. The tiny model's own
+        template (role and text only) stopped such notebooks in their first apply_chat_template."""
+        from trl.chat_template_utils import qwen3_vl_chat_template
+
+        out = Path(tempfile.mkdtemp(prefix="kit-dry-run-model-"))
+        for f in Path(folder).iterdir():
+            if f.name != "chat_template.jinja":
+                (out / f.name).symlink_to(f.resolve())
+        (out / "chat_template.jinja").write_text(qwen3_vl_chat_template, encoding="utf-8")
+        return str(out)
 
     def say(self, text: str) -> None:
         if os.environ.get("RANK", "0") == "0":
@@ -265,9 +304,9 @@ class StandIns:
         name = getattr(func, "__name__", "reward function")
         where = f"cell {cell}: " if cell else ""
 
-        def stop(what: str):
+        def stop(what: str, fix: str = "fix it in the notebook and convert again"):
             print(f"error: {where}the reward function `{name}` {what} (the dry run's GRPO step, on stand-in "
-                  "prompts): fix it in the notebook and convert again", file=sys.stderr, flush=True)
+                  f"prompts): {fix}", file=sys.stderr, flush=True)
             raise SystemExit(2)
 
         @functools.wraps(func)
@@ -275,6 +314,10 @@ class StandIns:
             completions = kwargs.get("completions", args[1] if len(args) > 1 else ())
             try:
                 out = func(*args, **kwargs)
+            except ImportError as exc:  # TRL's own (accuracy_reward needs math_verify): not the notebook's fault
+                stop(f"raised {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}",
+                     "install the package it names (the notebook's pip lines are in the script's docstring), then run "
+                     "the dry run again")
             except Exception as exc:  # the notebook's code: its failure is named in one line
                 stop(f"raised {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}")
             try:
