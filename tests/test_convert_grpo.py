@@ -272,10 +272,10 @@ def test_chats_with_tools_or_text_parts_get_a_stand_in_template_that_renders_the
              "def ok(completions, **kwargs):\n    return [1.0] * len(completions)",
              FIT.replace("REWARDS", "[ok]")]
     dry = convert_notebook(make_nb(tmp_path, parts), dry_run=True).source
-    assert ", chat=True)" in dry and "GRPOTrainer(model=kit_dry_run.model_dir," in dry
+    assert call(dry, "StandIns")["chat"] == "True" and call(dry, "GRPOTrainer")["model"] == "kit_dry_run.model_dir"
     tools = [*parts[:2], FIT.replace("REWARDS", "[ok], tools=[ok]").replace("'m'", "'Qwen/Qwen3-1.7B'")]
     tools[0] = "from trl import GRPOConfig, GRPOTrainer"
-    assert ", chat=True)" in convert_notebook(make_nb(tmp_path, tools, "tools.ipynb"), dry_run=True).source
+    assert call(convert_notebook(make_nb(tmp_path, tools, "tools.ipynb"), dry_run=True).source, "StandIns")["chat"] == "True"
     plain = convert_notebook(make_nb(tmp_path, [tools[0], parts[1], FIT.replace("REWARDS", "[ok]")], "plain.ipynb"),
                              dry_run=True).source
     assert "chat=True" not in plain and f"model={str(TINY_MODEL)!r}" in plain
@@ -339,3 +339,33 @@ def test_unsloths_cpu_stand_in_has_what_its_rl_notebooks_import():
                PYTHONPATH=os.pathsep.join([str(CPU_PACKAGES), os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr[-2000:]
+
+
+def test_preference_rows_are_chats_where_the_notebook_reads_them_as_chats():
+    """Unsloth's Zephyr DPO notebook (ultrafeedback_binarized's shape) reads `example["chosen"][0]["role"]`:
+    the stand-in preference rows were text, and its own map stopped (string indices must be integers)."""
+    from kit.notebooks.convert.standins import StandIns
+
+    trainer = "\nt = DPOTrainer(model=m, args=a, train_dataset=d)"
+    for cell in ('p = [m for m in e["chosen"] if m["role"] == "user"][0]', 'x = e["rejected"][-1]["content"]',
+                 't = tok.apply_chat_template(e["chosen"][1:], tokenize=False)'):
+        assert Plan([ast.parse(cell + trainer)]).schema == "preference_chat", cell
+    for cell in ('x = e["chosen"] + e["prompt"]', 'x = e["chosen"][:100]'):
+        assert Plan([ast.parse(cell + trainer)]).schema == "preference", cell
+    row = StandIns(schema="preference_chat").load_dataset("HuggingFaceH4/ultrafeedback_binarized", split="train")[0]
+    assert [m["role"] for m in row["chosen"]] == ["user", "assistant"] == [m["role"] for m in row["rejected"]]
+    assert row["chosen"][0] == row["rejected"][0] and row["chosen"][1] != row["rejected"][1]
+    assert isinstance(row["prompt"], str) and row["prompt"] == row["chosen"][0]["content"]
+
+
+def test_columns_the_notebook_makes_itself_are_no_stand_in_columns():
+    """Zephyr's DPO notebook writes `example["text_chosen"] = …` in its map, removes every source column and
+    renames text_chosen: the stand-in rows had a text_chosen column already (the rename names it), the map's
+    remove_columns removed it again, and the rename stopped. A key read before it is written stays a column."""
+    cells = ['def fmt(example):\n    example["text_chosen"] = tok.apply_chat_template(example["chosen"][1:], tokenize=False)\n'
+             '    example["text_chosen"] = example["text_chosen"].strip()\n    example["review"] = example["review"].strip()\n'
+             '    return example',
+             'd = d.map(fmt, remove_columns=list(d.features))\nd = d.rename_columns({"text_chosen": "chosen"})\n'
+             't = DPOTrainer(model=m, args=a, train_dataset=d)']
+    plan = Plan([ast.parse(c) for c in cells])
+    assert "text_chosen" not in plan.extra and "review" in plan.extra and plan.schema == "preference_chat"

@@ -13,7 +13,7 @@ import inspect
 import pytest
 
 from kit.notebooks.convert import convert_notebook
-from kit.notebooks.convert.ports import (CONFIG_RENAMES, CONFIG_REVIEW, REMOVED_IMPORTS, TRAINER_MOVES,
+from kit.notebooks.convert.ports import (CONFIG_RENAMES, CONFIG_REVIEW, EXPERIMENTAL, REMOVED_IMPORTS, TRAINER_MOVES,
                                          TRAINING_ARGS, TRAINING_ARGS_REVIEW)
 from tests.code_asserts import assigns, call
 from tests.test_convert import TRAIN, keywords, make_nb, texts
@@ -57,10 +57,13 @@ def test_the_table_matches_the_installed_libraries():
         fields = _fields(getattr(trl, config))
         assert all(old not in fields and new in fields for old, new in renames.items())
     for config, gone in CONFIG_REVIEW.items():
-        assert not gone & _fields(getattr(trl, config)), config
+        where = importlib.import_module(f"trl.experimental.{EXPERIMENTAL[config]}") if config in EXPERIMENTAL else trl
+        assert not gone & _fields(getattr(where, config)), config
     for module, name in REMOVED_IMPORTS:
         mod = importlib.import_module(module)
         assert not hasattr(mod, name), (module, name)
+    for name, sub in EXPERIMENTAL.items():  # gone from TRL's top level, there in trl.experimental
+        assert not hasattr(trl, name) and hasattr(importlib.import_module(f"trl.experimental.{sub}"), name), name
     trainer = inspect.signature(transformers.Trainer.__init__).parameters
     assert "tokenizer" not in trainer and "processing_class" in trainer
 
@@ -204,3 +207,20 @@ def test_chat_template_token_ids_come_back_as_the_notebook_reads_them(tmp_path):
     assert all("return_dict=False" in c.text and "transformers 5.0" in c.text for c in ported)
     code_lines = [ln for ln in conv.source.splitlines() if not ln.strip().startswith("#")]
     assert sum(ln.count("return_dict=False") for ln in code_lines) == 5 and "REVIEW (cell 2)" in conv.source
+
+
+def test_trainers_trl_moved_to_experimental_are_imported_from_there(tmp_path):
+    """Unsloth's ORPO notebook: `from trl import ORPOConfig, ORPOTrainer` failed on TRL 1.x, which moved them
+    to trl.experimental.orpo. Now they are imported from there (an alias kept), each listed."""
+    conv = convert_notebook(make_nb(tmp_path, [
+        "from trl import ORPOConfig, ORPOTrainer as OT, SFTConfig",
+        "trainer = OT(model=m, args=ORPOConfig(output_dir='o'), train_dataset=d, tokenizer=t)\ntrainer.train()"]))
+    assert port_imports(conv.source) >= {("trl.experimental.orpo", "ORPOConfig"), ("trl.experimental.orpo", "ORPOTrainer")}
+    kept = [ln.strip() for ln in conv.source.splitlines() if ln.strip().startswith("from trl import")]
+    assert [ln.split()[-1] for ln in kept] == ["SFTConfig"]
+    assert sum("trl.experimental" in c.text for c in conv.changes) == 2
+    namespace: dict = {}
+    for line in conv.source.splitlines():
+        if line.rstrip().endswith("# kit: port") and "experimental" in line:
+            exec(line.split("#")[0], namespace)  # the installed TRL has them there
+    assert {"ORPOConfig", "OT"} <= set(namespace)

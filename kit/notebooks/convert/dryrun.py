@@ -146,12 +146,15 @@ class Plan:
         extra |= _library_reward_columns(trees, reward_funcs)  # TRL's own (trl.rewards.accuracy_reward: solution)
         if self.schema == "prompt" and _text_prompts(trees, rewards):
             self.schema = "prompt_text"
+        if self.schema == "preference" and _chat_preferences(trees):
+            self.schema = "preference_chat"
         extra |= columns  # every key the notebook reads, other than another schema's columns (below)
         taken = set(_schema_columns(self.schema))
         # With the rows' format fixed by the trainer (DPO, KTO, GRPO), other formats' columns the notebook
         # reads (`x["question"]` to build its prompts) are plain text columns; else they would change the format.
         skip = TOKEN_KEYS if by_trainer else NOT_EXTRA
-        self.extra = sorted(c for c in extra if c.isidentifier() and c not in skip and c not in taken)
+        made = _made_columns(trees)  # `example["text_chosen"] = …` before any read: the notebook's own column
+        self.extra = sorted(c for c in extra if c.isidentifier() and c not in skip and c not in taken and c not in made)
         self.chat = _rich_chat(trees)
         self.family = _family(trainers | {ast.unparse(n.func).rsplit(".", 1)[0].rsplit(".", 1)[-1] for n in calls})
         self.packages = sorted({(a.name if isinstance(n, ast.Import) else n.module or "").split(".")[0]
@@ -167,6 +170,53 @@ class Plan:
                     self.literals |= {t.id: v.value for t, v in zip(target.elts, node.value.elts)
                                       if isinstance(t, ast.Name) and isinstance(v, ast.Constant)
                                       and isinstance(v.value, str)}
+
+
+def _made_columns(trees: list[ast.Module]) -> set[str]:
+    """Keys the notebook writes (`example["text_chosen"] = …`) before it reads them anywhere, in source order
+    (an assignment's value before its target): columns its own map makes. As stand-in columns they were
+    there already, and a `.map(…, remove_columns=dataset.column_names)` then removed what the map made."""
+    first: dict[str, bool] = {}  # key -> written before read
+
+    class Order(ast.NodeVisitor):
+        def visit_Assign(self, node: ast.Assign) -> None:
+            self.visit(node.value)
+            for target in node.targets:
+                self.visit(target)
+
+        def visit_Subscript(self, node: ast.Subscript) -> None:
+            self.generic_visit(node)
+            if isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
+                first.setdefault(node.slice.value, isinstance(node.ctx, ast.Store))
+
+    for tree in trees:
+        Order().visit(tree)
+    return {k for k, written in first.items() if written}
+
+
+def _chat_preferences(trees: list[ast.Module]) -> bool:
+    """Whether a preference notebook reads its `chosen`/`rejected` columns as chats (ultrafeedback_binarized's
+    shape): `x["chosen"][0]["role"]`, `[m for m in x["chosen"] if m["role"] == "user"]`, or a chat template
+    applied to them. Plain text preference rows stopped such a notebook's own map (string indices)."""
+    def pair(node: ast.AST) -> bool:  # x["chosen"], x["rejected"][1:]
+        while isinstance(node, ast.Subscript) and not (isinstance(node.slice, ast.Constant)
+                                                       and node.slice.value in ("chosen", "rejected")):
+            node = node.value
+        return isinstance(node, ast.Subscript)
+
+    def key(node: ast.AST) -> object:
+        return node.slice.value if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) else None
+
+    for node in (n for t in trees for n in ast.walk(t)):
+        if key(node) in ("role", "content") and isinstance(node.value, ast.Subscript) \
+                and key(node.value) not in ("chosen", "rejected") and pair(node.value):  # x["chosen"][0]["role"]
+            return True
+        if isinstance(node, ast.comprehension) and pair(node.iter) or isinstance(node, ast.For) and pair(node.iter):
+            return True
+        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("apply_chat_template") and node.args \
+                and pair(node.args[0]):
+            return True
+    return False
 
 
 def _rich_chat(trees: list[ast.Module]) -> bool:

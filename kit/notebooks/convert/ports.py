@@ -73,6 +73,8 @@ CONFIG_REVIEW = {
     "KTOConfig": {"max_prompt_length", "max_completion_length", "padding_value", "label_pad_token_id",
                   "is_encoder_decoder", "generate_during_eval", "truncation_mode", "ref_model_init_kwargs"},
     "GRPOConfig": {"max_prompt_length", "vllm_guided_decoding_regex", "wandb_log_unique_prompts"},
+    "ORPOConfig": {"max_prompt_length", "label_pad_token_id", "truncation_mode"},  # in trl.experimental.orpo
+    "CPOConfig": {"max_prompt_length", "label_pad_token_id", "truncation_mode", "padding_value"},
 }
 TRL1 = "TRL 1.x"
 # Trainer keywords TRL moved to its config: trainer -> (config, {old keyword: config keyword or None}).
@@ -99,6 +101,10 @@ REMOVED_IMPORTS = {
     ("datasets", "load_metric"): "removed in datasets 3.0",
     ("peft", "prepare_model_for_int8_training"): "removed in PEFT 0.10",
 }
+# Trainers TRL 1.x moved out of its top level into trl.experimental (name -> its module there).
+EXPERIMENTAL = {"ORPOConfig": "orpo", "ORPOTrainer": "orpo", "CPOConfig": "cpo", "CPOTrainer": "cpo",
+                "OnlineDPOConfig": "online_dpo", "OnlineDPOTrainer": "online_dpo", "GKDConfig": "gkd",
+                "GKDTrainer": "gkd"}
 RENAMED_FUNCTIONS = {"load_metric": ("evaluate.load", "import evaluate", "datasets 3.0 removed load_metric: "
                                      "the evaluate package's load (pip install evaluate)"),
                      "prepare_model_for_int8_training": ("prepare_model_for_kbit_training",
@@ -150,6 +156,12 @@ class Ports(cst.CSTTransformer):
         kept = []
         for alias in updated.names:
             name = code(alias.name)
+            if code(updated.module) == "trl" and name in EXPERIMENTAL:
+                line = f"from trl.experimental.{EXPERIMENTAL[name]} import {name}" + (
+                    f" as {code(alias.asname.name)}" if alias.asname else "")
+                self.need(line)
+                self.note(f"`from trl import {name}` → `{line}` ({TRL1} moved it to trl.experimental)")
+                continue
             if (module, name) not in REMOVED_IMPORTS:
                 kept.append(alias)
                 continue

@@ -54,6 +54,12 @@ def _shape(schema: str, rows: list[tuple[str, str, str]]) -> dict[str, list]:
         return {"question": user, "answer": assistant}
     if schema == "preference":
         return {"prompt": user, "chosen": assistant, "rejected": assistant[1:] + assistant[:1]}
+    if schema == "preference_chat":  # chosen/rejected as chats with the user's turn (ultrafeedback_binarized)
+        wrong = assistant[1:] + assistant[:1]
+        return {"prompt": user, "chosen": [[{"role": "user", "content": u}, {"role": "assistant", "content": a}]
+                                           for u, a in zip(user, assistant)],
+                "rejected": [[{"role": "user", "content": u}, {"role": "assistant", "content": w}]
+                             for u, w in zip(user, wrong)]}
     if schema == "unpaired_preference":  # KTO: every other row another request's answer, labelled undesirable
         wrong = assistant[1:] + assistant[:1]
         return {"prompt": user, "completion": [a if i % 2 == 0 else w for i, (a, w) in enumerate(zip(assistant, wrong))],
