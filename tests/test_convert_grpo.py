@@ -307,6 +307,13 @@ def test_dry_run_stops_in_one_line_on_a_package_the_notebook_installs_itself(tmp
     assert stop.value.code == 2 and err.startswith("error: cell 1: ") and err.count("\n") == 1, err
     assert re.search(r"kit_no_such_module_a,\s*kit_no_such_module_d\b", err) and "install them" in err
     StandIns(imports={"re": 1, "trl": 3})  # installed: nothing to say
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:  # an offline vLLM evaluation after training (TRL's QLoRA GRPO one)
+        with pytest.raises(SystemExit):
+            StandIns(imports={"vllm": 59})
+        err = capsys.readouterr().err
+        assert err.startswith("error: cell 59: ") and "vllm needs a CUDA GPU" in err
 
 
 def test_a_trl_reward_function_missing_its_package_says_to_install_it(capsys):

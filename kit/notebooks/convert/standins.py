@@ -33,6 +33,8 @@ HELD_OUT = 16
 # Packages that need a CUDA GPU, with a CPU stand-in here, used when the dry run has no GPU.
 CPU_PACKAGES = Path(__file__).resolve().parent / "cpu_packages"
 GPU_PACKAGES = {"unsloth"}
+# Packages that install and run only with a CUDA GPU, and have no stand-in here.
+GPU_ONLY_MODULES = {"vllm", "flash_attn", "xformers", "bitsandbytes", "deepspeed", "liger_kernel", "triton"}
 
 
 def _rows(path: str) -> list[tuple[str, str, str]]:
@@ -170,9 +172,12 @@ class StandIns:
         if missing:
             first = min(missing, key=missing.get)
             if os.environ.get("RANK", "0") == "0":
+                gpu = sorted(set(missing) & GPU_ONLY_MODULES)
+                where = f" ({', '.join(gpu)} {'needs' if len(gpu) == 1 else 'need'} a CUDA GPU: dry-run there)" if gpu else ""
                 print(f"error: cell {missing[first]}: the notebook imports {', '.join(sorted(missing))}, not installed on "
-                      f"this machine: install {'it' if len(missing) == 1 else 'them'} (the notebook's pip lines are in the "
-                      "script's docstring; the script runs none), then run the dry run again", file=sys.stderr, flush=True)
+                      f"this machine{where}: install {'it' if len(missing) == 1 else 'them'} (the notebook's pip lines "
+                      "are in the script's docstring; the script runs none), then run the dry run again",
+                      file=sys.stderr, flush=True)
             raise SystemExit(2)
 
     def _chat_model(self, folder: str) -> str:
