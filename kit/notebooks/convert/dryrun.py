@@ -16,7 +16,10 @@ object, the script asks `kit.notebooks.convert.standins` at run time (`kit_dry_r
 `kit_dry_run.load_dataset(...)`, `kit_dry_run.path(p)`), which swaps what is not on this machine.
 GPU-only calls (`torch.cuda.get_device_capability()`, `assert torch.cuda.is_available()`, flash
 attention, bitsandbytes) are neutralised here, in the dry run only. Masked-LM and seq2seq notebooks
-get a tiny BERT or T5 (models/tiny-bert, models/tiny-t5) instead of the causal LM.
+get a tiny BERT or T5 (models/tiny-bert, models/tiny-t5) instead of the causal LM; chats with tools or
+text parts get the causal one with a real chat template. A module the notebook imports that is not
+installed here (it pip-installs its own) stops the run before any model loads, in one line naming it
+and its cell.
 """
 
 from __future__ import annotations
