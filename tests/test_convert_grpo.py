@@ -376,3 +376,23 @@ def test_columns_the_notebook_makes_itself_are_no_stand_in_columns():
              't = DPOTrainer(model=m, args=a, train_dataset=d)']
     plan = Plan([ast.parse(c) for c in cells])
     assert "text_chosen" not in plan.extra and "review" in plan.extra and plan.schema == "preference_chat"
+
+
+def test_a_notebook_keeping_a_small_fraction_of_its_data_keeps_rows_of_the_stand_in():
+    """Zephyr's DPO notebook keeps 0.5% of ultrafeedback (`select(range(int(frac * len(ds))))`) and prints
+    row 8: of the 424 embedded rows it kept 2, and stopped. The stand-in now has enough rows that the
+    smallest fraction the notebook names keeps 32; a notebook that takes no fraction keeps the 424."""
+    from kit.notebooks.convert.standins import StandIns
+
+    mixer = ('mixer = {"HuggingFaceH4/ultrafeedback_binarized": 0.005}\nfor name, frac in mixer.items():\n'
+             '    ds = load_dataset(name, split="train_prefs")\n    ds = ds.select(range(int(frac * len(ds))))\n'
+             't = DPOTrainer(model=m, args=DPOConfig(learning_rate=5e-6, weight_decay=0.01), train_dataset=ds)')
+    plan = Plan([ast.parse(mixer)])
+    assert plan.size == 6400
+    stand = StandIns(schema=plan.schema, size=plan.size)
+    rows = stand.load_dataset("HuggingFaceH4/ultrafeedback_binarized", split="train_prefs")
+    assert len(rows) == 6400 and len(rows.select(range(int(0.005 * len(rows))))) == 32
+    percent = 'ds = load_dataset("x", split="train[:5%]")\nt = DPOTrainer(model=m, train_dataset=ds)'
+    assert Plan([ast.parse(percent)]).size == 640
+    plain = Plan([ast.parse("n = len(ds)\nt = DPOTrainer(model=m, args=DPOConfig(weight_decay=0.01), train_dataset=ds)")])
+    assert plain.size == 0 and len(StandIns(schema="preference").load_dataset("org/d", split="train")) == 424

@@ -224,3 +224,17 @@ def test_trainers_trl_moved_to_experimental_are_imported_from_there(tmp_path):
         if line.rstrip().endswith("# kit: port") and "experimental" in line:
             exec(line.split("#")[0], namespace)  # the installed TRL has them there
     assert {"ORPOConfig", "OT"} <= set(namespace)
+
+
+def test_a_trainer_keyword_no_trl_config_has_now_is_dropped_for_review(tmp_path):
+    """Unsloth's Zephyr DPO notebook passes DPOTrainer(max_prompt_length=512), a trainer keyword until TRL 0.11
+    that DPOConfig no longer has either: the trainer stopped with a TypeError. Now it is dropped, one REVIEW."""
+    conv = convert_notebook(make_nb(tmp_path, [
+        "from trl import DPOConfig, DPOTrainer",
+        "t = DPOTrainer(model=m, args=DPOConfig(output_dir='o', beta=0.1), train_dataset=d, max_prompt_length=512,\n"
+        "               max_length=1024)\nt.train()"]))
+    trainer = keywords(conv.source, "DPOTrainer")
+    assert "max_prompt_length" not in trainer and "max_length" not in trainer
+    assert keywords(conv.source, "DPOConfig")["max_length"] == "1024"
+    reviews = [c for c in conv.changes if c.review and "max_prompt_length=512" in c.text]
+    assert len(reviews) == 1 and reviews[0].cell == 2 and "DPOTrainer" in reviews[0].text

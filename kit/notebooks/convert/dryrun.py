@@ -159,6 +159,7 @@ class Plan:
         made = _made_columns(trees)  # `example["text_chosen"] = …` before any read: the notebook's own column
         self.extra = sorted(c for c in extra if c.isidentifier() and c not in skip and c not in taken and c not in made)
         self.chat = _rich_chat(trees)
+        self.size = _fraction_size(trees)
         self.family = _family(trainers | {ast.unparse(n.func).rsplit(".", 1)[0].rsplit(".", 1)[-1] for n in calls})
         self.packages = sorted({(a.name if isinstance(n, ast.Import) else n.module or "").split(".")[0]
                                 for t in trees for n in ast.walk(t) if isinstance(n, (ast.Import, ast.ImportFrom))
@@ -173,6 +174,20 @@ class Plan:
                     self.literals |= {t.id: v.value for t, v in zip(target.elts, node.value.elts)
                                       if isinstance(t, ast.Name) and isinstance(v, ast.Constant)
                                       and isinstance(v.value, str)}
+
+
+def _fraction_size(trees: list[ast.Module]) -> int:
+    """Rows for a stand-in data set where the notebook keeps a fraction of a big one (`select(range(int(frac *
+    len(ds))))` with frac 0.005, `split="train[:1%]"`): enough that the smallest fraction it names keeps
+    32 rows (at most 8192), where the embedded 424 kept 2 and the notebook's `ds[8]` stopped; else 0."""
+    nodes = [n for t in trees for n in ast.walk(t)]
+    takes = any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) and any(
+        isinstance(side, ast.Call) and ast.unparse(side.func) == "len" for side in (n.left, n.right)) for n in nodes)
+    fractions = [n.value for n in nodes if takes and isinstance(n, ast.Constant) and isinstance(n.value, float)
+                 and 0.001 <= n.value < 0.1]
+    fractions += [float(m.group(1)) / 100 for n in nodes if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                  for m in re.finditer(r"\[[^\]]*?(\d+(?:\.\d+)?)%\]", n.value) if 0.1 <= float(m.group(1)) < 10]
+    return min(8192, -(-32 * 1000 // round(min(fractions) * 1000))) if fractions else 0
 
 
 def _made_columns(trees: list[ast.Module]) -> set[str]:
@@ -348,6 +363,7 @@ class DryRun(cst.CSTTransformer):
                 f"family={self.plan.family!r}{model}, data={self.data!r}"
                 + (f", packages={self.plan.packages!r}" if self.plan.packages else "")
                 + (", chat=True" if self._chat else "")
+                + (f", size={self.plan.size}" if self.plan.size else "")
                 + (f", imports={self.imports!r}" if self.imports else "") + ")\n")
 
     def _helper(self, what: str, *args: cst.Arg) -> cst.Call:

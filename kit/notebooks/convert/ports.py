@@ -312,6 +312,11 @@ class Ports(cst.CSTTransformer):
 
     def _trainer_moves(self, call: cst.Call, short: str) -> cst.Call:
         config, table = TRAINER_MOVES[short]
+        for old in sorted(CONFIG_REVIEW.get(config, ())):  # its trainer's keyword until TRL 0.11, in no config now
+            if old not in table and (a := kwarg(call, old)) is not None:
+                call = drop_kwarg(call, old)
+                self.note(f"{short}: {old}={code(a.value)} dropped: {TRL1} has no {old} (max_length bounds the "
+                          "whole sequence)", review=True)
         found = {k: kwarg(call, k) for k in table if kwarg(call, k) is not None}
         if not found:
             return call

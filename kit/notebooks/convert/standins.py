@@ -78,11 +78,14 @@ def _shape(schema: str, rows: list[tuple[str, str, str]]) -> dict[str, list]:
                           {"role": "assistant", "content": a}] for s, u, a in rows]}
 
 
-def _columns(schema: str, path: str, extra=()) -> dict[str, list]:
+def _columns(schema: str, path: str, extra=(), size: int = 0) -> dict[str, list]:
     """The rows in `schema`'s columns, plus each `extra` column: class ids for a label; for GRPO's prompt
     rows, a number as text for an answer or solution (the reference a math notebook's reward functions and
-    filters read: `float(answer)`, `pd.to_numeric(df["expected_answer"])`); else the row's text."""
+    filters read: `float(answer)`, `pd.to_numeric(df["expected_answer"])`); else the row's text. `size`
+    repeats the rows up to that many (a notebook that keeps a small fraction of a big data set)."""
     rows = _rows(path)
+    if size > len(rows):
+        rows = (rows * -(-size // len(rows)))[:size]
     columns = _shape(schema, rows)
     for name in extra:
         if name in columns:
@@ -97,13 +100,13 @@ def _columns(schema: str, path: str, extra=()) -> dict[str, list]:
 
 
 def dry_run_dataset(schema: str, split: str | None = None, path: str = str(TINY_DATA), extra=(), splits=(),
-                    streaming: bool = False):
+                    streaming: bool = False, size: int = 0):
     """The embedded rows in `schema`'s columns (and each `extra` column: text, or class ids for a label);
     a Dataset for a split (slices too), else a DatasetDict with train, validation, test and every other
     split name in `splits` (all but train: the first rows). `streaming` gives IterableDataset(s)."""
     from datasets import Dataset, DatasetDict, IterableDatasetDict
 
-    data = Dataset.from_dict(_columns(schema, path, extra))
+    data = Dataset.from_dict(_columns(schema, path, extra, size))
     if split is None:
         held_out = data.select(range(min(HELD_OUT, len(data))))
         names = dict.fromkeys(["train", "validation", "test", *splits])
@@ -134,8 +137,9 @@ class StandIns:
     """The dry run's stand-ins, set up once at the top of the script with what conversion learned."""
 
     def __init__(self, schema: str = "messages", extra=(), splits=(), family: str = "causal", model: str | None = None,
-                 data: str = str(TINY_DATA), packages=(), chat: bool = False, imports=None):
+                 data: str = str(TINY_DATA), packages=(), chat: bool = False, imports=None, size: int = 0):
         self.schema, self.extra, self.splits, self.data = schema, list(extra), list(splits), data
+        self.size = size  # rows a Hub data set stands in with (0: the embedded file's own count)
         self.model_dir = str(model or FAMILIES[family])
         if chat and model is None and family == "causal":
             self.model_dir = self._chat_model(self.model_dir)
@@ -232,7 +236,8 @@ class StandIns:
             splits = self.splits
         self.say(f"load_dataset({str(source)[:60]!r}…) → the embedded data as {self.schema!r} rows")
         return dry_run_dataset(self.schema, split=split if isinstance(split, str) else None, path=self.data,
-                               extra=self.extra, splits=splits, streaming=bool(kwargs.get("streaming")))
+                               extra=self.extra, splits=splits, streaming=bool(kwargs.get("streaming")),
+                               size=self.size)
 
     def adapter(self, loader, model, adapter_id, *args, **kwargs):
         """PeftModel.from_pretrained(model, id): the real adapter where it is here, else a fresh LoRA on
