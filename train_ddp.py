@@ -29,6 +29,7 @@ try:  # the mechanics (store sync, resume, lease, deadline, smoke checks) are ki
     from kit.redaction import redact_tracebacks
     from kit.errors import KitError
     from kit.planning import settle
+    from kit.report.reasons import all_words
     from kit.script import arguments
     from kit.train import callbacks, collate, data, disk, dist, last_word, modeling, output_dir, sharding, tracking
     from kit.train.job import Job
@@ -154,16 +155,92 @@ PLAN = {
         ],
     },
     'reasons': (
-        'models/tiny-qwen3: 106,880 parameters, 2 layers, vocab 512 (from local).',
-        "Tesla T4 (sm_75) has no native bf16: fp16 with loss scaling (torch.cuda.is_bf16_supported() says True here only through emulation); on an H200, fp16 measured 0.97× bf16's tokens/s for Qwen3-8B QLoRA (loss scaling and fp32 LoRA weights are its cost; a T4's own speed was not measured).",
-        "batching padding_free: each micro-batch's rows laid end to end without pad tokens, kept apart by a block-diagonal attention mask: 1.15× the trained tokens/s of padded batches on chat-length data and less memory, the same rows per step; measured on an H200, not on sm_75, which has no FlashAttention 2 but runs the masked rows through SDPA's memory-efficient kernel; the script goes back to padded batches if the rows average more than a third of seq_len, and packs short rows where gradient accumulation can fold (the same rows per optimizer step in fewer, fuller micro-batches: packed measured 2.90×).",
-        'DDP over 2× Tesla T4: one replica fits each GPU (estimated 0.5 GiB per GPU of 14.6 GiB); each rank trains on its own share of the batches, so 2 GPUs give about 2× the throughput.',
-        'gradient checkpointing off: set in the config.',
-        'micro-batch 8 (as configured), 1 accumulation step, global batch 16.',
-        'host RAM while loading: ~5.0 GiB (2 processes of ~2.5 GiB each: torch and CUDA, plus the weights on their way to the GPU; 28.2 GiB usable).',
-        'kernels none: Liger off (not measured on sm_75: Triton compiles for a T4, but Liger was only measured on an H200).',
-        'activation_offloading off (gradient checkpointing is off, so every activation would cross PCIe twice a step (unmeasured)); activation_offloading=on turns it on.',
-        'compile off (measured on an H200 only, not on sm_75); compile=on turns it on.',
+        {
+            'code': 'model',
+            'figures': {
+                'model': 'models/tiny-qwen3',
+                'params': 106880,
+                'layers': 2,
+                'vocab': 512,
+                'source': 'local',
+            },
+        },
+        {
+            'code': 'precision_no_bf16',
+            'figures': {'gpu': 'Tesla T4', 'arch': 'sm_75', 'fp16_vs_bf16': 0.968},
+        },
+        {
+            'code': 'batching_padding_free',
+            'figures': {
+                'padding_free_vs_padded': 1.146,
+                'packed_vs_padded': 2.896,
+                'unmeasured_arch': 'sm_75',
+            },
+        },
+        {
+            'code': 'strategy',
+            'figures': {
+                'strategy': 'ddp',
+                'n': 2,
+                'nodes': 1,
+                'gpu': 'Tesla T4',
+                'est_gib': 0.5387565847486258,
+                'budget_gib': 14.56317138671875,
+                'configured': 'auto',
+                'ddp_passed': False,
+                'fsdp_passed': False,
+                'layers': 2,
+            },
+        },
+        {
+            'code': 'checkpointing',
+            'figures': {'on': False, 'because': 'config', 'params': 106880},
+        },
+        {
+            'code': 'batch',
+            'figures': {
+                'per_device_batch': 8,
+                'configured': True,
+                'grad_accum': 1,
+                'global_batch': 16,
+            },
+        },
+        {
+            'code': 'host_ram',
+            'figures': {
+                'load_gib': 5.0003981590271,
+                'first_rank_reads': False,
+                'ranks': 2,
+                'per_rank_gib': 2.50019907951355,
+                'weights_gib': 0.0001990795135498047,
+                'nodes': 1,
+                'ram_gib': 28.215729903429747,
+            },
+        },
+        {
+            'code': 'kernels_none',
+            'figures': {
+                'because': 'arch',
+                'model_type': 'qwen3',
+                'arch': 'sm_75',
+                'ratio': 1.294,
+            },
+        },
+        {
+            'code': 'offloading_off',
+            'figures': {
+                'because': 'no_checkpointing',
+                'trainer': 'sft',
+                'strategy': 'ddp',
+                'arch': 'sm_75',
+                'dpo_ratio': 0.875,
+                'kto_tokens_per_s': 3064,
+            },
+        },
+        {
+            'code': 'compile_off',
+            'figures': {'because': 'arch', 'strategy': 'ddp', 'arch': 'sm_75'},
+        },
     ),
     'launch': 'torchrun --standalone --nproc_per_node=2 train_ddp.py',
     'model': 'models/tiny-qwen3',
@@ -183,7 +260,7 @@ def main(argv: list[str]) -> int:
     try:
         # The plan settled for this device, the number of processes and what is installed here.
         plan, rank_notes = settle.for_rank(plan, cfg, settle.RankFacts.of(ctx))
-        job = Job(cfg, ctx, plan, notes=notes + rank_notes, smoke=args.smoke, force=args.force,
+        job = Job(cfg, ctx, plan, notes=all_words(notes + rank_notes), smoke=args.smoke, force=args.force,
                   steps_given=arguments.steps_given(args), config_path=args.config or CONFIG_PATH)
         job.start()  # rank 0 finds the newest complete checkpoint (local, then store); all ranks agree
         if job.complete:  # nothing to train; a final/ the store lacks is pushed
@@ -219,7 +296,7 @@ def main(argv: list[str]) -> int:
         max_steps = job.max_steps(len(dataset.train), plan)
         # Compiled layers ("auto") only where the job is long enough to repay compiling them.
         plan, compile_notes = settle.for_steps(plan, cfg, max_steps - job.decision.step)
-        job.settled(plan, notes + compile_notes)  # each note logged; the closing lines report this plan
+        job.settled(plan, all_words(notes + compile_notes))  # each note logged; the closing lines report this plan
 
         # Strategy (DDP over 2 GPUs (Tesla T4), fp16). ddp: a full replica per rank. fsdp: FSDP2 shards the
         # frozen base, the LoRA weights, their gradients and Adam states over all ranks, each

@@ -21,7 +21,9 @@ from kit.planning import config, grpo, memory, shapes
 from kit.planning.fit import batch_for_world
 from kit.planning.plan import make_plan
 from kit.machine import gpu_table
+from kit.report.reasons import words
 from tests.code_asserts import assigns, call
+from tests.test_plan import reason
 from tests.hubserver import WRITE_TOKEN, HubServer
 from tests.scripts import FAST, ROOT, elsewhere_env as env, hub_env, losses, two_ranks as run
 from tests.test_bad_input import run_script_in_process
@@ -48,7 +50,7 @@ def test_the_planner_picks_a_global_batch_of_whole_groups(gpus, nproc, pdb, gene
     assert plan.global_batch == plan.per_device_batch * plan.grad_accum * plan.nproc
     if pdb:
         assert plan.per_device_batch == pdb
-    assert any(f"num_generations={generations}" in r for r in plan.reasons)
+    assert reason(plan, "grpo_batch")["num_generations"] == generations
     # The same rule at launch (the script settles the plan's global batch through fit.batch_for_world), for the
     # number of processes the script actually gets.
     at_launch = dataclasses.replace(cfg, global_batch=plan.global_batch)
@@ -98,7 +100,6 @@ def test_plan_text_shows_the_grpo_memory_terms(capsys):
     assert "ddp" in out and "fp16" in out
     assert re.search(r"kv_cache\s+\d+\.\d\d", out) and "sampling_logits_fp32" in out
     assert "generation is the peak" in out and "its own share" in out
-    assert "reference: none" in out and "grpo.beta=0" in out and "vLLM" in out
     assert "1 per GPU × 8 accumul" in out and "× 2 processes = 16" in out
     plan = make_plan(gpu_table.synthesize("2xT4"), grpo_cfg(model="Qwen/Qwen3-4B", seq_len=512,
                                                              grpo__max_completion_length=1024,
@@ -107,6 +108,9 @@ def test_plan_text_shows_the_grpo_memory_terms(capsys):
     m = shapes.model_facts("Qwen/Qwen3-4B")
     generated = plan.per_device_batch * plan.grad_accum  # each rank generates its share of a generation batch at once
     assert plan.memory["terms"]["kv_cache"] == memory.kv_cache_bytes(m, generated, 512 + 1024, 2)
+    # The reasons say there is no reference (beta 0) and how it generates (no vLLM), each worded in the text above.
+    for code in ("reference_none_grpo", "grpo_generation"):
+        assert words(reason(plan, code)) in out
 
 
 def test_the_reference_counts_only_with_beta():
@@ -360,8 +364,8 @@ def test_the_reasons_say_what_the_plan_chose_for_grpo():
     # Liger would swap in TRL's fused GRPO loss, which kit has not measured: both off, and the reasons say so.
     cfg = config.load(str(ROOT / CONFIG), ["gradient_checkpointing=on"])
     plan = make_plan(gpu_table.synthesize("1xH100"), cfg)
-    words = " ".join(plan.reasons)
     assert plan.compile_layers is False and plan.kernels == "none" and plan.activation_offloading is False
-    assert "_offloading off (trainer" in words and "Liger off (trainer grpo" in words
-    assert "=on turns it on" not in words  # it is refused for grpo
-    assert "compile off for trainer" in words and "sft and dpo only" in words
+    assert reason(plan, "offloading_off")["because"] == reason(plan, "kernels_none")["because"] == "grpo"
+    assert "activation_offloading=on" not in words(reason(plan, "offloading_off"))  # it is refused for grpo
+    said = reason(plan, "compile_off_trainer")
+    assert (said["trainer"], said["measured"]) == ("grpo", False)  # measured for sft and dpo only

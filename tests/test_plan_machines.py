@@ -15,7 +15,7 @@ from kit.machine import gpu_table
 from kit.planning import config
 from kit.planning.plan import make_plan
 from tests.scripts import ROOT
-from tests.test_plan import machine
+from tests.test_plan import codes, machine, reason
 
 GIB = 2**30
 MACHINES = ROOT / "tests" / "fixtures" / "machines"
@@ -80,9 +80,9 @@ def test_the_platform_machines_ram_is_what_their_probes_read():
 def test_an_8b_qlora_on_eight_of_any_gpu_is_ddp_never_vetoed_by_assumed_ram(key):
     p = make_plan(gpu_table.synthesize(f"8x{key}"), cfg(*QWEN8_QLORA))
     assert (p.strategy, p.nproc) == ("ddp", 8), p.reasons
-    assert not any(r.startswith("passed over") for r in p.reasons)
-    host = next(r for r in p.reasons if r.startswith("host RAM while loading"))
-    assert "not checked" in host and "~36.0 GiB" in host
+    assert not [c for c in codes(p) if c.startswith("passed_over")]
+    host = reason(p, "host_ram")
+    assert host["ram_gib"] is None and round(host["load_gib"], 1) == 36.0  # not known: not checked
     # Over two nodes too (the README's example): one DDP world of 16 ranks.
     p = make_plan(gpu_table.synthesize(f"8x{key}"), cfg(*QWEN8_QLORA), nodes=2, rdzv_endpoint="10.0.0.1:29500")
     assert (p.strategy, p.nproc, p.nodes) == ("ddp", 8, 2)
@@ -114,9 +114,9 @@ def test_known_ram_still_decides_and_a_ram_refusal_names_the_ram_fix():
     assert (plan.strategy, plan.nproc) == ("ddp", 3)
     # And the layer split it falls back to on one node says why, not "neither fits".
     p = make_plan(small, cfg(*QWEN8_QLORA))
-    split = next(r for r in p.reasons if r.startswith("model parallel"))
-    assert p.strategy == "model_parallel" and "a replica per GPU" in split and "passed over" in split
-    assert "neither a replica nor" not in split
+    split = reason(p, "strategy")
+    assert p.strategy == "model_parallel" and split["ddp_passed"]
+    assert [r["strategy"] for r in p.reasons if r.code == "passed_over_host_ram"] == ["ddp", "fsdp"]
 
 
 # ---- several nodes: every node's command, SLURM and SkyPilot in the text ---------------------------
@@ -231,7 +231,7 @@ def test_a_script_given_a_config_on_one_of_two_nodes_plans_the_whole_world(monke
     planned, note = arguments.replan(cfg(*QWEN8_QLORA, "global_batch=32"), "big.yaml")
     assert (planned.strategy, planned.nodes, planned.nproc) == ("ddp", 2, 8)
     assert planned.global_batch == planned.per_device_batch * planned.grad_accum * 16 == 32
-    assert "planned for these" in note and "(2 nodes × 8× NVIDIA" in note
+    assert (note.code, note["nodes"], note["nproc"], note["source"]) == ("replanned", 2, 8, "big.yaml")
 
 
 @pytest.mark.parametrize("spec,nodes,words", [

@@ -13,12 +13,7 @@ from kit.machine import gpu_table
 from kit.errors import CannotTrain, UsageError
 from kit.planning.plan import make_plan
 from tests.scripts import FAST, ROOT, cpu_env, kit_cli, torchrun_cmd
-from tests.test_plan import CPU_ONLY, KAGGLE_T4X2, machine
-
-
-def reason(plan, *fragments: str) -> list[str]:
-    """The plan's reasons that hold every fragment (a decision's name and its numbers)."""
-    return [r for r in plan.reasons if all(f in r for f in fragments)]
+from tests.test_plan import CPU_ONLY, KAGGLE_T4X2, machine, reason
 
 GIB = 2**30
 
@@ -51,13 +46,15 @@ def test_32b_qlora_on_2xt4_goes_model_parallel_because_fsdp_loads_a_whole_4bit_b
     # GPU before FSDP shards it (~20 GiB): that does not fit, so the layer split is the way.
     p = make_plan(KAGGLE_T4X2, cfg("model=Qwen/Qwen3-32B", "method=qlora", "seq_len=256"))
     assert (p.strategy, p.nproc, p.gpus, p.launch) == ("model_parallel", 1, 2, "python train_ddp.py")
-    assert any(r.startswith("passed over fsdp: ") for r in reason(p, "each rank quantizes", "4-bit base"))
-    assert reason(p, "one after another", "32 of the 64 layers", "on each GPU")
+    fsdp = reason(p, "passed_over_fsdp_load")  # each rank quantizes the whole 4-bit base first
+    assert fsdp["load_gib"] > fsdp["budget_gib"] == pytest.approx(15_637_086_208 / GIB)
+    split = reason(p, "strategy")
+    assert (split["strategy"], split["n"], split["layers"], split["fsdp_passed"]) == ("model_parallel", 2, 64, True)
     # With GPUs that hold the 4-bit base while loading, FSDP it is, with the quant storage named.
     p = make_plan(gpu_table.synthesize("2xL4"), cfg("model=Qwen/Qwen3-32B", "method=qlora", "seq_len=1024",
                                                     "activation_offloading=off"))
     assert p.strategy == "fsdp" and p.memory["per_gpu_bytes"] <= p.memory["budget_bytes"]
-    assert any("stored as bf16" in r and "bnb_4bit_quant_storage" in r for r in p.reasons)
+    assert reason(p, "fsdp_qlora")["precision"] == "bf16"  # the 4-bit weights stored as bf16 for FSDP2
     # Unless the layer inputs offloaded to the CPU (chosen for a replica per bf16 GPU) let a replica fit:
     # the search estimates each candidate with the speed choices made for it.
     p = make_plan(gpu_table.synthesize("2xL4"), cfg("model=Qwen/Qwen3-32B", "method=qlora", "seq_len=1024"))
@@ -82,22 +79,23 @@ def test_host_ram_refuses_a_16bit_fsdp_load_that_would_oom_the_host_and_accepts_
     small["ram_bytes"] = 16 * GIB
     p = make_plan(small, job)  # changed, with the reason: one process splitting the layers loads in less
     assert p.strategy == "model_parallel"
-    assert any(r.startswith("passed over fsdp: ") for r in reason(p, "loading needs ~20.3 GiB", "host RAM per node",
-                                                                   "the 14.4 GiB usable"))
+    fsdp = reason(p, "passed_over_host_ram")
+    assert (fsdp["strategy"], round(fsdp["load_gib"], 1), round(fsdp["ram_gib"], 1)) == ("fsdp", 20.3, 14.4)
     tiny = copy.deepcopy(KAGGLE_T4X2)
     tiny["ram_bytes"] = 4 * GIB  # not even one process loads: refused, exit 3
     with pytest.raises(CannotTrain) as e:
         make_plan(tiny, job)
     assert e.value.exit_code == 3 and "model_parallel: loading" in str(e.value) and "~4.5 GiB of host RAM" in str(e.value)
     p = make_plan(KAGGLE_T4X2, job)
-    assert p.strategy == "fsdp" and any(r.startswith("host RAM while loading: ") for r in reason(p, "~20.3 GiB"))
+    assert p.strategy == "fsdp" and round(reason(p, "host_ram")["load_gib"], 1) == 20.3
 
 
 def test_host_ram_counts_ddp_ranks_too_and_changes_the_plan_with_the_reason():
     small = machine("Tesla T4", "7.5", 15_637_086_208, count=8)
     small["ram_bytes"] = 16 * GIB  # 8 ranks × ~4.5 GiB while loading
     p = make_plan(small, cfg("model=Qwen/Qwen3-8B", "method=qlora"))
-    assert any(r.startswith("passed over ddp: ") for r in reason(p, "loading needs ~36.0 GiB", "host RAM per node"))
+    ddp = next(r for r in p.reasons if r.code == "passed_over_host_ram" and r["strategy"] == "ddp")
+    assert (round(ddp["load_gib"], 1), ddp["ranks"]) == (36.0, 8)
     assert p.strategy == "model_parallel"  # one process loads: what 16 GiB of RAM allows
     assert make_plan(small, cfg("model=Qwen/Qwen3-8B", "method=qlora"), nproc=2).strategy == "ddp"
 

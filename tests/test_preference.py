@@ -11,13 +11,13 @@ import pytest
 
 from kit.cli import main as kit_main
 from kit.errors import CannotTrain, UsageError
-from kit.planning import config, memory, shapes
+from kit.planning import config, memory, shapes, trainers
 from kit.planning.plan import make_plan
 from kit.script import arguments
 from kit.script.render import render
 from kit.train import preference_data
 from tests.code_asserts import call, ifexp
-from tests.test_plan import A100, COLAB_T4, CPU_ONLY, H200, KAGGLE_P100, KAGGLE_T4X2, QWEN8_QLORA, cfg
+from tests.test_plan import A100, COLAB_T4, CPU_ONLY, H200, KAGGLE_P100, KAGGLE_T4X2, QWEN8_QLORA, cfg, codes, reason
 
 ROOT = Path(__file__).resolve().parent.parent
 GIB = 2**30
@@ -64,9 +64,9 @@ def test_every_trainer_plans_on_the_gpus_users_bring(trainer, facts, precision):
     assert plan.precision == precision  # the T4 fp16 path holds for every trainer
     assert plan.batching == "padded" and not plan.compile_layers
     assert plan.per_device_batch >= (2 if trainer == "kto" else 1)
-    assert any(r.startswith("reference: ") and "adapter disabled" in r for r in plan.reasons)
-    assert any(r.startswith("batching padded") and f"for trainer {trainer}" in r for r in plan.reasons)
-    assert not any(r.startswith("batching padding_free") for r in plan.reasons)  # not said, then taken back
+    assert "reference_adapter_disabled" in codes(plan)
+    assert reason(plan, "batching_trainer")["trainer"] == trainer
+    assert "batching_padding_free" not in codes(plan)  # not said, then taken back
     assert any(n.startswith(f"{trainer}: ") for n in plan.memory["notes"])
     assert plan.memory["per_gpu_bytes"] <= plan.memory["budget_bytes"]
 
@@ -102,8 +102,9 @@ def test_the_reference_is_the_disabled_adapter_for_lora_and_a_copy_or_precompute
                                      "dpo.precompute_ref_log_probs=on"), "bf16", 2, True, False)
     assert "reference_model" not in lora.terms and "reference_model" not in pre.terms
     assert full.terms["reference_model"] == model.params * 2  # a 16-bit second copy
-    assert any("adapter disabled" in n for n in lora.notes)
-    assert any("computed once before" in n for n in pre.notes)
+    assert [trainers.reference(c)[1].code for c in (cfg("trainer=dpo"), cfg("trainer=dpo", "method=full"),
+                                                     cfg("trainer=dpo", "method=full", "dpo.precompute_ref_log_probs=on"))] \
+        == ["reference_adapter_disabled", "reference_model_copy", "reference_precomputed"]
 
 
 def test_precomputed_reference_is_refused_on_several_processes():
@@ -122,11 +123,12 @@ def test_unsloth_runs_dpo_with_its_figure_but_not_kto_and_says_why():
     with_unsloth["packages"]["unsloth"] = "2026.1.1"
     plan = make_plan(with_unsloth, cfg(*QWEN8_QLORA, "trainer=dpo"), nproc=1)
     assert plan.backend == "unsloth" and plan.kernels == "none" and not plan.activation_offloading
-    backend = next(r for r in plan.reasons if r.startswith("backend unsloth"))
-    assert "trainer dpo: 1.65×" in backend and "7,138 against 4,336" in backend
+    backend = reason(plan, "backend_unsloth")
+    assert (backend["trainer"], backend["dpo_tokens_per_s"], backend["trl_tokens_per_s"]) == ("dpo", 7138, 4336)
+    assert backend["dpo_vs_trl"] == pytest.approx(1.65, abs=0.005)
     kto = make_plan(with_unsloth, cfg(*QWEN8_QLORA, "trainer=kto"), nproc=1)
     assert kto.backend == "transformers"
-    assert any(r.startswith("backend transformers") and "for trainer kto" in r for r in kto.reasons)
+    assert reason(kto, "backend_trainer_plain")["trainer"] == "kto"
     asked = make_plan(with_unsloth, cfg(*QWEN8_QLORA, "trainer=kto", "backend=unsloth"), nproc=1)
     assert asked.backend == "transformers"
 
@@ -134,8 +136,8 @@ def test_unsloth_runs_dpo_with_its_figure_but_not_kto_and_says_why():
 def test_dpo_compiles_its_layers_only_when_asked_and_says_the_figure():
     auto = make_plan(H200, cfg(*QWEN8_QLORA, "trainer=dpo"))
     assert not auto.compile_layers
-    why = next(r for r in auto.reasons if r.startswith("compile off for trainer dpo"))
-    assert "1.02× the tokens/s" in why and "TRL's DPOTrainer" in why
+    why = reason(auto, "compile_off_trainer")
+    assert (why["trainer"], why["measured"]) == ("dpo", True) and why["ratio"] == pytest.approx(1.02, abs=0.005)
     asked = make_plan(H200, cfg(*QWEN8_QLORA, "trainer=dpo", "compile=on"))
     assert asked.compile_layers
 

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from kit.planning import config
 from kit.errors import CannotTrain
-from kit.report.text import plan_to_text
+from kit.report.text import plan_json, plan_to_text
 
 
 def add_arguments(parser) -> None:
@@ -93,7 +93,7 @@ def _facts(args):
 
 def _render(plan, as_json: bool, refusal: str | None = None) -> str:
     if as_json:
-        return json.dumps(plan.to_dict(), indent=2)
+        return json.dumps(plan_json(plan), indent=2)
     if refusal is not None:
-        plan = replace(plan, reasons=[r for r in plan.reasons if r.rstrip(".") != refusal.rstrip(".")])
+        plan = replace(plan, reasons=tuple(r for r in plan.reasons if r.code != "refused"))
     return plan_to_text(plan, launch=False)

@@ -3,13 +3,15 @@
 started on the CPU refuse and swap the same things with the same words.
 
     no_gpu_refusal(cfg, quantized=True)    # "method=qlora needs a CUDA GPU (bitsandbytes 4-bit); …"
-    cpu_optimizer("adamw_8bit")            # ("adamw_torch", "optimizer adamw_8bit needs a GPU: using adamw_torch")
+    cpu_optimizer("adamw_8bit")            # ("adamw_torch", Reason("optimizer_needs_gpu", {"optimizer": "adamw_8bit"}))
 
 Precision has its own module (`kit.planning.precision`); the speed choices that need a GPU say so
 in `kit.planning.speed`.
 """
 
 from __future__ import annotations
+
+from kit.planning.reasons import Reason, why
 
 MODEL_PARALLEL_WITHOUT_GPU = ("strategy model_parallel splits the layers over GPUs, and this machine has none: use "
                               "strategy=auto")
@@ -28,10 +30,10 @@ def no_gpu_refusal(cfg, quantized: bool) -> str | None:
 
 
 def unsloth_missing(device: str, installed) -> str | None:
-    """Why Unsloth cannot run here (no CUDA GPU, not installed), or None."""
+    """Why Unsloth cannot run here, as a code ("no_gpu", "not_installed"), or None."""
     if device != "cuda":
-        return "there is no CUDA GPU"
-    return None if "unsloth" in installed else "Unsloth is not installed"
+        return "no_gpu"
+    return None if "unsloth" in installed else "not_installed"
 
 
 def unsloth_refusal(device: str, installed) -> str:
@@ -42,11 +44,11 @@ def unsloth_refusal(device: str, installed) -> str:
             "(or transformers)")
 
 
-def cpu_optimizer(name: str) -> tuple[str, str | None]:
-    """The optimizer a CPU runs in place of `name`, and the note when it is another one: bitsandbytes'
+def cpu_optimizer(name: str) -> tuple[str, Reason | None]:
+    """The optimizer a CPU runs in place of `name`, and the Reason when it is another one: bitsandbytes'
     8-bit Adam and torch's fused AdamW are CUDA kernels."""
     if name.endswith("8bit"):
-        return "adamw_torch", f"optimizer {name} needs a GPU: using adamw_torch"
+        return "adamw_torch", why("optimizer_needs_gpu", optimizer=name)
     if name == "adamw_torch_fused":
-        return "adamw_torch", "optimizer adamw_torch_fused is planned for a GPU: using adamw_torch on the CPU"
+        return "adamw_torch", why("optimizer_fused_on_cpu")
     return name, None

@@ -2,6 +2,7 @@
 
     fit(model, cfg, "fp16", quantized=True, optimizer="adamw_torch", n=2, budget=15 * GIB, loop=training_loop(facts))
     # -> ("ddp", 2, 8, True, MemoryEstimate) or None
+    search(...)   # -> (that or None, the Reasons cheaper strategies were passed over for host RAM or FSDP's load)
 
 Strategies are tried cheapest first (DDP, then FSDP, then device_map model parallelism), micro-
 batches largest first, no gradient checkpointing before checkpointing; the first combination whose
@@ -12,7 +13,8 @@ from __future__ import annotations
 
 import copy
 
-from kit.planning import grpo, memory, trainers
+from kit.planning import grpo, hostram, memory, trainers
+from kit.planning.reasons import Reason, why
 from kit.errors import UsageError
 from kit.files import GIB
 
@@ -99,17 +101,23 @@ def strategies(cfg, n: int, nodes: int = 1, device: str = "cuda") -> list[tuple]
 
 
 def fit(model, cfg, precision, quantized, optimizer, n, budget, device="cuda", loop=None,
-        nodes=1, ram=None, why=None, speed=None):
-    """First (strategy, world, per_device_batch, checkpointing, estimate) that fits, or None.
+        nodes=1, ram=None, speed=None):
+    """First (strategy, world, per_device_batch, checkpointing, estimate) that fits, or None (`search`'s
+    answer without the strategies it passed over)."""
+    return search(model, cfg, precision, quantized, optimizer, n, budget, device, loop, nodes, ram, speed)[0]
 
-    `ram`: host RAM per node for loading (None: not checked); `why`: a list that collects why a
-    strategy was passed over for something other than GPU memory in training; `speed`: a function
-    of (strategy, checkpointing) giving memory.estimate's keywords for the speed choices made for
-    that candidate (batching, activation offloading), so each is estimated as it would run.
+
+def search(model, cfg, precision, quantized, optimizer, n, budget, device="cuda", loop=None,
+           nodes=1, ram=None, speed=None) -> tuple[tuple | None, tuple[Reason, ...]]:
+    """(the first (strategy, world, per_device_batch, checkpointing, estimate) that fits or None, the
+    Reasons the cheaper strategies were passed over for something other than GPU memory in training:
+    host RAM while loading, FSDP's 4-bit load peak; `passed_over_words` words them for a refusal).
+
+    `ram`: host RAM per node for loading (None: not checked); `speed`: a function of (strategy,
+    checkpointing) giving memory.estimate's keywords for the speed choices made for that candidate
+    (batching, activation offloading), so each is estimated as it would run.
     """
-    from kit.planning import hostram
-
-    why = [] if why is None else why
+    why = []
     if cfg.gradient_checkpointing != "auto":
         gcs = [cfg.gradient_checkpointing == "on"]
     else:
@@ -119,14 +127,14 @@ def fit(model, cfg, precision, quantized, optimizer, n, budget, device="cuda", l
             load = hostram.node_load_bytes(model, strategy, quantized, world // nodes if strategy != "model_parallel"
                                            else 1, full_method=cfg.method == "full")
             if load.total_bytes > ram:
-                why.append(f"{strategy}: loading needs ~{load.total_bytes / GIB:.1f} GiB of host RAM per node "
-                           f"({load.words}), more than the {ram / GIB:.1f} GiB usable here")
+                why.append(Reason("passed_over_host_ram", {"strategy": strategy, **load.figures(),
+                                                           "ram_gib": ram / GIB}))
                 continue
         if strategy == "fsdp" and quantized and device == "cuda":
             load = memory.fsdp_qlora_load_bytes(model, precision)
             if load > budget:
-                why.append(f"fsdp: each rank quantizes the whole 4-bit base on its GPU before sharding it "
-                           f"(~{load / GIB:.1f} GiB, more than the {budget / GIB:.1f} GiB of one GPU)")
+                why.append(Reason("passed_over_fsdp_load", {"strategy": "fsdp", "load_gib": load / GIB,
+                                                            "budget_gib": budget / GIB}))
                 continue
         smallest = trainers.of(cfg).min_batch  # KTO's KL term needs two rows in a micro-batch
         batches = [cfg.per_device_batch] if cfg.per_device_batch else [b for b in AUTO_BATCHES if b >= smallest]
@@ -140,8 +148,18 @@ def fit(model, cfg, precision, quantized, optimizer, n, budget, device="cuda", l
                                       world_size=n if sharding == "layers" else world,
                                       sharding=sharding, optimizer=optimizer, device=device, **run)
                 if est.total_bytes <= budget:
-                    return strategy, world, b, gc, est
-    return None
+                    return (strategy, world, b, gc, est), tuple(why)
+    return None, tuple(why)
+
+
+def passed_over_words(reason: Reason) -> str:
+    """Why a strategy was passed over (a Reason `fit` collected), in the words of a refusal and of the plan."""
+    f = reason.figures
+    if reason.code == "passed_over_fsdp_load":
+        return (f"fsdp: each rank quantizes the whole 4-bit base on its GPU before sharding it (~{f['load_gib']:.1f} "
+                f"GiB, more than the {f['budget_gib']:.1f} GiB of one GPU)")
+    return (f"{f['strategy']}: loading needs ~{f['load_gib']:.1f} GiB of host RAM per node "
+            f"({hostram.load_words(f)}), more than the {f['ram_gib']:.1f} GiB usable here")
 
 
 def cheaper_change(model, cfg, precision, optimizer, n, budget, gpu_name, loop=None,
@@ -237,8 +255,9 @@ def _bigger_gpu(model, cfg, precision, optimizer, n, budget, loop, nodes, ram) -
     return None
 
 
-def rank_budget(usable: list[dict], reasons: list[str]) -> int:
-    """The memory each rank may use: the smallest GPU's total, or its free memory when something holds a lot."""
+def rank_budget(usable: list[dict]) -> tuple[int, Reason | None]:
+    """The memory each rank may use: the smallest GPU's total, or its free memory when something holds a
+    lot (then with the Reason)."""
     unknown = [g["index"] for g in usable if g.get("memory_total_bytes") is None]
     if unknown:
         raise UsageError(f"GPU {unknown[0]}'s memory could not be read (memory_total_bytes is null), and the plan "
@@ -246,10 +265,8 @@ def rank_budget(usable: list[dict], reasons: list[str]) -> int:
     budget = min(g["memory_total_bytes"] for g in usable)
     held = [g for g in usable if g.get("memory_free_bytes") is not None
             and g["memory_total_bytes"] - g["memory_free_bytes"] > GIB]
-    if held:
-        budget = min(budget, min(g["memory_free_bytes"] for g in held))
-        used = max(g["memory_total_bytes"] - g["memory_free_bytes"] for g in held)
-        reasons.append(f"GPU {held[0]['index']} already has {used / GIB:.1f} GiB in use by another process (a "
-                       f"notebook kernel holding a model?): planning with the free {budget / GIB:.1f} GiB; restart "
-                       "that kernel to get it back.")
-    return budget
+    if not held:
+        return budget, None
+    budget = min(budget, min(g["memory_free_bytes"] for g in held))
+    used = max(g["memory_total_bytes"] - g["memory_free_bytes"] for g in held)
+    return budget, why("gpu_memory_held", gpu=held[0]["index"], used_gib=used / GIB, budget_gib=budget / GIB)

@@ -1,7 +1,7 @@
 """Host RAM while the model loads: what each rank holds, summed over one node's ranks.
 
     need = node_load_bytes(model_facts("Qwen/Qwen3-14B"), "fsdp", quantized=False, ranks=2)
-    need.total_bytes, need.words   # ~32.5 GiB, "its first rank reads the 27.5 GiB of 16-bit weights ..."
+    need.total_bytes, load_words(need.figures())   # ~32.5 GiB, "its first rank reads the 27.5 GiB of 16-bit weights ..."
 
 Kaggle gives ~31 GiB of RAM to both T4 ranks together: a plan whose load does not fit there is
 killed by the kernel's OOM killer before the first step, so the planner counts it. Loading is
@@ -28,26 +28,38 @@ IN_FLIGHT_BYTES = 2 * GIB
 HEADROOM = 0.9  # of the machine's RAM: the OS, the notebook kernel and the page cache need the rest
 
 
-@dataclass
+@dataclass(frozen=True)
 class HostLoad:
     total_bytes: int
-    words: str
+    first_rank_reads: bool  # 16-bit FSDP: the node's first rank reads the whole 16-bit model into RAM
+    ranks: int
+    per_rank_bytes: int     # what each rank holds (besides the first rank's read)
+    weights_bytes: int      # the 16-bit (full fine-tuning: 32-bit) weights
+
+    def figures(self) -> dict:
+        """The load as a Reason's figures (GiB), which `load_words` reads."""
+        return {"load_gib": self.total_bytes / GIB, "first_rank_reads": self.first_rank_reads, "ranks": self.ranks,
+                "per_rank_gib": self.per_rank_bytes / GIB, "weights_gib": self.weights_bytes / GIB}
+
+
+def load_words(f: dict) -> str:
+    """What the load is made of, from `HostLoad.figures()`: the words of the plan's host RAM reason
+    (kit.report.reasons) and of the refusal that names a strategy passed over for it (kit.planning.fit)."""
+    if f["first_rank_reads"]:
+        return (f"its first rank reads the {f['weights_gib']:.1f} GiB of 16-bit weights into RAM and the others "
+                f"receive them while sharding, plus {f['per_rank_gib']:.1f} GiB per process")
+    each = (f"{f['ranks']} processes of ~{f['per_rank_gib']:.1f} GiB each" if f["ranks"] > 1 else
+            f"1 process of ~{f['per_rank_gib']:.1f} GiB")
+    return f"{each}: torch and CUDA, plus the weights on their way to the GPU"
 
 
 def node_load_bytes(model, strategy: str, quantized: bool, ranks: int, full_method: bool = False) -> HostLoad:
     """Peak host RAM of one node while `ranks` processes load `model` for `strategy`."""
     weights16 = model.params * (4 if full_method else 2)
     if strategy == "fsdp" and not quantized:
-        total = ranks * PROCESS_BYTES + weights16
-        words = (f"its first rank reads the {weights16 / GIB:.1f} GiB of 16-bit weights into RAM and the others "
-                 f"receive them while sharding, plus {PROCESS_BYTES / GIB:.1f} GiB per process")
-    else:
-        per_rank = PROCESS_BYTES + min(weights16, IN_FLIGHT_BYTES)
-        total = ranks * per_rank
-        each = f"{ranks} processes of ~{per_rank / GIB:.1f} GiB each" if ranks > 1 else \
-            f"1 process of ~{per_rank / GIB:.1f} GiB"
-        words = f"{each}: torch and CUDA, plus the weights on their way to the GPU"
-    return HostLoad(int(total), words)
+        return HostLoad(int(ranks * PROCESS_BYTES + weights16), True, ranks, PROCESS_BYTES, weights16)
+    per_rank = PROCESS_BYTES + min(weights16, IN_FLIGHT_BYTES)
+    return HostLoad(int(ranks * per_rank), False, ranks, per_rank, weights16)
 
 
 def budget(ram_bytes: int | None) -> int | None:

@@ -214,12 +214,12 @@ def estimate(model, cfg, precision: str, per_device_batch: int, gradient_checkpo
     # adapter disabled (LoRA), a second copy (full, precompute off) or not at all in training (precomputed).
     trainer = trainers.of(cfg)
     rows = per_device_batch * trainer.sequences
-    ref_kind, ref_why = trainers.reference(cfg)
+    ref_kind = trainers.reference(cfg)[0]
     if ref_kind == "model_copy":
         terms["reference_model"] = model.params * bp / n
-    if trainer.reference:
+    if trainer.reference:  # how the reference is had is the plan's reason (trainers.reference), said there
         notes.append(f"{trainer.name}: {rows} sequences of up to {cfg.seq_len} tokens per micro-batch of "
-                     f"{per_device_batch}; {ref_why}")
+                     f"{per_device_batch}")
 
     # Activations and logits.
     tokens = rows * cfg.seq_len

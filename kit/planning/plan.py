@@ -4,7 +4,8 @@
     plan.strategy, plan.precision, plan.launch   # 'ddp', 'fp16', 'torchrun --standalone --nproc_per_node=2 train_ddp.py'
 
 Decides precision, strategy (single | ddp | fsdp | model_parallel), micro-batch, accumulation,
-gradient checkpointing, backend and optimizer, each with a plain sentence why. When nothing fits
+gradient checkpointing, backend and optimizer, each with its Reason (a code and the numbers,
+`kit.planning.reasons`; `kit.report.reasons` words them). When nothing fits
 or the hardware cannot run the job it raises `CannotTrain`, whose `.plan` is the strategy-"none"
 plan (reasons include the cheapest change that would fit), so `kit plan --json` can still print it.
 """
@@ -16,11 +17,14 @@ from dataclasses import asdict, dataclass, field, fields
 from kit.errors import CannotTrain, UsageError
 from kit.machine import gpu_table, verdicts
 from kit.machine.command import launch_command
-from kit.planning import device_rules, hostram, memory, plan_words, precision, shapes, speed, tracking, trainers
+from kit.planning import device_rules, hostram, memory, precision, shapes, speed, tracking, trainers
+from kit.planning.fit import CHECKPOINTING_FROM_PARAMS
+from kit.planning.reasons import Reason, why
 from kit.planning.measured import MEASURED
 from kit.planning.names import check_data
 from kit.planning import nodes as nodes_mod
-from kit.planning.fit import batch_for_world, cheaper_change, fit, rank_budget, training_loop
+from kit.planning.fit import (batch_for_world, cheaper_change, fit, passed_over_words, rank_budget, search,
+                              training_loop)
 from kit.files import GIB
 
 CPU_MAX_PARAMS = 1e9
@@ -53,7 +57,7 @@ class Plan:
     prequantized: bool = False      # the base checkpoint itself is 4-bit (so any method trains on a 4-bit base)
     reference: str | None = None    # dpo/kto: adapter_disabled | precomputed | model_copy (kit.planning.trainers)
     memory: dict = field(default_factory=lambda: {"per_gpu_bytes": 0, "budget_bytes": 0, "terms": {}})
-    reasons: tuple = ()
+    reasons: tuple = ()             # of kit.planning.reasons.Reason, in the order decided
     launch: str = ""
     model: str = ""
     gpu: str = ""
@@ -73,7 +77,7 @@ class Plan:
         return self.batching == "padding_free" or (self.batching == "packed" and not self.packed_as_rows)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return asdict(self)  # each Reason as {"code", "figures"}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Plan":
@@ -88,7 +92,8 @@ class Plan:
         if unknown:
             raise UsageError(f"the plan has unknown key(s) {', '.join(map(repr, unknown))}: re-render the script "
                              "(python -m kit render …)")
-        return cls(**{k: tuple(v) if k in ("reasons", "node_launch") else v for k, v in d.items()})
+        d = {**d, "reasons": tuple(Reason.from_dict(r) for r in d.get("reasons", ()))}
+        return cls(**{k: tuple(v) if k == "node_launch" else v for k, v in d.items()})
 
 
 class _Draft:
@@ -98,6 +103,10 @@ class _Draft:
         self.__dict__.update({f.name: getattr(Plan(), f.name) for f in fields(Plan)}, **values)
         self.reasons, self.node_launch = list(self.reasons), list(self.node_launch)
         self.memory = dict(self.memory)
+
+    def said(self, *reasons) -> None:
+        """Collect the Reasons a decision returned, in order (None: it had nothing to say)."""
+        self.reasons += [r for r in reasons if r is not None]
 
     def freeze(self) -> Plan:
         return Plan.from_dict(dict(self.__dict__))
@@ -113,6 +122,7 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
     One pass: the speed choices (backend, batching, kernels, activation offloading, compiled layers)
     are made for each candidate strategy and checkpointing the search tries, and the memory of each
     is estimated for exactly those choices; the first that fits is the plan, with that estimate.
+    Each decision returns its value and its Reason(s); they are collected here, in order.
 
     Raises:
         CannotTrain: the hardware cannot run it or it does not fit (`.plan` holds the "none" plan).
@@ -127,12 +137,10 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
     check_data(cfg.data.path)
     trainers.check(cfg)  # settings the trainer's TRL trainer cannot run: before any plan
     plan = _Draft(model=cfg.model, prequantized=model.prequantized is not None, reference=trainers.reference(cfg)[0])
-    plan.reasons.append(f"{cfg.model}: {plan_words.count(model.params)} parameters, {model.layers} layers, vocab "
-                        f"{model.vocab} (from {model.source}).")
+    plan.said(why("model", model=cfg.model, params=model.params, layers=model.layers, vocab=model.vocab,
+                  source=model.source))
     # A tracker the machine's facts show missing: refused here, as the script refuses it at launch.
-    _, tracked = tracking.choose(cfg.report_to, tracking.installed_in(facts.packages), "on the machine planned for")
-    if tracked:
-        plan.reasons.append(tracked)
+    plan.said(tracking.choose(cfg.report_to, tracking.installed_in(facts.packages), "on the machine planned for")[1])
     quantized = cfg.method == "qlora" or model.prequantized is not None
     if model.prequantized and cfg.method == "full":
         raise UsageError(f"{cfg.model} is a 4-bit checkpoint and cannot be fully fine-tuned: use method=lora, "
@@ -147,43 +155,43 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
     if not v.ok:
         _refuse(plan, v.summary if v.action in v.summary else f"{v.summary} {v.action}".strip())
     usable = [g for g in facts.gpus if g["index"] in v.usable_gpus]
-    plan.reasons += [g["reason"] + "." for g in v.gpus if g["arch_supported"] is False]
+    plan.said(*(why("gpu_unsupported", verdict=g["reason"]) for g in v.gpus if g["arch_supported"] is False))
     if v.mixed:
         names = ", ".join(sorted({g["name"] for g in usable}))
         _refuse(plan, f"mixed GPU models ({names}): every rank would run at the pace and memory of the "
                       "smallest; make only one model visible with CUDA_VISIBLE_DEVICES")
     if nproc is not None and not 1 <= nproc <= len(usable):
-        raise UsageError(f"nproc {nproc}: this machine has {plan_words.things(len(usable), 'usable GPU')}")
+        raise UsageError(f"nproc {nproc}: this machine has {len(usable)} usable GPU{'' if len(usable) == 1 else 's'}")
     usable = usable[: nproc or len(usable)]
     gpu, n = usable[0], len(usable)
     plan.gpu, plan.gpus = gpu["name"], n  # the GPUs it was planned for, also when it is refused
-    plan.precision = _precision(cfg, gpu, plan.reasons, plan)
+    plan.precision = _precision(cfg, gpu, plan)
     if quantized:
         plan.quantization = "nf4"
-        plan.reasons.append(f"{cfg.model} is a bnb-4bit checkpoint: its base stays 4-bit, so this is QLoRA."
-                            if model.prequantized and cfg.method != "qlora" else
-                            "QLoRA: linear weights in 4-bit nf4 (bitsandbytes); embeddings, norms and lm_head stay "
-                            "16-bit (kit does not call prepare_model_for_kbit_training: 5.7 GiB and 19 % slower "
-                            "for Qwen3-8B).")
+        plan.said(why("qlora_prequantized", model=cfg.model) if model.prequantized and cfg.method != "qlora" else
+                  why("qlora", saved_gib=5.7, slower_pct=19))
         if not (facts.packages or {}).get("bitsandbytes"):
-            plan.reasons.append("bitsandbytes is not installed there: `pip install bitsandbytes` before training.")
+            plan.said(why("bitsandbytes_missing"))
     plan.optimizer = _optimizer(cfg, facts, gpu)
-    budget = rank_budget(usable, plan.reasons)
-    # A preference trainer pads its batches: the SFT batching reasons would only be taken back.
-    plan.batching = speed.batching(cfg, gpu, plan.reasons if cfg.trainer == "sft" else [])
-    trainers.plan_rules(cfg, plan, plan.reasons)
+    budget, held = rank_budget(usable)
+    plan.said(held)
+    plan.batching, batching_said = speed.batching(cfg, gpu)
+    # A preference trainer pads its batches: the SFT batching reason would only be taken back.
+    plan.said(batching_said if cfg.trainer == "sft" else None)
+    plan.batching, trainer_said = trainers.plan_rules(cfg, plan.batching)
+    plan.said(*trainer_said)
     loop = training_loop(facts)
-    chosen = {}  # (strategy, checkpointing) -> the speed choices for it; the same pure rules each time
+    chosen = {}  # (strategy, checkpointing) -> (the speed choices for it, their Reasons); the same pure rules each time
 
-    def choices(strategy: str, gc: bool, reasons: list | None = None) -> dict:
-        if reasons is not None or (strategy, gc) not in chosen:
-            chosen[strategy, gc] = _speed(cfg, facts, gpu, model, plan.batching, strategy, gc,
-                                          [] if reasons is None else reasons)
+    def choices(strategy: str, gc: bool) -> tuple[dict, list]:
+        if (strategy, gc) not in chosen:
+            chosen[strategy, gc] = _speed(cfg, facts, gpu, model, plan.batching, strategy, gc)
         return chosen[strategy, gc]
 
-    ram, why = hostram.budget(facts.ram_bytes), []
-    found = fit(model, cfg, plan.precision, quantized, plan.optimizer, n, budget, loop=loop,
-                nodes=nodes, ram=ram, why=why, speed=lambda strategy, gc: _as_run(choices(strategy, gc), strategy, gc))
+    ram = hostram.budget(facts.ram_bytes)
+    found, passed_over = search(model, cfg, plan.precision, quantized, plan.optimizer, n, budget, loop=loop,
+                                nodes=nodes, ram=ram,
+                                speed=lambda strategy, gc: _as_run(choices(strategy, gc)[0], strategy, gc))
     plan.memory["budget_bytes"] = budget
     plan.nodes = nodes
     if found is None:
@@ -194,7 +202,7 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
                            notes=[f"one replica at micro-batch {cfg.per_device_batch or 1}"] + est.notes)
         how = " with one full replica per GPU" if cfg.strategy == "ddp" and n > 1 else ""
         where = f"{nodes} nodes of {n}× {gpu['name']}" if nodes > 1 else f"{n}× {gpu['name']}"
-        passed = f" (passed over {'; '.join(why)})" if why else ""
+        passed = f" (passed over {'; '.join(map(passed_over_words, passed_over))})" if passed_over else ""
         _refuse(plan, f"{cfg.model} ({cfg.method}, seq_len {cfg.seq_len}) does not fit on {where}{how}{passed}: "
                       + cheaper_change(model, cfg, plan.precision, plan.optimizer, n, budget, gpu["name"],
                                         {**loop, "batching": plan.batching}, nodes=nodes, ram=ram))
@@ -205,13 +213,19 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
                        notes=est.notes)
     plan.nproc = world // nodes if strategy in ("ddp", "fsdp") else world  # per node
     plan.gpus = len(usable) if strategy == "model_parallel" else plan.nproc
-    plan.reasons += [f"passed over {w}." for w in why]  # cheaper strategies that fit the GPUs but not the load
-    plan.reasons += plan_words.strategy_reasons(strategy, n if strategy == "model_parallel" else world, gpu["name"],
-                                                est, budget, model, cfg, gc, quantized, plan, why)
-    plan.reasons.append(plan_words.host_words(model, strategy, quantized, plan.nproc, cfg, ram, nodes))
-    # The speed choices the estimate above was made for, now with their reasons.
-    for key, value in choices(strategy, gc, plan.reasons).items():
+    # Cheaper strategies that fit the GPUs but not the load.
+    plan.said(*passed_over)
+    plan.said(*_strategy_reasons(strategy, n if strategy == "model_parallel" else world, gpu["name"], est, budget,
+                                 model, cfg, gc, quantized, plan, {r["strategy"] for r in passed_over}))
+    plan.said(_host_reason(model, strategy, quantized, plan.nproc, cfg, ram, nodes))
+    # The speed choices the estimate above was made for, with their reasons.
+    values, speed_said = choices(strategy, gc)
+    for key, value in values.items():
         setattr(plan, key, value)
+    unsloth_batching = next((r for r in speed_said if r.code == "batching_unsloth"), None)
+    if unsloth_batching is not None:  # Unsloth's batching reason takes the planner's place
+        plan.reasons = [r for r in plan.reasons if not r.code.startswith("batching_")]
+    plan.said(*speed_said)
     plan.launch = _launch(strategy, plan.nproc, usable, facts, gpu)
     if nodes > 1:
         run_id = "kit-" + "".join(ch if ch.isalnum() else "-" for ch in cfg.model.split("/")[-1].lower())
@@ -220,28 +234,54 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
         plan.snippets = {"slurm": nodes_mod.slurm(nodes, plan.nproc, run_id),
                          "skypilot": nodes_mod.skypilot(nodes, plan.nproc, gpu_table.skypilot_name(
                              gpu["name"], gpu.get("memory_total_bytes")))}
-        plan.reasons.append(f"{nodes} nodes × {plan_words.things(plan.nproc, 'GPU')} = {world} ranks, started by "
-                            "torchrun's c10d "
-                            f"rendezvous at {endpoint}; only global rank 0 talks to the store, each node downloads the "
-                            "model and data once and keeps its own output_dir; a node that dies ends the job (non-zero "
-                            "exit), and the same commands resume it.")
+        plan.said(why("nodes", nodes=nodes, nproc=plan.nproc, world=world, endpoint=endpoint))
     return plan.freeze()
 
 
-def _speed(cfg, facts, gpu, model, batching: str, strategy: str, gc: bool, reasons: list) -> dict:
-    """The speed choices for one candidate of the search (its strategy and checkpointing), each with
-    its reason: the backend, the batching as that backend runs it, Liger's kernels, activation
+def _speed(cfg, facts, gpu, model, batching: str, strategy: str, gc: bool) -> tuple[dict, list]:
+    """The speed choices for one candidate of the search (its strategy and checkpointing), and their
+    Reasons: the backend, the batching as that backend runs it, Liger's kernels, activation
     offloading and compiled layers, and what the trainer overrides of them."""
-    backend = trainers.backend(cfg, _backend(cfg, facts, gpu, strategy, reasons), reasons)
+    backend, backend_said = _backend(cfg, facts, gpu, strategy)
+    backend, trainer_said = trainers.backend(cfg, backend)
+    batching_said = None
     if backend == "unsloth":  # Unsloth's trainer lays packed sequences end to end (kit.train.collate)
-        batching = speed.unsloth_batching(cfg, batching, reasons)
-    kernels = speed.kernels(cfg, facts, gpu, backend, model.model_type, reasons)
-    offloading = speed.activation_offloading(cfg, gpu, backend, strategy, gc, reasons)
-    said: list = []  # the compile reasons alone: a trainer's own reason replaces them (trainers.compiled)
-    compiled = trainers.compiled(cfg, speed.compile_layers(cfg, gpu, backend, strategy, said), said)
-    reasons += said
-    return {"backend": backend, "batching": batching, "kernels": kernels, "activation_offloading": offloading,
-            "compile_layers": compiled}
+        batching, batching_said = speed.unsloth_batching(cfg, batching)
+    kernels, kernels_said = speed.kernels(cfg, facts, gpu, backend, model.model_type)
+    offloading, offloading_said = speed.activation_offloading(cfg, gpu, backend, strategy, gc)
+    compiled, compile_said = speed.compile_layers(cfg, gpu, backend, strategy)
+    compiled, trainer_compile_said = trainers.compiled(cfg, compiled)  # a trainer's own reason replaces the planner's
+    said = [r for r in (backend_said, trainer_said, batching_said, kernels_said, offloading_said,
+                        trainer_compile_said or compile_said) if r is not None]
+    return ({"backend": backend, "batching": batching, "kernels": kernels, "activation_offloading": offloading,
+             "compile_layers": compiled}, said)
+
+
+def _strategy_reasons(strategy, n, gpu_name, est, budget, model, cfg, gc, quantized, plan,
+                      passed=frozenset()) -> tuple[Reason, ...]:
+    """Why this strategy, this checkpointing, this batch; `passed`: the cheaper strategies passed over
+    for something other than GPU memory in training (host RAM while loading, FSDP's 4-bit load peak)."""
+    said = [why("strategy", strategy=strategy, n=n, nodes=plan.nodes, gpu=gpu_name, est_gib=est.total_bytes / GIB,
+                budget_gib=budget / GIB, configured=cfg.strategy, ddp_passed="ddp" in passed,
+                fsdp_passed="fsdp" in passed, layers=model.layers)]
+    if strategy == "fsdp" and quantized:
+        said.append(why("fsdp_qlora", precision=plan.precision,
+                        load_gib=memory.fsdp_qlora_load_bytes(model, plan.precision) / GIB))
+    elif strategy == "fsdp":
+        said.append(why("fsdp_16bit"))
+    because = ("config" if cfg.gradient_checkpointing != "auto" else
+               "big" if model.params >= CHECKPOINTING_FROM_PARAMS else "needed" if gc else "small")
+    said.append(why("checkpointing", on=gc, because=because, params=model.params))
+    said.append(why("batch", per_device_batch=plan.per_device_batch, configured=bool(cfg.per_device_batch),
+                    grad_accum=plan.grad_accum, global_batch=plan.global_batch))
+    return tuple(said)
+
+
+def _host_reason(model, strategy, quantized, ranks, cfg, ram, nodes: int = 1) -> Reason:
+    """Host RAM while the model loads (kit.planning.hostram), against what the machine has."""
+    load = hostram.node_load_bytes(model, strategy, quantized, ranks if strategy != "model_parallel" else 1,
+                                   full_method=cfg.method == "full")
+    return Reason("host_ram", {**load.figures(), "nodes": nodes, "ram_gib": ram / GIB if ram else None})
 
 
 def _as_run(choice: dict, strategy: str, gc: bool) -> dict:
@@ -274,7 +314,7 @@ def _as_facts(facts):
 
 def _refuse(plan: _Draft, message: str):
     plan.strategy = "none"
-    plan.reasons.append(message if message.endswith(".") else message + ".")
+    plan.said(why("refused", message=message if message.endswith(".") else message + "."))
     err = CannotTrain(message)
     err.plan = plan.freeze()
     raise err
@@ -282,7 +322,7 @@ def _refuse(plan: _Draft, message: str):
 
 def _cpu_plan(facts, cfg, model, plan: _Draft, nproc, quantized: bool) -> Plan:
     plan.device, plan.gpu, plan.nproc = "cpu", "cpu", nproc or 1
-    plan.reasons.append("CPU-only: training will be CPU-slow; fine for the tiny default.")
+    plan.said(why("cpu_only"))
     if model.params > CPU_MAX_PARAMS:
         _refuse(plan, f"{cfg.model} has {model.params / 1e9:.1f}B parameters: too big to train on a CPU; "
                       "use a GPU machine (Kaggle T4×2, Colab T4) or a model under 1B")
@@ -300,10 +340,15 @@ def _cpu_plan(facts, cfg, model, plan: _Draft, nproc, quantized: bool) -> Plan:
                       "the script, over gloo): use --nproc 2 or more, or strategy=auto")
     plan.optimizer, swapped = device_rules.cpu_optimizer("adamw_torch" if cfg.optimizer == "auto" else cfg.optimizer)
     ram = facts.ram_bytes or CPU_ASSUMED_RAM  # ranks on a CPU share the machine's memory
-    plan.batching = speed.batching(cfg, None, plan.reasons if cfg.trainer == "sft" else [])
-    trainers.plan_rules(cfg, plan, plan.reasons)
-    speed.activation_offloading(cfg, None, "transformers", "single", False, plan.reasons)  # its reason; off here
-    speed.compile_layers(cfg, None, "transformers", "single", plan.reasons)  # its reason when configured; off here
+    plan.batching, batching_said = speed.batching(cfg, None)
+    plan.said(batching_said if cfg.trainer == "sft" else None)
+    plan.batching, trainer_said = trainers.plan_rules(cfg, plan.batching)
+    plan.said(*trainer_said)
+    # Off on the CPU; said where the config asked for them.
+    plan.activation_offloading, offloading_said = speed.activation_offloading(cfg, None, "transformers", "single",
+                                                                              False)
+    plan.compile_layers, compile_said = speed.compile_layers(cfg, None, "transformers", "single")
+    plan.said(offloading_said, compile_said)
     loop = {**training_loop(facts), "batching": plan.batching}
     found = fit(model, cfg, plan.precision, False, plan.optimizer, plan.nproc, ram // plan.nproc, device="cpu",
                 loop=loop)
@@ -312,30 +357,26 @@ def _cpu_plan(facts, cfg, model, plan: _Draft, nproc, quantized: bool) -> Plan:
         found = fit(model, cfg, plan.precision, False, plan.optimizer, plan.nproc, ram // plan.nproc, device="cpu",
                     loop=loop)
     if found is None:
+        processes = f"{plan.nproc} process" + ("es" if plan.nproc != 1 else "")
         _refuse(plan, f"{cfg.model} at seq_len {cfg.seq_len} needs more than the {ram / GIB:.1f} GiB of RAM here "
-                      f"for {plan_words.things(plan.nproc, 'process', 'processes')}: use a GPU machine, fewer "
-                      "processes or shorter sequences")
+                      f"for {processes}: use a GPU machine, fewer processes or shorter sequences")
     plan.strategy, _, b, plan.gradient_checkpointing, est = found
     plan.per_device_batch, plan.grad_accum, plan.global_batch = batch_for_world(cfg, b, plan.nproc)
     unknown = [] if facts.ram_bytes else [f"the machine's RAM is not known: {ram / GIB:.0f} GiB assumed, not checked"]
     plan.memory.update(per_gpu_bytes=est.total_bytes, allocated_bytes=est.allocated_bytes,
                        budget_bytes=ram // plan.nproc, terms=est.terms, notes=unknown + est.notes)
-    plan.reasons.append(f"precision {plan.precision} on the CPU; " +
-                        (f"{plan.nproc} processes over gloo" if plan.nproc > 1 else "one process") +
-                        (", FSDP-sharded (checks the script's FSDP path; no memory saved: the ranks share one RAM)."
-                         if plan.strategy == "fsdp" else "."))
-    if swapped and cfg.optimizer != "auto":
-        plan.reasons.append(swapped + ".")
+    plan.said(why("cpu_processes", precision=plan.precision, nproc=plan.nproc, fsdp=plan.strategy == "fsdp"))
+    plan.said(swapped if cfg.optimizer != "auto" else None)
     plan.launch = launch_command(plan.nproc)
     return plan.freeze()
 
 
-def _precision(cfg, gpu, reasons, plan) -> str:
+def _precision(cfg, gpu, plan) -> str:
     try:
-        chosen, why = precision.choose(cfg.precision, "cuda", gpu["vendor"], gpu["capability"], gpu["name"])
+        chosen, said = precision.choose(cfg.precision, "cuda", gpu["vendor"], gpu["capability"], gpu["name"])
     except CannotTrain as e:
         _refuse(plan, str(e))
-    reasons.append(why + ".")
+    plan.said(said)
     return chosen
 
 
@@ -349,33 +390,23 @@ def _optimizer(cfg, facts, gpu=None) -> str:
     return "adamw_torch_fused" if speed.fused_adamw(cfg, gpu) else "adamw_torch"
 
 
-def _backend(cfg, facts, gpu, strategy, reasons) -> str:
+def _backend(cfg, facts, gpu, strategy) -> tuple[str, Reason | None]:
     has_unsloth = bool((facts.packages or {}).get("unsloth"))
     if cfg.backend == "transformers":
-        return "transformers"
+        return "transformers", None
     if cfg.backend == "unsloth":
-        if strategy != "single":
-            reasons.append("backend unsloth as configured, on several GPUs: Unsloth's multi-GPU support is "
-                           "limited; use backend=transformers if it fails.")
-        return "unsloth"
+        return "unsloth", why("backend_unsloth_configured_multi_gpu") if strategy != "single" else None
     if has_unsloth and gpu["vendor"] == "nvidia" and strategy == "single":
         dpo = MEASURED["unsloth_dpo"]
-        reasons.append("backend unsloth: installed and one NVIDIA GPU (measured in one run on an H200 for Qwen3-8B "
-                       "QLoRA, seq_len 2048 × 4: 1.20× the tokens/s of kit's plain stack with Liger, 10,358 against "
-                       "8,631, and 86 % of its memory, 8.32 against 9.65 GiB; on chat-length rows padding-free, "
-                       f"1.60× its trained tokens/s, {MEASURED['unsloth_backend_vs_direct']:.3f}× Unsloth driven directly "
-                       "on the same batches" + (
-                           f"; trainer dpo: {dpo['vs_trl']:.2f}× the tokens/s of TRL's DPOTrainer driven directly, "
-                           f"{dpo['tokens_per_s']:,} against {dpo['trl_tokens_per_s']:,}, where kit's plain stack with "
-                           f"Liger gave {dpo['plain_vs_trl']:.2f}× in the same run (H100, Qwen3-8B QLoRA, 2 pairs × "
-                           f"1,024 tokens), at {dpo['peak_gib']} against {dpo['trl_peak_gib']} GiB"
-                           if cfg.trainer == "dpo" else "")
-                       + "; the memory estimate is Unsloth's: its checkpointing keeps each layer's input in CPU "
-                       "memory).")
-        return "unsloth"
+        figures = {"vs_direct": MEASURED["unsloth_backend_vs_direct"], "trainer": cfg.trainer}
+        if cfg.trainer == "dpo":
+            figures.update(dpo_vs_trl=dpo["vs_trl"], dpo_tokens_per_s=dpo["tokens_per_s"],
+                           trl_tokens_per_s=dpo["trl_tokens_per_s"], plain_vs_trl=dpo["plain_vs_trl"],
+                           peak_gib=dpo["peak_gib"], trl_peak_gib=dpo["trl_peak_gib"])
+        return "unsloth", Reason("backend_unsloth", figures)
     if has_unsloth and strategy != "single":
-        reasons.append("backend transformers: Unsloth is installed but its multi-GPU support is limited.")
-    return "transformers"
+        return "transformers", why("backend_plain_multi_gpu")
+    return "transformers", None
 
 
 def _launch(strategy, world, usable, facts, gpu) -> str:

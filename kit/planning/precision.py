@@ -11,11 +11,12 @@ from __future__ import annotations
 from kit.errors import CannotTrain
 from kit.machine import verdicts
 from kit.planning.measured import MEASURED
+from kit.planning.reasons import Reason, why
 
 
 def choose(asked: str, device: str, vendor: str | None = None, capability: str | None = None,
-           name: str = "") -> tuple[str, str]:
-    """(precision, why) for `asked` (auto | bf16 | fp16 | fp32) on a cpu or cuda device.
+           name: str = "") -> tuple[str, Reason]:
+    """(precision, its Reason) for `asked` (auto | bf16 | fp16 | fp32) on a cpu or cuda device.
 
     Raises:
         CannotTrain: bf16 or fp16 asked for on the CPU, bf16 on a GPU without native bf16.
@@ -23,7 +24,7 @@ def choose(asked: str, device: str, vendor: str | None = None, capability: str |
     if device != "cuda":
         if asked in ("bf16", "fp16"):
             raise CannotTrain(f"precision={asked} was asked for, but this runs on the CPU; use precision=fp32")
-        return "fp32", "precision fp32 on the CPU"
+        return "fp32", why("precision_cpu")
     native = verdicts.bf16_native(vendor, capability)
     arch = verdicts.arch_name(vendor, capability)
     if asked == "bf16" and not native:
@@ -31,13 +32,10 @@ def choose(asked: str, device: str, vendor: str | None = None, capability: str |
                           "precision=fp16 or precision=auto")
     if asked != "auto":
         if asked == "fp16" and vendor == "amd":
-            return asked, "precision fp16 as configured; on ROCm fp16 has given NaNs (MI300X): bf16 is safer"
-        return asked, f"precision {asked} as configured"
+            return asked, why("precision_fp16_rocm")
+        return asked, why("precision_configured", precision=asked)
     if not native:
-        return "fp16", (f"{name} ({arch}) has no native bf16: fp16 with loss scaling "
-                        "(torch.cuda.is_bf16_supported() says True here only through emulation); on an H200, fp16 "
-                        f"measured {MEASURED['fp16_vs_bf16']:.2f}× bf16's tokens/s for Qwen3-8B QLoRA (loss scaling and fp32 "
-                        "LoRA weights are its cost; a T4's own speed was not measured)")
+        return "fp16", why("precision_no_bf16", gpu=name, arch=arch, fp16_vs_bf16=MEASURED["fp16_vs_bf16"])
     if vendor == "amd":
-        return "bf16", f"{name} ({arch}) has native bf16; on ROCm bf16 is preferred: fp16 gave NaNs on MI300X"
-    return "bf16", f"{name} ({arch}) has native bf16: bf16, no loss scaling needed"
+        return "bf16", why("precision_bf16_rocm", gpu=name, arch=arch)
+    return "bf16", why("precision_bf16", gpu=name, arch=arch)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from kit.machine import verdicts
 from kit.planning.measured import MEASURED
+from kit.planning.reasons import Reason, why
 
 SHORT_ROWS = 1 / 3  # padding-free batches for rows averaging at most this share of seq_len (settle_batching)
 
@@ -47,37 +48,24 @@ PACKED_OVER_PADDING_FREE = {
 PACKING_PAYS = 1.10
 
 
-def batching(cfg, gpu: dict | None, reasons: list) -> str:
-    """How rows share a micro-batch (see the module docstring); `gpu` None means the CPU."""
+def batching(cfg, gpu: dict | None) -> tuple[str, Reason]:
+    """How rows share a micro-batch (see the module docstring), and why; `gpu` None means the CPU."""
     if cfg.batching != "auto":
         if cfg.batching == "packed":
-            reasons.append("batching packed as configured: rows packed into seq_len-long sequences; each step "
-                           "trains on per_device_batch such sequences, many rows each, so an epoch has fewer "
-                           "optimizer steps than global_batch rows per step would give.")
-        else:
-            reasons.append(f"batching {cfg.batching} as configured.")
-        return cfg.batching
+            return "packed", why("batching_packed_configured")
+        return cfg.batching, why("batching_configured", batching=cfg.batching)
     if gpu is None:
-        reasons.append("batching padded: on the CPU nothing was measured; padded is TRL's default.")
-        return "padded"
+        return "padded", why("batching_cpu")
     if gpu["vendor"] != "nvidia":
-        reasons.append("batching padded: padding-free batches were measured on NVIDIA only (set batching=padding_free "
-                       "to try them; the rows are kept apart by SDPA's mask there too).")
-        return "padded"
-    where = ("" if verdicts.bf16_native(gpu["vendor"], gpu["capability"]) else
-             f"; measured on an H200, not on {verdicts.arch_name(gpu['vendor'], gpu['capability'])}, which has no "
-             "FlashAttention 2 but runs the masked rows through SDPA's memory-efficient kernel")
-    reasons.append(f"batching padding_free: each micro-batch's rows laid end to end without pad tokens, kept apart by a "
-                   f"block-diagonal attention mask: {MEASURED['padding_free_vs_padded']:.2f}× the trained tokens/s of "
-                   f"padded batches on chat-length data and less memory, the same rows per step{where}; the script "
-                   f"goes back to padded batches if the rows average more than a third of seq_len, and packs short rows "
-                   f"where gradient accumulation can fold (the same rows per optimizer step in fewer, fuller "
-                   f"micro-batches: packed measured {MEASURED['packed_vs_padded']:.2f}×).")
-    return "padding_free"
+        return "padded", why("batching_not_nvidia")
+    arch = (None if verdicts.bf16_native(gpu["vendor"], gpu["capability"]) else
+            verdicts.arch_name(gpu["vendor"], gpu["capability"]))
+    return "padding_free", why("batching_padding_free", padding_free_vs_padded=MEASURED["padding_free_vs_padded"],
+                               packed_vs_padded=MEASURED["packed_vs_padded"], unmeasured_arch=arch)
 
 
-def settle_batching(cfg, planned: str, mean_tokens: float, seq_len: int, notes: list, *,
-                    grad_accum: int = 1, backend: str = "transformers") -> str:
+def settle_batching(cfg, planned: str, mean_tokens: float, seq_len: int, *,
+                    grad_accum: int = 1, backend: str = "transformers") -> tuple[str, Reason | None]:
     """At launch, with the data in hand: padding-free batches only for short rows.
 
     All of a padding-free micro-batch is one sequence under one mask, so SDPA's attention work grows
@@ -95,13 +83,11 @@ def settle_batching(cfg, planned: str, mean_tokens: float, seq_len: int, notes: 
     packing would put more rows into each step, so it stays opt-in.
     """
     if cfg.batching != "auto" or planned != "padding_free":
-        return planned
+        return planned, None
     if mean_tokens <= SHORT_ROWS * seq_len:
         pays = PACKED_OVER_PADDING_FREE.get(backend)
-        return "packed" if grad_accum >= 2 and pays is not None and pays >= PACKING_PAYS else planned
-    notes.append(f"batching padded: rows average {mean_tokens:.0f} tokens of seq_len {seq_len}, more than "
-                 f"{SHORT_ROWS:.2f} of it; padding-free batches pay only on short rows")
-    return "padded"
+        return ("packed" if grad_accum >= 2 and pays is not None and pays >= PACKING_PAYS else planned), None
+    return "padded", why("batching_long_rows", mean_tokens=mean_tokens, seq_len=seq_len, short_rows=SHORT_ROWS)
 
 
 FOLD_TOLERANCE = 0.25  # packed rows per optimizer step within this share of the unpacked global batch
@@ -129,71 +115,54 @@ def folded_batch(per_device: int, grad_accum: int, world: int, rows_per_sequence
     return -pd, accum
 
 
-def fold_words(mean_tokens: float, seq_len: int, rows_per_sequence: float, before: tuple[int, int],
-               after: tuple[int, int], rows_before: int, rows_now: float) -> str:
-    return (f"batching packed: rows average {mean_tokens:.0f} tokens of seq_len {seq_len}, {rows_per_sequence:.1f} "
-            f"to a packed sequence; micro-batch {before[0]} × accumulation {before[1]} → {after[0]} sequences × "
-            f"{after[1]}, so an optimizer step still trains on ~{rows_now:.0f} rows ({rows_before} unpacked) in "
-            f"fewer, fuller micro-batches, the rows kept apart by position_ids: packed batches measured "
-            f"{MEASURED['packed_vs_padded']:.2f}× the trained tokens/s of padded ones, padding-free "
-            f"{MEASURED['padding_free_vs_padded']:.2f}× (H200, Qwen3-8B QLoRA)")
+def fold_reason(mean_tokens: float, seq_len: int, rows_per_sequence: float, before: tuple[int, int],
+                after: tuple[int, int], rows_before: int, rows_now: float) -> Reason:
+    """Why `for_data` packed the rows and folded the accumulation, with the numbers."""
+    return why("batching_folded", mean_tokens=mean_tokens, seq_len=seq_len, rows_per_sequence=rows_per_sequence,
+               per_device_before=before[0], accum_before=before[1], per_device_after=after[0],
+               accum_after=after[1], rows_before=rows_before, rows_now=rows_now,
+               packed_vs_padded=MEASURED["packed_vs_padded"], padding_free_vs_padded=MEASURED["padding_free_vs_padded"])
 
 
-def unsloth_batching(cfg, planned: str, reasons: list) -> str:
-    """Unsloth patches TRL's trainer itself; padding-free batches measured to pay under it too (MEASURED)."""
+def unsloth_batching(cfg, planned: str) -> tuple[str, Reason | None]:
+    """Unsloth patches TRL's trainer itself; padding-free batches measured to pay under it too (MEASURED).
+    The Reason, where given, replaces the planner's batching reason."""
     if cfg.batching != "auto" or planned == "padded":
-        return planned
-    reasons[:] = [r for r in reasons if not r.startswith("batching ")]
-    reasons.append(f"batching padding_free: with backend unsloth padding-free batches measured "
-                   f"{MEASURED['unsloth_padding_free_vs_padded']:.2f}× the trained tokens/s of padded ones on "
-                   "chat-length rows (H200, Qwen3-8B QLoRA) and less memory, the loss of every step within 0.1 %; "
-                   "the script goes back to padded batches if the rows average more than a third of seq_len.")
-    return planned
+        return planned, None
+    return planned, why("batching_unsloth", ratio=MEASURED["unsloth_padding_free_vs_padded"])
 
 
-def kernels(cfg, facts, gpu: dict | None, backend: str, model_type: str, reasons: list) -> str:
-    """"liger" (Liger's Triton RMSNorm, SwiGLU and RoPE) or "none"."""
+def kernels(cfg, facts, gpu: dict | None, backend: str, model_type: str) -> tuple[str, Reason | None]:
+    """"liger" (Liger's Triton RMSNorm, SwiGLU and RoPE) or "none", and why."""
     from kit.planning.shapes import LIGER_MODEL_TYPES
 
     installed = bool((facts.packages or {}).get("liger_kernel"))
     if cfg.kernels == "none":
-        return "none"
+        return "none", None
     if cfg.kernels == "liger":
-        if gpu is None or gpu["vendor"] != "nvidia":
-            reasons.append("kernels liger as configured, but Liger's kernels are Triton on an NVIDIA GPU: the "
-                           "script turns them off here.")
-        elif backend == "unsloth":
-            reasons.append("kernels liger as configured, but Unsloth brings its own kernels: off.")
-        else:
-            reasons.append("kernels liger as configured."
-                           + ("" if installed else " liger-kernel is not installed there: `pip install liger-kernel`."))
-        return "liger"
+        off = ("not_nvidia" if gpu is None or gpu["vendor"] != "nvidia" else "unsloth" if backend == "unsloth" else None)
+        return "liger", why("kernels_liger_configured", off=off, installed=installed)
     ratio = MEASURED["liger_vs_plain"]
-    why = ("trainer grpo: TRL then swaps in Liger's fused GRPO loss, which kit has not measured; kernels=liger turns "
-           "it on" if cfg.trainer == "grpo" else
-           "not on a GPU" if gpu is None else
-           "not an NVIDIA GPU" if gpu["vendor"] != "nvidia" else
-           "Unsloth brings its own kernels" if backend == "unsloth" else
-           f"{model_type} is not a family Liger patches" if model_type not in LIGER_MODEL_TYPES else
-           "not measured to pay" if ratio is None or ratio < 1.03 else
-           f"not measured on {verdicts.arch_name(gpu['vendor'], gpu['capability'])}: Triton compiles for a T4, "
-           "but Liger was only measured on an H200" if not verdicts.bf16_native(gpu["vendor"], gpu["capability"]) else
-           f"measured {ratio:.2f}× the tokens/s of the plain stack on an H200, but its loss curve is not yet "
-           "checked against the plain one; kernels=liger turns it on" if not MEASURED["liger_loss_checked"] else
-           "liger-kernel is not installed (`pip install liger-kernel`)" if not installed else None)
-    if why is None:
-        reasons.append(f"kernels liger: Liger's RMSNorm, SwiGLU and RoPE measured {ratio:.2f}× the tokens/s of "
-                       "the plain stack (H200, Qwen3-8B QLoRA), with a loss curve within "
-                       f"{100 * MEASURED['liger_loss_max_rel_diff']:.2f} % of the plain one over 40 steps.")
-        return "liger"
+    arch = verdicts.arch_name(gpu["vendor"], gpu["capability"]) if gpu is not None else None
+    because = ("grpo" if cfg.trainer == "grpo" else
+               "no_gpu" if gpu is None else
+               "not_nvidia" if gpu["vendor"] != "nvidia" else
+               "unsloth" if backend == "unsloth" else
+               "model_type" if model_type not in LIGER_MODEL_TYPES else
+               "not_paying" if ratio is None or ratio < 1.03 else
+               "arch" if not verdicts.bf16_native(gpu["vendor"], gpu["capability"]) else
+               "loss_unchecked" if not MEASURED["liger_loss_checked"] else
+               "not_installed" if not installed else None)
+    if because is None:
+        return "liger", why("kernels_liger", ratio=ratio, loss_diff_pct=100 * MEASURED["liger_loss_max_rel_diff"])
     if gpu is not None and backend != "unsloth":
-        reasons.append(f"kernels none: Liger off ({why}).")
-    return "none"
+        return "none", why("kernels_none", because=because, model_type=model_type, arch=arch, ratio=ratio)
+    return "none", None
 
 
-def activation_offloading(cfg, gpu: dict | None, backend: str, strategy: str, checkpointing: bool,
-                          reasons: list) -> bool:
-    """Whether the layer inputs gradient checkpointing keeps go to pinned CPU memory during the step.
+def activation_offloading(cfg, gpu: dict | None, backend: str, strategy: str,
+                          checkpointing: bool) -> tuple[bool, Reason | None]:
+    """Whether the layer inputs gradient checkpointing keeps go to pinned CPU memory during the step, and why.
 
     TRL's `activation_offloading` (torchtune's OffloadActivations) copies each tensor autograd saves
     to pinned host memory on a side stream and back for the backward pass, overlapped with compute;
@@ -205,58 +174,49 @@ def activation_offloading(cfg, gpu: dict | None, backend: str, strategy: str, ch
     """
     if cfg.activation_offloading != "auto":
         on = cfg.activation_offloading == "on"
-        why = ("" if not on else " The CPU has nothing to offload to: the script leaves it off there." if gpu is None
-               else " Unsloth offloads checkpointed activations its own way: the script leaves it off."
-               if backend == "unsloth" else "")
-        reasons.append(f"activation_offloading {cfg.activation_offloading} as configured.{why}")
-        return on
+        off = (None if not on else "cpu" if gpu is None else "unsloth" if backend == "unsloth" else None)
+        # On the CPU the value is off too: there is nothing to offload to.
+        return on and gpu is not None, why("offloading_configured", setting=cfg.activation_offloading, off=off)
     ratio = MEASURED["offload_vs_liger"]
-    why = ("trainer grpo: TRL's GRPOConfig has no activation offloading" if cfg.trainer == "grpo" else
-           "not on a GPU" if gpu is None else
-           "not an NVIDIA GPU" if gpu["vendor"] != "nvidia" else
-           "Unsloth offloads checkpointed activations its own way" if backend == "unsloth" else
-           "gradient checkpointing is off, so every activation would cross PCIe twice a step (unmeasured)"
-           if not checkpointing else
-           f"strategy {strategy}: measured with one replica per GPU only" if strategy not in ("single", "ddp") else
-           f"measured on an H200 only, not on {verdicts.arch_name(gpu['vendor'], gpu['capability'])}"
-           if not verdicts.bf16_native(gpu["vendor"], gpu["capability"]) else
-           "not measured to pay" if ratio < OFFLOAD_PAYS else
-           f"trainer {cfg.trainer}: measured {MEASURED['dpo_offload_vs_liger']:.2f}× the tokens/s without it under "
-           "TRL's DPOTrainer (H100, Qwen3-8B QLoRA, 2 pairs × 1,024 tokens, with Liger), 1.0 GiB saved"
-           + (f"; KTO's script with it ran {MEASURED['kto_offload_tokens_per_s']:,} tokens/s, its cost not measured "
-              "apart, and its step is the same kind (a policy pass with gradients, forwards without)"
-              if cfg.trainer == "kto" else "")
-           if cfg.trainer in ("dpo", "kto") and MEASURED["dpo_offload_vs_liger"] < OFFLOAD_PAYS else None)
-    if why is None:
-        reasons.append(f"activation_offloading on: the checkpointed layer inputs wait in pinned CPU memory during the "
-                       f"step (TRL's activation_offloading): {MEASURED['offload_saved_gib']:.1f} GiB less at "
-                       f"{ratio:.2f}× the tokens/s (H200, Qwen3-8B QLoRA, with Liger, the mean of three runs), "
-                       f"the same losses.")
-        return True
-    if gpu is not None:
-        reasons.append(f"activation_offloading off ({why})" +
-                       ("." if cfg.trainer == "grpo" else "; activation_offloading=on turns it on."))
-    return False
+    because = ("grpo" if cfg.trainer == "grpo" else
+               "no_gpu" if gpu is None else
+               "not_nvidia" if gpu["vendor"] != "nvidia" else
+               "unsloth" if backend == "unsloth" else
+               "no_checkpointing" if not checkpointing else
+               "strategy" if strategy not in ("single", "ddp") else
+               "arch" if not verdicts.bf16_native(gpu["vendor"], gpu["capability"]) else
+               "not_paying" if ratio < OFFLOAD_PAYS else
+               "preference" if cfg.trainer in ("dpo", "kto") and MEASURED["dpo_offload_vs_liger"] < OFFLOAD_PAYS
+               else None)
+    if because is None:
+        return True, why("offloading_on", saved_gib=MEASURED["offload_saved_gib"], ratio=ratio)
+    if gpu is None:
+        return False, None
+    return False, why("offloading_off", because=because, trainer=cfg.trainer, strategy=strategy,
+                      arch=verdicts.arch_name(gpu["vendor"], gpu["capability"]),
+                      dpo_ratio=MEASURED["dpo_offload_vs_liger"],
+                      kto_tokens_per_s=MEASURED["kto_offload_tokens_per_s"])
 
 
 OFFLOAD_PAYS = 0.97  # it is for memory: "auto" takes it where it costs no speed beyond the runs' spread
 
 
 def compile_blocked(backend: str, strategy: str) -> str | None:
-    """Why compiled layers stay off on a GPU with this backend and strategy; None where they can run.
-    The planner (`compile_layers`) and the launch (kit.planning.settle.for_rank) both ask."""
+    """Why compiled layers stay off on a GPU with this backend and strategy, as a code ("unsloth",
+    "strategy"); None where they can run. The planner (`compile_layers`) and the launch
+    (kit.planning.settle.for_rank) both ask."""
     if backend == "unsloth":
-        return "Unsloth compiles its own decoder blocks"
+        return "unsloth"
     if strategy not in ("single", "ddp"):
-        return f"strategy {strategy}: measured with one replica per GPU only"
+        return "strategy"
     return None
 
 
 COMPILE_REPAID = 300  # micro-batches: compiling's 20-45 s measured repaid after ~40 (full rows), ~180 (chat rows)
 
 
-def compile_layers(cfg, gpu: dict | None, backend: str, strategy: str, reasons: list) -> bool:
-    """Whether the script runs each decoder layer through torch.compile (`compile`).
+def compile_layers(cfg, gpu: dict | None, backend: str, strategy: str) -> tuple[bool, Reason | None]:
+    """Whether the script runs each decoder layer through torch.compile (`compile`), and why.
 
     Inductor fuses each layer's elementwise work (norms, rotary embedding, residual adds, the LoRA
     sums) into fewer kernels, rounding each intermediate to bf16 as eager does
@@ -269,35 +229,29 @@ def compile_layers(cfg, gpu: dict | None, backend: str, strategy: str, reasons: 
     (kit.planning.settle.for_steps). With Liger, inductor takes the RMSNorm over from Liger's kernel.
     """
     if cfg.compile == "off":
-        return False
-    why = "on the CPU the script runs eagerly" if gpu is None else compile_blocked(backend, strategy)
+        return False, None
+    because = "cpu" if gpu is None else compile_blocked(backend, strategy)
     if cfg.compile == "on":
-        reasons.append("compile on as configured: each decoder layer runs through torch.compile (compiled once "
-                       "per shape at the start)." + (f" Off here: {why}." if why else ""))
-        return why is None
-    if why is None and not (gpu["vendor"] == "nvidia" and verdicts.bf16_native(gpu["vendor"], gpu["capability"])):
-        why = f"measured on an H200 only, not on {verdicts.arch_name(gpu['vendor'], gpu['capability'])}"
-    if why is None:
-        reasons.append(f"compile on: each decoder layer runs through torch.compile, rounding as eager does: with Liger "
-                       f"and activation offloading {MEASURED['compile_offload_vs_unsloth']:.2f}× Unsloth direct's "
-                       f"tokens/s at {MEASURED['compile_offload_memory_vs_unsloth']:.2f}× its memory on full-length "
-                       f"rows, {MEASURED['compile_chat_vs_eager']:.2f}× eager after the first steps on chat-length "
-                       f"rows, the loss curve within {100 * MEASURED['compile_loss_max_rel_diff']:.2f} % of eager's "
-                       f"(H200, Qwen3-8B QLoRA); compiling takes 20-45 s at the start, so a job of fewer than "
-                       f"{COMPILE_REPAID} micro-batches runs eagerly; compile=off turns it off.")
-        return True
-    if gpu is not None:
-        reasons.append(f"compile off ({why}); compile=on turns it on.")
-    return False
+        return because is None, why("compile_configured", off=because, strategy=strategy)
+    arch = None if gpu is None else verdicts.arch_name(gpu["vendor"], gpu["capability"])
+    if because is None and not (gpu["vendor"] == "nvidia" and verdicts.bf16_native(gpu["vendor"], gpu["capability"])):
+        because = "arch"
+    if because is None:
+        return True, why("compile_on", vs_unsloth=MEASURED["compile_offload_vs_unsloth"],
+                         memory_vs_unsloth=MEASURED["compile_offload_memory_vs_unsloth"],
+                         chat_vs_eager=MEASURED["compile_chat_vs_eager"],
+                         loss_diff_pct=100 * MEASURED["compile_loss_max_rel_diff"], repaid=COMPILE_REPAID)
+    if gpu is None:
+        return False, None
+    return False, why("compile_off", because=because, strategy=strategy, arch=arch)
 
 
-def compile_unpaid(cfg, micro_batches: int) -> str | None:
+def compile_unpaid(cfg, micro_batches: int) -> Reason | None:
     """Why "auto"'s compiled layers are not worth it for a job of `micro_batches` more micro-batches
     (compiling's time would not come back); None where they are, or where compile was configured."""
     if cfg.compile != "auto" or micro_batches >= COMPILE_REPAID:
         return None
-    return (f"{micro_batches} micro-batch(es) to train, fewer than the {COMPILE_REPAID} that repay compiling "
-            "(20-45 s at the start)")
+    return why("compile_unpaid", micro_batches=micro_batches, repaid=COMPILE_REPAID)
 
 
 FUSED_ADAMW_PAYS = 1.02  # a smaller gain is within the run-to-run spread of these step times

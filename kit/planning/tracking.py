@@ -1,6 +1,6 @@
 """Experiment tracking: which tracker a run logs to, and whether that tracker is installed.
 
-    tracker, why = choose("auto", installed_here())   # ("trackio", "...") where trackio is installed
+    tracker, reason = choose("auto", installed_here())   # ("trackio", Reason("tracker_auto_trackio")) where installed
 
 `report_to` is none | auto | trackio | wandb | tensorboard, for every trainer: it becomes the
 TrainingArguments field of the same name on rank 0 (kit.train.tracking). `auto` picks trackio
@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 
 from kit.errors import UsageError
+from kit.planning.reasons import Reason, why
 
 TRACKERS = ("trackio", "wandb", "tensorboard")
 CHOICES = ("none", "auto") + TRACKERS
@@ -46,8 +47,8 @@ def not_installed(tracker: str, where: str = "here") -> UsageError:
                       "or set report_to=none")
 
 
-def choose(report_to: str, installed: dict, where: str = "here") -> tuple[str, str | None]:
-    """(tracker or "none", a sentence why, or None when there is nothing to say).
+def choose(report_to: str, installed: dict, where: str = "here") -> tuple[str, Reason | None]:
+    """(tracker or "none", the Reason for it, or None when there is nothing to say).
 
     `installed` maps each tracker to True, False or None (not known). Raises UsageError (exit 2)
     for a value kit does not know or a named tracker shown not installed.
@@ -58,14 +59,11 @@ def choose(report_to: str, installed: dict, where: str = "here") -> tuple[str, s
         return "none", None
     if report_to == "auto":
         if installed.get("trackio"):
-            return "trackio", ("report_to=auto: trackio is installed, so metrics go to trackio (its local database, "
-                               "or the Space TRACKIO_SPACE_ID names).")
+            return "trackio", why("tracker_auto_trackio")
         if installed.get("trackio") is None:
-            return "none", "report_to=auto: trackio if it is installed where the script runs, else no tracker."
-        return "none", "report_to=auto: trackio is not installed, so no tracker (`pip install trackio` to get one)."
+            return "none", why("tracker_auto_unknown")
+        return "none", why("tracker_auto_none")
     if installed.get(report_to) is False:
         raise not_installed(report_to, where)
-    note = "" if installed.get(report_to) else f" (not known whether {report_to} is installed there)"
-    key = KEY_VARS.get(report_to)
-    words = f" Its key, if it needs one, comes from {key} or a Kaggle/Colab secret of that name." if key else ""
-    return report_to, f"report_to={report_to}: logged from rank 0, its run named by kit's run id{note}.{words}"
+    return report_to, why("tracker_named", tracker=report_to, known=bool(installed.get(report_to)),
+                          key=KEY_VARS.get(report_to))

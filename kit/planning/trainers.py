@@ -1,7 +1,7 @@
 """What each trainer asks of a plan: sequences per example, the reference model, the batching it allows.
 
     of(cfg).sequences     # sequences one example puts through the policy with gradients: sft 1, dpo 2, kto 1
-    reference(cfg)        # ("adapter_disabled" | "precomputed" | "model_copy", why)
+    reference(cfg)        # ("adapter_disabled" | "precomputed" | "model_copy", its Reason)
 
 The one place these are decided: the planner (memory, reasons) and the generated script
 (`precompute_ref_log_probs`) both ask here. Adding a trainer is a row in TRAINERS.
@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kit.planning.measured import MEASURED
+from kit.planning.reasons import Reason, why
 
 
 @dataclass(frozen=True)
@@ -71,34 +72,28 @@ def settings(cfg):
     return getattr(cfg, of(cfg).name, None) if of(cfg).name != "sft" else None
 
 
-def reference(cfg) -> tuple[str | None, str]:
-    """How the reference model is had: (kind, why). kind None for a trainer without one."""
+def reference(cfg) -> tuple[str | None, Reason | None]:
+    """How the reference model is had: (kind, its Reason). kind None for a trainer without one."""
     t = of(cfg)
     if t.name == "grpo":
         return _grpo_reference(cfg)
     if not t.reference:
-        return None, ""
+        return None, None
     asked = settings(cfg).precompute_ref_log_probs
     if asked == "on":
-        return "precomputed", (f"reference: its log-probabilities computed once before training "
-                               f"({t.name}.precompute_ref_log_probs=on; one process only)")
+        return "precomputed", why("reference_precomputed", trainer=t.name)
     if cfg.method != "full":
-        return "adapter_disabled", ("reference: the base with the LoRA adapter disabled, in the same model (no "
-                                    "second copy, nothing precomputed: one extra forward without gradients per step)")
-    return "model_copy", ("reference: full fine-tuning moves the weights, so a second, frozen copy of the starting "
-                          "model scores the answers (precompute_ref_log_probs=on saves its memory, one process only)")
+        return "adapter_disabled", why("reference_adapter_disabled")
+    return "model_copy", why("reference_model_copy")
 
 
-def _grpo_reference(cfg) -> tuple[str | None, str]:
+def _grpo_reference(cfg) -> tuple[str | None, Reason]:
     beta = cfg.grpo.beta
     if beta <= 0:
-        return None, ("reference: none (grpo.beta=0, TRL's default: the loss has no KL term, so no reference "
-                      "forward)")
+        return None, why("reference_none_grpo")
     if cfg.method != "full":
-        return "adapter_disabled", (f"reference (grpo.beta={beta:g}): the base with the LoRA adapter disabled, in the "
-                                    "same model (no second copy: one extra forward without gradients per step)")
-    return "model_copy", (f"reference (grpo.beta={beta:g}): full fine-tuning moves the weights, so TRL loads a "
-                          "second, frozen copy of the starting model")
+        return "adapter_disabled", why("reference_grpo_adapter_disabled", beta=beta)
+    return "model_copy", why("reference_grpo_model_copy", beta=beta)
 
 
 def check(cfg) -> None:
@@ -135,46 +130,38 @@ UNSLOTH_TRAINERS = ("sft", "dpo")
 COMPILES = ("sft", "dpo")
 
 
-def backend(cfg, chosen: str, reasons: list) -> str:
+def backend(cfg, chosen: str) -> tuple[str, Reason | None]:
     """The backend for this trainer: Unsloth where kit wired and measured its trainer (UNSLOTH_TRAINERS),
-    else the plain stack, said in the reasons."""
+    else the plain stack, with the Reason."""
     if chosen != "unsloth" or of(cfg).name in UNSLOTH_TRAINERS:
-        return chosen
-    reasons.append(f"backend transformers for trainer {of(cfg).name}: kit runs Unsloth for "
-                   f"{' and '.join(UNSLOTH_TRAINERS)} only (its {of(cfg).name.upper()} patch is not measured).")
-    return "transformers"
+        return chosen, None
+    return "transformers", why("backend_trainer_plain", trainer=of(cfg).name,
+                               unsloth_trainers=" and ".join(UNSLOTH_TRAINERS))
 
 
-def plan_rules(cfg, plan, reasons: list) -> None:
-    """The planner's choices a trainer overrides, each with its reason: padded batches, the reference."""
+def plan_rules(cfg, batching: str) -> tuple[str, tuple[Reason, ...]]:
+    """The planner's choices a trainer overrides: (the batching it allows, the Reasons for it and the reference)."""
     t = of(cfg)
     if t.name == "sft":
-        return
+        return batching, ()
     if t.name == "grpo":
-        return _grpo_rules(cfg, plan, reasons)
-    if plan.batching not in t.batchings:
-        reasons.append(f"batching padded for trainer {t.name}: TRL's {t.name.upper()}Trainer pads its batches "
-                       "(its padding_free falls back to padding).")
-        plan.batching = "padded"
-    kind, why = reference(cfg)
-    reasons.append(why + ".")
+        return _grpo_rules(cfg, batching)
+    said = []
+    if batching not in t.batchings:
+        said.append(why("batching_trainer", trainer=t.name))
+        batching = "padded"
+    return batching, (*said, reference(cfg)[1])
 
 
-def compiled(cfg, chosen: bool, reasons: list) -> bool:
-    """Compiled decoder layers for this trainer: "auto"'s choice stands for sft; a preference trainer
-    compiles only when asked (compile=on, for the trainers in COMPILES), its reason replacing the
-    planner's (`reasons`: the compile reasons alone)."""
+def compiled(cfg, chosen: bool) -> tuple[bool, Reason | None]:
+    """Compiled decoder layers for this trainer: "auto"'s choice stands for sft (Reason None: the
+    planner's stands); a preference trainer compiles only when asked (compile=on, for the trainers in
+    COMPILES), its Reason replacing the planner's."""
     t = of(cfg)
     if not chosen or t.name == "sft" or (t.name in COMPILES and cfg.compile == "on"):
-        return chosen
-    reasons[:] = [f"compile off for trainer {t.name}: " + (
-        f"compiled layers measured {MEASURED['dpo_compile_vs_trl_liger']:.2f}× the tokens/s of TRL's DPOTrainer "
-        "with Liger driven directly (H100, Qwen3-8B QLoRA), within the spread between runs; compile=on turns "
-        "them on." if t.name in COMPILES else
-        "compiled decoder layers were measured for sft and dpo only (its generation pass is compiled on CUDA: "
-        "kit.train.generation)." if t.name == "grpo" else
-        "its fused log-probability head patches the forward; compiled layers were measured for sft and dpo only.")]
-    return False
+        return chosen, None
+    return False, why("compile_off_trainer", trainer=t.name, measured=t.name in COMPILES,
+                      ratio=MEASURED["dpo_compile_vs_trl_liger"])
 
 
 def one_process_precompute(cfg, world_size: int) -> None:
@@ -211,21 +198,14 @@ def _check_grpo(cfg) -> None:
                                             num_generations=cfg.grpo.num_generations))
 
 
-def _grpo_rules(cfg, plan, reasons: list) -> None:
+def _grpo_rules(cfg, batching: str) -> tuple[str, tuple[Reason, ...]]:
     """`plan_rules` for grpo: padded batches, the reference, the batch rule and the generation pass (compiled layers:
     `compiled`)."""
-    if plan.batching != "padded":
-        reasons.append("batching padded for trainer grpo: TRL's GRPOTrainer pads its batches (prompts on the left, "
-                       "completions on the right).")
-        plan.batching = "padded"
-    reasons.append(reference(cfg)[1] + ".")
-    reasons.append(f"grpo: the global batch counts completions and holds whole groups of num_generations="
-                   f"{cfg.grpo.num_generations} (TRL compares a prompt's completions with each other); "
-                   + ("with global_batch null kit makes it the smallest multiple of per_device x ranks that does, "
-                      "through accumulation steps." if cfg.global_batch is None else
-                      f"global_batch={cfg.global_batch} as configured."))
-    reasons.append("grpo generation: transformers' generate in TRL's GRPOTrainer; on CUDA kit switches it to a "
-                   "static KV cache and compiled one-token decoding (kit.train.generation, measured 0.21x TRL's "
-                   "step time on an H100), eager decoding elsewhere; vLLM is not used (it would generate in its "
-                   "own memory outside PyTorch's allocator, with paged attention, and TRL would copy the adapter "
-                   "into it every step).")
+    said = []
+    if batching != "padded":
+        said.append(why("batching_trainer_grpo"))
+        batching = "padded"
+    said += [reference(cfg)[1],
+             why("grpo_batch", num_generations=cfg.grpo.num_generations, global_batch=cfg.global_batch),
+             why("grpo_generation", step_time_vs_trl=0.21)]
+    return batching, tuple(said)

@@ -17,7 +17,7 @@ def to_json(facts, verdicts=None, next_steps: list[str] | None = None, plan=None
     """One JSON object: the facts, plus `verdicts`, `plan`, `wrote` and `next` when given."""
     d = facts.to_dict()
     if plan is not None:
-        d["plan"] = plan.to_dict()
+        d["plan"] = plan_json(plan)
     if wrote is not None:
         d["wrote"] = wrote
     if verdicts is not None:
@@ -25,6 +25,13 @@ def to_json(facts, verdicts=None, next_steps: list[str] | None = None, plan=None
     if next_steps is not None:
         d["next"] = next_steps
     return json.dumps(d, indent=2)
+
+
+def plan_json(plan) -> dict:
+    """The plan as `--json` prints it: `Plan.to_dict()`, each reason with its words beside its code and figures."""
+    from kit.report.reasons import as_json
+
+    return {**plan.to_dict(), "reasons": as_json(plan.reasons)}
 
 
 def to_text(facts, verdicts=None, next_steps: list[str] | None = None, do_this: bool = True) -> str:
@@ -169,7 +176,7 @@ def _gib(n: int | None) -> str:
 def plan_to_text(plan, launch: bool = True) -> str:
     """The plan as aligned text: what, where, memory term by term, reasons, each node's command (several
     nodes), and (`launch`) the next command."""
-    from kit.planning.plan_words import things
+    from kit.report.reasons import sentence, things
 
     nodes = getattr(plan, "nodes", 1) or 1
     cpu = plan.device == "cpu"
@@ -195,7 +202,7 @@ def plan_to_text(plan, launch: bool = True) -> str:
                      f"  of {plan.memory['budget_bytes'] / GIB:.2f}")
         lines += [f"  ({note})" for note in plan.memory.get("notes", [])]
     lines.append("reasons")
-    lines += [f"  - {r}" for r in plan.reasons]
+    lines += [f"  - {sentence(r)}" for r in plan.reasons]
     if getattr(plan, "node_launch", None):
         # Each node's own command is part of the plan: without them a job over several nodes cannot start.
         lines.append(("next, on" if launch else "on") + " each node (node 0 hosts the rendezvous; "

@@ -16,6 +16,7 @@ import argparse
 from kit.parser import Parser
 from kit.planning import config
 from kit.planning.plan import Plan
+from kit.planning.reasons import Reason, why
 
 
 def parse(argv: list[str], config_path: str) -> argparse.Namespace:
@@ -40,7 +41,7 @@ def parse(argv: list[str], config_path: str) -> argparse.Namespace:
 
 def settings(embedded: dict, embedded_plan: dict, args: argparse.Namespace) -> tuple[config.RunConfig, Plan, list]:
     """(config, plan, notes): the embedded ones with overrides, or `--config FILE` planned for this
-    machine (the note says so).
+    machine (the note, a Reason, says so).
 
     Checked here, before any model loads: the settings' values, the embedded plan's keys, and the
     tracker report_to names (installed here; rank 0: its key, kit.train.tracking).
@@ -83,7 +84,7 @@ def steps_given(args: argparse.Namespace) -> bool:
     return config.given(args.overrides or (), "max_steps")
 
 
-def replan(cfg: config.RunConfig, source: str) -> tuple[Plan, str]:
+def replan(cfg: config.RunConfig, source: str) -> tuple[Plan, Reason]:
     """The planner's plan for `cfg` on this machine (probed without CUDA), and the note that says so.
 
     Raises the planner's errors: CannotTrain (exit 3) when this machine cannot train `cfg`.
@@ -102,10 +103,7 @@ def replan(cfg: config.RunConfig, source: str) -> tuple[Plan, str]:
     nodes = world // local if gpus and 0 < local < world and world % local == 0 else 1
     per_node = world // nodes
     plan = make_plan(facts, cfg, nproc=per_node if world > 1 else None, nodes=nodes)
-    where = f"{plan.nproc}× {plan.gpu}" if plan.device == "cuda" else "the CPU"
-    where = f"{nodes} nodes × {where}" if nodes > 1 else where
-    machines = "these machines" if nodes > 1 else "this machine"
-    note = (f"--config {source}: planned for {machines} ({where}): {plan.strategy}, {plan.precision}, micro-batch "
-            f"{plan.per_device_batch} × {plan.grad_accum} accumulation, gradient checkpointing "
-            f"{'on' if plan.gradient_checkpointing else 'off'}")
+    note = why("replanned", source=source, nodes=nodes, nproc=plan.nproc, gpu=plan.gpu, device=plan.device,
+               strategy=plan.strategy, precision=plan.precision, per_device_batch=plan.per_device_batch,
+               grad_accum=plan.grad_accum, gradient_checkpointing=plan.gradient_checkpointing)
     return plan, note
