@@ -357,21 +357,25 @@ def main(argv: list[str]) -> int:
             use_cpu=ctx.device.type == "cpu",
             **strategy,
         )
-        trainer = SFTTrainer(
+        # TRL writes its model card to output_dir/README.md at every save, over a README.md of the user's: this
+        # subclass writes none (kit's card is final/README.md, once the job is evaluated).
+        Trainer = output_dir.without_card(SFTTrainer)
+        trainer = Trainer(
             model=model,
             args=training_args,
             train_dataset=dataset.train,
             eval_dataset=dataset.eval,
             processing_class=tokenizer,
+            # Packed sequences as rows, each under its own block-diagonal mask, where the plan packs them
+            # (kit.train.collate); None: TRL's own collator, padded or padding-free as the config says.
+            data_collator=collate.collator(plan, tokenizer),
             callbacks=job.callbacks(model, dataset),  # saves, deadline, upload, speed and memory
         )
-        output_dir.keep_users_files(trainer)  # TRL's card would overwrite a README.md of the user's at each save
         modeling.settle_adapter_dtype(trainer.model, plan)  # fp16 loss scaling needs fp32 LoRA weights
         if plan.compile_layers:  # torch.compile of each decoder layer, compiled at the first steps
             compiled = modeling.compile_layers(trainer.model)  # rounding as eager does, so the same losses
             job.log(f"compile: {compiled} decoder layers through torch.compile" if compiled else
                     "compile off: this torch's inductor cannot round as eager does (emulate_precision_casts)")
-        collate.settle(trainer, plan)  # packed sequences as rows, each under its own block-diagonal mask
         # A checkpoint the other strategy wrote resumes through a converted copy (same numbers).
         # Resumed at max_steps (cut in its wrap-up): no step more. A disk that fills up during a save: one
         # line and exit 4, the partial checkpoint removed, the ones before it kept (kit.train.disk).

@@ -168,21 +168,49 @@ def test_generated_script_same_losses_padding_free_as_padded_and_packed_trains(t
                                                    ("padding_free", "transformers", False),
                                                    ("padded", "transformers", False)])
 def test_packed_sequences_are_collated_as_rows_only_on_the_plain_backend(batching, backend, rows):
-    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
-
     from kit.planning.plan import Plan
     from kit.train import collate
 
     plan = Plan(precision="bf16", strategy="single", per_device_batch=4, global_batch=4, backend=backend,
                 batching=batching)
-    trl_collator = DataCollatorForLanguageModeling(pad_token_id=7, padding_free=plan.padding_free)
-    trainer = types.SimpleNamespace(data_collator=trl_collator)
-    collate.settle(trainer, plan)
-    assert isinstance(trainer.data_collator, collate.PackedRows) == rows
+    collator = collate.collator(plan, types.SimpleNamespace(pad_token_id=7))
+    assert isinstance(collator, collate.PackedRows) == rows
+    assert (collator is None) == (not rows)  # TRL's own: padded, or padding-free (it refuses ours then)
     assert plan.padding_free == (batching == "padding_free" or (batching == "packed" and not rows))
     if rows:
-        batch = trainer.data_collator([{"input_ids": [1, 2, 3], "labels": [1, 2, 3], "seq_lengths": [3]},
-                                       {"input_ids": [4, 5], "labels": [-100, 5], "seq_lengths": [1, 1]}])
-        assert batch["input_ids"].tolist() == [[1, 2, 3], [4, 5, 7]]  # padded with TRL's pad token
+        batch = collator([{"input_ids": [1, 2, 3], "labels": [1, 2, 3], "seq_lengths": [3]},
+                          {"input_ids": [4, 5], "labels": [-100, 5], "seq_lengths": [1, 1]}])
+        assert batch["input_ids"].tolist() == [[1, 2, 3], [4, 5, 7]]  # padded with the tokenizer's pad token
         assert batch["position_ids"].tolist() == [[0, 1, 2], [0, 0, 0]]
         assert batch["labels"].tolist() == [[-100, 2, 3], [-100, -100, -100]]
+
+
+def test_the_script_builds_its_trainer_with_packed_rows_and_no_card(tmp_path, monkeypatch):
+    """The generated script (in-process) with batching=packed: the trainer is constructed with kit's
+    packed-rows collator and trains with it, and its class writes no card over the user's README.md."""
+    import inspect
+
+    from transformers import Trainer
+
+    from kit.train.collate import PackedRows
+
+    built, init = [], Trainer.__init__
+
+    def watched(self, *args, **kwargs):  # records what TRL's trainer hands transformers' Trainer; no stand-in
+        built.append((self, inspect.signature(init).bind(self, *args, **kwargs).arguments.get("data_collator")))
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "__init__", watched)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "README.md").write_text("# my notes on this run\n")
+    r = train_here([f"output_dir={out}", "max_steps=2", "save_steps=1", "batching=packed", *FAST])
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert "train rows packed into" in r.stdout
+    (trainer, constructed_with), = built
+    assert isinstance(constructed_with, PackedRows)  # passed in, not swapped in after TRL built its own
+    assert trainer.data_collator is constructed_with
+    assert "create_model_card" not in vars(trainer)  # nothing patched onto the object
+    type(trainer).create_model_card(trainer, model_name="out")  # what TRL calls at each save: writes nothing
+    assert (out / "README.md").read_text() == "# my notes on this run\n"
+    assert (out / "checkpoint-2").is_dir() and (out / "final" / "README.md").is_file()  # kit's card

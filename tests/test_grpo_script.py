@@ -260,7 +260,7 @@ def test_the_script_builds_grpo_trainer_with_the_rewards_and_the_fast_generation
     text = (box / "train_grpo.py").read_text()
     compile(text, "train_grpo.py", "exec")
     made = dict(assigns(text))
-    assert made["training_args"].startswith("GRPOConfig(") and made["trainer"].startswith("GRPOTrainer(")
+    assert made["training_args"].startswith("GRPOConfig(") and made["Trainer"] == "output_dir.without_card(GRPOTrainer)"
     assert "reward_funcs=job.reward_funcs," in text and "num_generations=cfg.grpo.num_generations" in text
     speed = call(text, "generation.speed_up_generation")
     assert speed[0] == "trainer" and speed["max_prompt_tokens"] == "cfg.seq_len"
@@ -285,13 +285,25 @@ def server():
         yield s
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(script, tmp_path_factory):
+    """(its output_dir, the run, the Hub it pushed to): the job under two ranks to its end, once, with the
+    test Hub as its store. The tests that read the finished job (what it delivered and pushed; the adapter
+    a killed and rerun job must end with) share that one launch."""
+    with HubServer(tokens={WRITE_TOKEN: "write"}) as hub:
+        out = tmp_path_factory.mktemp("grpo-uninterrupted") / "run"
+        out.mkdir()
+        (out / "README.md").write_text("# my notes\n")  # the trainer's saves write no card over it
+        yield out, run(script, [f"output_dir={out}", "store=hf://me/grpo-tiny", *STEPS], hub_env(hub)), hub
+
+
 @pytest.mark.slow
-def test_two_ranks_train_deliver_and_push_once(script, server, tmp_path):
-    out = tmp_path / "run"
-    r = run(script, [f"output_dir={out}", "store=hf://me/grpo-tiny", *STEPS], hub_env(server))
+def test_two_ranks_train_deliver_and_push_once(uninterrupted):
+    out, r, server = uninterrupted
     log = r.stdout + r.stderr
     assert r.returncode == 0, log[-3000:]
     assert log.count("complete: step 12 of 12") == 1 and "2 × cpu" in log
+    assert (out / "README.md").read_text() == "# my notes\n"
     assert "accumulation 2 × 2 = 8" in log  # 2 prompts x 4 generations per optimizer step
     assert "[kit] rewards:" in log and "json_format, brevity" in log
     assert log.count("[kit] pushed: ") == 1  # final/ once, by rank 0
@@ -312,9 +324,8 @@ def test_two_ranks_train_deliver_and_push_once(script, server, tmp_path):
 
 
 @pytest.mark.slow
-def test_kill_9_then_rerun_ends_with_the_uninterrupted_adapter(script, server, tmp_path):
-    reference = tmp_path / "reference"
-    r = run(script, [f"output_dir={reference}", *STEPS], env())
+def test_kill_9_then_rerun_ends_with_the_uninterrupted_adapter(script, uninterrupted, server, tmp_path):
+    reference, r, _ = uninterrupted
     assert r.returncode == 0, r.stderr[-3000:]
     out = tmp_path / "run"
     args = [f"output_dir={out}", "store=hf://me/grpo-cut", *STEPS]

@@ -166,7 +166,7 @@ def test_the_script_shows_the_trainers_own_config(trainer, config_class, trainer
     text = _render(trainer)
     compile(text, "train.py", "exec")
     assert f"from trl import {config_class}, {trainer_class}" in text
-    assert f"training_args = {config_class}(" in text and f"trainer = {trainer_class}(" in text
+    assert f"training_args = {config_class}(" in text and f"Trainer = output_dir.without_card({trainer_class})" in text
     assert own in text and "SFT" not in text and "completion_only_loss" not in text
     assert "modeling.reference_is_base(trainer.model)" in text
     # Everything around training is the one template's: saves, resume, deadline, finish.
@@ -265,6 +265,6 @@ def test_a_dpo_script_for_unsloth_imports_it_before_trl_and_builds_dpotrainer():
     body = text.split('"""', 2)[2]
     # Unsloth rewrites TRL's DPOTrainer when it is imported: the script imports it first.
     assert body.index("    import unsloth") < body.index("from trl import DPO")
-    assert "trainer = DPOTrainer(" in body
+    assert "Trainer = output_dir.without_card(DPOTrainer)" in body  # Unsloth's DPOTrainer, writing no card
     # Compiled layers under DPO leave the RMSNorm to inductor, as for sft.
     assert ifexp(call(text, "DPOConfig")["liger_kernel_config"]) == ("{'rms_norm': False}", "plan.compile_layers", "None")

@@ -43,7 +43,7 @@ def test_the_script_reads_like_the_flow_it_runs():
     assert args["gradient_checkpointing_kwargs"] == "{'use_reentrant': False}"
     assert args["fp16"] == "plan.precision == 'fp16'"
     order = [text.index(s) for s in ("dist.init()", "BitsAndBytesConfig(", "modeling.load(", "LoraConfig(", "modeling.add_lora(", "data.prepare(",
-                                     "SFTTrainer(", "trainer.train(", "job.finish(", "dist.teardown(ok, exit_code=code)")]
+                                     "without_card(SFTTrainer)", "trainer = Trainer(", "trainer.train(", "job.finish(", "dist.teardown(ok, exit_code=code)")]
     assert order == sorted(order)
     finals = [ast.unparse(n.finalbody) for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Try) and n.finalbody]
     assert [squeeze(f.splitlines()[-1]) for f in finals if "dist.teardown(" in f] == ["dist.teardown(ok,exit_code=code)"]

@@ -1,7 +1,7 @@
 """A session's record starts at its launch, so the goodput ledger's setup counts the imports (#16).
 
 Importing torch, transformers, peft and trl takes seconds of a held GPU before kit's code runs;
-`kit.train.sessions.process_started` reads the process's start from /proc (under torchrun: the
+`kit.train.deadline.process_started` reads the process's start from /proc (under torchrun: the
 launcher's, the rank's parent). Real processes; the delay before kit is imported stands in for
 the imports.
 """
@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from kit.train import sessions
+from kit.train import deadline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CHILD = "import time; time.sleep(1.0); from kit.train.sessions import process_started; print(time.time() - process_started())"
+CHILD = "import time; time.sleep(1.0); from kit.train.deadline import process_started; print(time.time() - process_started())"
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads /proc (Linux)")
 
@@ -40,4 +40,4 @@ def test_under_torchrun_the_start_is_the_launchers():
 
 
 def test_this_process_started_before_now():
-    assert time.time() - 3600 * 24 < sessions.process_started() <= time.time()
+    assert time.time() - 3600 * 24 < deadline.process_started() <= time.time()

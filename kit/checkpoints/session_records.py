@@ -1,11 +1,16 @@
-"""Reading session records (`kit_sessions.jsonl`, the store's `kit/sessions.jsonl`): only usable ones.
+"""The session record: one JSON line per training session, `output_dir/kit_sessions.jsonl` and the
+store's `kit/sessions.jsonl` (fields in docs/CONTRACTS.md). Written and read here alone.
 
-`kit.train.sessions` writes one JSON line per session (fields in docs/CONTRACTS.md). Readers
-(`kit status`, the goodput ledger, the progress plot, `kit schedule`) compute with its numbers, so
-each line is judged once, here: a line that is not UTF-8, not JSON (a torn last line from a cut
-write), not an object, or that has a field of the wrong type is skipped with a one-line warning.
+    of_session(run_id=..., ...)           # a session's record, at its end (or when it fails)
+    of_cut(lease)                         # the record of a session cut by kill -9, from its lease
+    append(output_dir, store, record)     # the line appended locally and, with a store, in the store
+    read(path) -> [record, ...]           # the usable records of a local file, in file order ([] if none)
+    parse(raw, where) -> [record, ...]    # the same of a file's text or bytes
 
-    parse(raw, where) -> [record, ...]   # in file order; raw is the file's text or bytes
+Readers (`kit status`, the goodput ledger, the progress plot, `kit schedule`, the closing lines)
+compute with its numbers, so each line is judged once, here: a line that is not UTF-8, not JSON (a
+torn last line from a cut write), not an object, or that has a field of the wrong type is skipped
+with a one-line warning.
 """
 
 from __future__ import annotations
@@ -13,10 +18,19 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import socket
+import sys
+import time
+from pathlib import Path
 
+from kit.errors import KitError
 from kit.files import parse_json
 
 log = logging.getLogger("kit.checkpoints.status")
+
+LOCAL = "kit_sessions.jsonl"  # in output_dir
+IN_STORE = "sessions.jsonl"   # in the store's kit/ folder
 
 # Each field must be null/absent or of this type; they are what the readers compute with.
 INTEGERS = ("start_step", "end_step", "max_steps", "stored_step", "world_size", "gpu_count")
@@ -26,6 +40,56 @@ WORDS = ("run_id", "host", "outcome", "gpu_name")
 HUGE = 2**53  # above any step count or byte count; floats stop counting exactly here
 LATEST = 1e11  # epoch seconds (year 5138): later than this breaks time.gmtime and datetime
 _TOP = {"started": LATEST, "ended": LATEST}
+
+
+def of_session(*, run_id: str | None, started: float, start_step: int, end_step: int, max_steps: int | None,
+               outcome: str, setup_s: float | None, stored_step: int | None, devices: dict,
+               measured: dict | None = None) -> dict:
+    """The record of this session (on this host, ending now): `devices` is gpu_name, gpu_count and
+    world_size; `measured` what the training meter and the wrap-up add."""
+    return {"run_id": run_id, "host": socket.gethostname(), "started": started, "ended": time.time(),
+            "start_step": start_step, "end_step": end_step, "max_steps": max_steps,
+            "world_size": devices.get("world_size"), "outcome": outcome, "setup_s": setup_s,
+            "stored_step": stored_step, **devices, **(measured or {})}
+
+
+def of_cut(lease: dict) -> dict | None:
+    """The record of the session whose lease we took over: it was cut (kill -9) and recorded nothing.
+
+    Its last heartbeat is all we know: ``ended`` and ``end_step`` are as of then, at most one
+    heartbeat interval (``lease_heartbeat_seconds``) before the cut. None for a lease from before
+    training began (or an older kit): nothing to account.
+    """
+    progress = lease.get("progress") or {}
+    if not isinstance(progress, dict) or "step" not in progress:
+        return None
+    return {"host": str(lease.get("holder", "?")).rpartition(" pid ")[0] or "?",
+            "started": progress.get("started"), "ended": lease.get("heartbeat"),
+            "start_step": progress.get("start_step"), "end_step": progress.get("step"),
+            "max_steps": progress.get("max_steps"), "world_size": progress.get("world_size"),
+            "outcome": "cut", "setup_s": progress.get("setup_s"),
+            "stored_step": progress.get("stored_step"), "gpu_name": progress.get("gpu_name"),
+            "gpu_count": progress.get("gpu_count"), "from": "its last lease heartbeat"}
+
+
+def append(output_dir, store, record: dict) -> None:
+    """`record` as one line of `output_dir/kit_sessions.jsonl` and, with a store, of its `kit/sessions.jsonl`."""
+    line = json.dumps(record) + "\n"
+    os.makedirs(output_dir, exist_ok=True)
+    with open(os.path.join(output_dir, LOCAL), "a") as f:
+        f.write(line)
+    if store is not None:
+        try:
+            store.append_text(IN_STORE, line)
+        except KitError as e:  # the checkpoint is what matters; a lost record is only a warning
+            print(f"[kit] warning: could not record the session in the store: {e}", file=sys.stderr)
+
+
+def read(path) -> list[dict]:
+    """The usable records of the local file `path` (`output_dir/kit_sessions.jsonl`), in file order;
+    [] when there is no such file yet."""
+    path = Path(path)
+    return parse(path.read_bytes(), str(path)) if path.is_file() else []
 
 
 def is_number(value, top: float = HUGE) -> bool:

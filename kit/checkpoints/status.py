@@ -23,8 +23,8 @@ from kit.files import GIB, parse_json, regular_file
 
 log = logging.getLogger("kit.checkpoints.status")
 
-SESSIONS_LOCAL = "kit_sessions.jsonl"
-SESSIONS_STORE = "sessions.jsonl"
+SESSIONS_LOCAL = session_records.LOCAL
+SESSIONS_STORE = session_records.IN_STORE
 
 
 def gather(cfg, now: float | None = None, steps_given: bool = False) -> dict:

@@ -113,6 +113,7 @@ def _repeat_command(args) -> list[str]:
 
 
 def run(args) -> int:
+    from kit.checkpoints import session_records
     from kit.notebooks.schedule import loop as schedule
 
     # First, before anything can echo them: no token among the parameters.
@@ -160,7 +161,7 @@ def run(args) -> int:
     }
     run_timeout_s = None if args.run_timeout is None else max(1, round(args.run_timeout * 60))
     plan = schedule.Plan(notebook=notebook.resolve(), runs_dir=runs_dir, parameters=parameters,
-                         run_timeout_s=run_timeout_s, sessions=Path(cfg.output_dir).resolve() / "kit_sessions.jsonl")
+                         run_timeout_s=run_timeout_s, sessions=Path(cfg.output_dir).resolve() / session_records.LOCAL)
     return schedule.loop(plan, repeat=args.loop, every_minutes=args.every, max_runs=args.max_runs,
                          verbose=args.verbose)
 

@@ -56,8 +56,7 @@ def _sessions(job) -> list[dict]:
     finished job's model card is still written)."""
     from kit.checkpoints import session_records
 
-    path = Path(job.cfg.output_dir) / "kit_sessions.jsonl"
-    return session_records.parse(path.read_bytes() if path.is_file() else None, str(path))
+    return session_records.read(Path(job.cfg.output_dir) / session_records.LOCAL)
 
 
 def deliver(job, trainer, step: int) -> tuple[int, list[str], dict]:

@@ -25,7 +25,10 @@ TEMPLATE = Path(__file__).parent / "templates" / "train_ddp.py.tmpl"
 _REFERENCE_IS_BASE = ("        modeling.reference_is_base(trainer.model)  # the base, adapter off: no copy of the fresh "
                       "adapter\n")
 TRAINERS = {
-    "sft": ("SFTConfig", "SFTTrainer", "", ""),
+    "sft": ("SFTConfig", "SFTTrainer", "",
+            "            # Packed sequences as rows, each under its own block-diagonal mask, where the plan packs them\n"
+            "            # (kit.train.collate); None: TRL's own collator, padded or padding-free as the config says.\n"
+            "            data_collator=collate.collator(plan, tokenizer),\n"),
     "dpo": ("DPOConfig", "DPOTrainer", _REFERENCE_IS_BASE, ""),
     "kto": ("KTOConfig", "KTOTrainer", _REFERENCE_IS_BASE, ""),
     "grpo": ("GRPOConfig", "GRPOTrainer",

@@ -15,7 +15,7 @@ The label of an example's first token is dropped (-100), as TRL does padding-fre
 otherwise be predicted from the end of the example before it. Pads get position 0 each, so each
 is its own one-token sequence; their labels are -100 already.
 
-    trainer.data_collator = PackedRows(pad_token_id)
+    SFTTrainer(..., data_collator=collate.collator(plan, tokenizer))
 """
 
 from __future__ import annotations
@@ -44,10 +44,12 @@ class PackedRows:
         return {"input_ids": input_ids, "labels": labels, "position_ids": positions}
 
 
-def settle(trainer, plan) -> None:
-    """Packed sequences batched as rows where the plan says so (`Plan.packed_as_rows`)."""
-    if plan.packed_as_rows:
-        trainer.data_collator = PackedRows(trainer.data_collator.pad_token_id)
+def collator(plan, tokenizer) -> PackedRows | None:
+    """The SFT trainer's `data_collator`: packed sequences batched as rows where the plan says so
+    (`Plan.packed_as_rows`), padded with the tokenizer's pad token (kit.train.modeling sets it, as TRL
+    would). None elsewhere: TRL's own collator, padded rows or, with `padding_free`, one flattened row
+    (TRL refuses a collator of ours with padding_free)."""
+    return PackedRows(tokenizer.pad_token_id) if plan.packed_as_rows else None
 
 
 def sampler_args(plan) -> dict:

@@ -1,4 +1,4 @@
-"""When this session ends, and whether it is time to stop.
+"""When this session began and when it ends, and whether it is time to stop.
 
 Kaggle and Colab stop a session after a fixed time counted from its start (Kaggle: 12 h), not
 from our script's start. The session start is the start of the container's first process
@@ -17,6 +17,24 @@ from kit.machine import platforms
 # A margin for what we cannot measure (process exit, a slow last log line): 60 s, or a tenth of a
 # budget shorter than 10 minutes.
 SAFETY_S = 60.0
+
+
+def process_started() -> float:
+    """Wall-clock time this session's process was launched: under torchrun, the launcher's start.
+
+    A session's setup starts at the launch, not when kit's code first runs: importing torch,
+    transformers, peft and trl alone takes seconds that the GPU is held for. Linux only (/proc);
+    elsewhere, now.
+    """
+    pid = os.getppid() if os.environ.get("TORCHELASTIC_RUN_ID") else os.getpid()  # torchrun's agent is the parent
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime: clock ticks after boot
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.time()
 
 
 def container_start(proc: str = "/proc") -> float | None:

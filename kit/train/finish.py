@@ -17,17 +17,16 @@ def finish(job, trainer) -> int:
     """Wait for the last upload, record the session, say how it ended. Returns the exit code."""
     job.signals.uninstall()
     if job.smoke:
-        ok, lines = job._smoke.report(job.ctx)
+        ok, lines = job.smoke_report()
         for line in lines:
             job.log(line)
-        job._smoke_folder.remove()
         if ok:
             return 0
         if job.ctx.is_main:  # a check failed, not kit: exit 3 (this config cannot train here), one error line
             print(f"error: {shown(lines[-1], limit=None)}", file=sys.stderr, flush=True)
         return EXIT_CANNOT_TRAIN
     step = trainer.state.global_step
-    if job._control.halted:  # another session took the store over: leave it to that one
+    if job.control.halted:  # another session took the store over: leave it to that one
         if job.ctx.is_main:
             if job.sync is not None:
                 job.sync.drop_pending()
@@ -35,21 +34,21 @@ def finish(job, trainer) -> int:
             job.lease = None  # not ours: nothing to release
         job.signals.finished(EXIT_STORE)
         if job.ctx.is_main:
-            print(f"error: stopped at step {step}: {shown(job._control.stop_reason, limit=None)}; this session writes "
+            print(f"error: stopped at step {step}: {shown(job.control.stop_reason, limit=None)}; this session writes "
                   "nothing more to the store", file=sys.stderr, flush=True)
         return EXIT_STORE
-    if job._control.diverged:  # NaN/inf: nothing to deliver; the checkpoints before it stay
+    if job.control.diverged:  # NaN/inf: nothing to deliver; the checkpoints before it stay
         if job.ctx.is_main:
             if job.sync is not None:
                 job.sync.close(timeout=FINAL_UPLOAD_TIMEOUT_S)
-            job._record(step, "failed", {"error": job._control.stop_reason})
-            job._release()
-        raise CannotTrain(job._control.stop_reason)  # every rank: one error line, exit 3
-    paused = job._control.stop_reason is not None and step < job._max_steps
+            job.record(step, "failed", {"error": job.control.stop_reason})
+            job.release()
+        raise CannotTrain(job.control.stop_reason)  # every rank: one error line, exit 3
+    paused = job.control.stop_reason is not None and step < job.target_step
     outcome = "paused" if paused else "complete"
     code, closing = 0, []
     if job.ctx.is_main:
-        measured = job._meter.summary()
+        measured = job.meter.summary()
         words = meter_words(measured)
         if words:
             job.log(words)
@@ -61,19 +60,19 @@ def finish(job, trainer) -> int:
 
             code, closing, delivered = wrapup.deliver(job, trainer, step)
             measured = {**measured, **delivered}
-        job._record(step, outcome, measured)
-        job._release()
+        job.record(step, outcome, measured)
+        job.release()
         if behind:
             code = EXIT_STORE
     job.signals.finished(code)  # every rank: the outcome is decided, and said next; a late signal keeps the code
     if job.ctx.is_main:
         if paused:
             after = ""
-            signalled = job._control.stop_reason.startswith("signal") and under_torchrun()
+            signalled = job.control.stop_reason.startswith("signal") and under_torchrun()
             if signalled:
                 after = ("; torchrun's SignalException traceback and exit 1 that follow are its reaction to "
                          "the same signal: the checkpoint is saved")
-            said = (f"paused at step {step} of {job._max_steps} ({job._control.stop_reason}) — "
+            said = (f"paused at step {step} of {job.target_step} ({job.control.stop_reason}) — "
                     f"run the same command to continue")
             job.log(said + after)
             if signalled:  # torchrun's traceback comes after the ranks end: say the outcome again, last
@@ -83,7 +82,7 @@ def finish(job, trainer) -> int:
                 repeat_after_torchrun(f"[kit] {redact(said)} [kit exit 0; the SignalException traceback and "
                                       f"exit 1 above are torchrun's own reaction to the signal]")
         else:
-            job.log(f"complete: step {step} of {job._max_steps}; checkpoint in "
+            job.log(f"complete: step {step} of {job.target_step}; checkpoint in "
                     f"{job.cfg.output_dir}/checkpoint-{step}")
             for line in closing:
                 job.log(line)

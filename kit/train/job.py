@@ -13,11 +13,11 @@ import atexit
 import math
 import os
 
-from kit.train import dist, sessions
-from kit.checkpoints import fingerprint, resume
+from kit.train import dist
+from kit.checkpoints import fingerprint, resume, session_records
 from kit.train.output_dir import check_output_dir, lock as lock_output_dir
 from kit.train.callbacks import Checkpoints, Control, Meter, ResumedBatch
-from kit.train.deadline import session_deadline
+from kit.train.deadline import process_started, session_deadline
 from kit.train.disk import Room
 from kit.train.signals import StopSignals
 from kit.errors import KitError
@@ -35,9 +35,13 @@ class Job:
         self.decision = resume.Decision()
         self.signals = StopSignals()
         self.deadline = session_deadline(cfg.time_budget_minutes)
-        self.started = sessions.process_started()  # the launch: imports are setup too
-        self._control = self._checkpoints = self._smoke = self._meter = None
-        self._max_steps = None
+        self.started = process_started()  # the launch: imports are setup too
+        # What the end of the job reads (kit.train.finish): the stop decisions and the step timings of
+        # training (kit.train.callbacks), and the step it trains to (`max_steps`).
+        self.control: Control | None = None
+        self.meter: Meter | None = None
+        self.target_step: int | None = None
+        self._checkpoints = self._smoke = None
         self._device_facts: dict | None = None
         self._rate_checked = False
         self.stored_step: int | None = None  # the newest checkpoint this session got into the store
@@ -94,7 +98,7 @@ class Job:
                 outcome = ("error", (type(e), str(e)))
         kind, value = dist.broadcast(outcome)
         if kind == "error":  # every rank raises the same one-line error, so the job exits cleanly
-            self._release()
+            self.release()
             raise value[0](value[1])
         self.decision, self.run = value
         if self.cfg.trainer == "grpo":
@@ -112,10 +116,10 @@ class Job:
             self.log(f"already complete: step {self.decision.step} of {self.decision.max_steps} "
                      f"({self.decision.resume_from})")
             if self.ctx.is_main:
-                self._max_steps = self.decision.max_steps
+                self.target_step = self.decision.max_steps
                 self._push_final_if_missing()
-                self._record(self.decision.step, "already complete")
-            self._release()
+                self.record(self.decision.step, "already complete")
+            self.release()
             self.signals.finished(self.exit_code)  # the outcome is said: a late signal keeps its exit code
             return
         if self.decision.resume_from:
@@ -152,7 +156,7 @@ class Job:
                 problem = (type(e), f"rank {self.ctx.rank}: {e}")
         problems = [p for p in dist.gather(problem) if p is not None]
         if problems:
-            self._release()
+            self.release()
             raise problems[0][0](problems[0][1])
 
     def _localize(self) -> None:
@@ -184,7 +188,7 @@ class Job:
         self.lease.keep_alive()
         if self.lease.took_over:
             self._record_cut(self.lease.took_over)
-        atexit.register(self._release)  # also on a crash; only kill -9 leaves the lease to go stale
+        atexit.register(self.release)  # also on a crash; only kill -9 leaves the lease to go stale
         from huggingface_hub.utils import disable_progress_bars
 
         disable_progress_bars()  # upload bars from the sync thread would interleave with training's
@@ -238,7 +242,7 @@ class Job:
                 outcome = ("error", (type(e), str(e)))
         kind, value = dist.broadcast(outcome)
         if kind == "error":
-            self._release()
+            self.release()
             raise value[0](value[1])
         for note in value:
             self.log(note)
@@ -250,21 +254,21 @@ class Job:
         # GRPO's batches count completions: each training prompt is answered num_generations times an epoch.
         n_train *= self.cfg.grpo.num_generations if self.cfg.trainer == "grpo" else 1
         if self.smoke:
-            self._max_steps = 1
+            self.target_step = 1
         elif self.cfg.max_steps:
             # A job extended past the config's max_steps keeps its current target (resume.current_target).
-            self._max_steps = self.decision.max_steps or self.cfg.max_steps
+            self.target_step = self.decision.max_steps or self.cfg.max_steps
         else:
             per_step = plan.per_device_batch * self.ctx.world_size
-            self._max_steps = max(1, math.ceil(self.cfg.epochs * math.ceil(n_train / per_step) / plan.grad_accum))
+            self.target_step = max(1, math.ceil(self.cfg.epochs * math.ceil(n_train / per_step) / plan.grad_accum))
         if not self.smoke and n_train < plan.global_batch:
             # Every step would see the same few examples: say so, with the numbers, before training.
             self.log(f"warning: {n_train} training example(s), fewer than one global batch of "
                      f"{plan.global_batch} ({plan.per_device_batch} per device × {plan.grad_accum} "
-                     f"accumulation × {self.ctx.world_size} process(es)): each of the {self._max_steps} steps "
-                     f"repeats all of them ({self._max_steps} epochs); add data, or lower global_batch / "
+                     f"accumulation × {self.ctx.world_size} process(es)): each of the {self.target_step} steps "
+                     f"repeats all of them ({self.target_step} epochs); add data, or lower global_batch / "
                      "per_device_batch")
-        return self._max_steps
+        return self.target_step
 
     def settled(self, plan, notes=()) -> None:
         """The plan settled for the data and the job's length (`kit.planning.settle`): the one the
@@ -280,17 +284,17 @@ class Job:
 
     def callbacks(self, model, dataset) -> list:
         room = Room(model)  # the next checkpoint's size, checked against the disk before each save
-        self._control = Control(self.ctx, self.deadline, self.cfg.save_every_minutes, self.signals,
+        self.control = Control(self.ctx, self.deadline, self.cfg.save_every_minutes, self.signals,
                                 self._save_cost_s, say=self.log, halt=self._lease_lost, room=room)
         self._checkpoints = Checkpoints(self.ctx, fingerprint.of_job(self.cfg), self.sync,
                                         extra={k: self.run.get(k) for k in ("run_id", "base_revision")},
                                         keep=self.cfg.keep_checkpoints, room=room)
-        self._meter = Meter(self.ctx.device, self.plan.global_batch * dataset.mean_tokens, self._on_step)
+        self.meter = Meter(self.ctx.device, self.plan.global_batch * dataset.mean_tokens, self._on_step)
         if self.ctx.is_main and not self.smoke:
             # A session that dies once training began (an exception, not kill -9) is recorded too.
             # Registered after the lease's release, so it runs first, while the lease is still held.
             atexit.register(self._record_if_unfinished)
-        out = [self._control, self._checkpoints, self._meter,
+        out = [self.control, self._checkpoints, self.meter,
                ResumedBatch(self.resume_from, self.log)]
         if self.smoke:
             from kit.train.smoke import Smoke
@@ -308,17 +312,17 @@ class Job:
         # that takes its lease over writes it from this (`_record_cut`).
         if self.lease is not None:
             first = "step" not in self.lease.progress
-            began = self._meter.began_at if self._meter else None
+            began = self.meter.began_at if self.meter else None
             self.lease.progress.update(step=step, started=self.started, start_step=self.decision.step or 0,
                                        setup_s=round(began - self.started, 1) if began else None,
-                                       max_steps=self._max_steps, **self._devices())
+                                       max_steps=self.target_step, **self._devices())
             if first:
                 self.lease.beat_soon()
-        if self.store is not None and not self._rate_checked and self._meter and len(self._meter.step_ends) > 12:
+        if self.store is not None and not self._rate_checked and self.meter and len(self.meter.step_ends) > 12:
             self._rate_checked = True  # once, from the first steps' speed (the log says it before the cut does)
             from kit.checkpoints.store.pacing import checkpoint_rate_warning
 
-            ends = self._meter.step_ends
+            ends = self.meter.step_ends
             per_hour = self.store.pacer.per_hour
             words = per_hour and checkpoint_rate_warning(self.cfg.save_steps, (ends[-1] - ends[2]) / (len(ends) - 3),
                                                          self.cfg.lease_heartbeat_seconds, per_hour)
@@ -346,20 +350,35 @@ class Job:
 
     def _record_if_unfinished(self) -> None:
         if not self._recorded:
-            m = self._meter
+            m = self.meter
             step = m.first_step - 1 + len(m.step_ends) - 1 if m is not None and m.first_step else self.decision.step
-            self._record(step, "failed", {"error": "the session ended without finishing (see its log)"})
+            self.record(step, "failed", {"error": "the session ended without finishing (see its log)"})
 
-    def _record(self, step: int, outcome: str, measured: dict | None = None) -> None:
+    def smoke_report(self) -> tuple[bool, list[str]]:
+        """A smoke run's checks after its one step (kit.train.smoke): (all passed, the lines to say); its
+        temporary folder removed."""
+        ok, lines = self._smoke.report(self.ctx)
+        self._smoke_folder.remove()
+        return ok, lines
+
+    def record(self, step: int, outcome: str, measured: dict | None = None) -> None:
+        """Rank 0: this session's record (kit.checkpoints.session_records), ended at `step` with `outcome`."""
         self._recorded = True
-        sessions.append(self.cfg.output_dir, self.store, sessions.of_job(self, step, outcome, measured))
+        began = self.meter.began_at if self.meter else None
+        record = session_records.of_session(
+            run_id=self.run.get("run_id"), started=self.started, start_step=self.decision.step, end_step=step,
+            max_steps=self.target_step, outcome=outcome, setup_s=round(began - self.started, 1) if began else None,
+            stored_step=self.stored_step if self.store is not None else step, devices=self._devices(),
+            measured=measured)
+        session_records.append(self.cfg.output_dir, self.store, record)
 
     def _record_cut(self, lease: dict) -> None:
-        record = sessions.of_cut(lease)
+        record = session_records.of_cut(lease)
         if record is not None:
-            sessions.append(self.cfg.output_dir, self.store, record)
+            session_records.append(self.cfg.output_dir, self.store, record)
 
-    def _release(self) -> None:
+    def release(self) -> None:
+        """The store's lease and the output_dir lock given back (each once; also at exit)."""
         if self.lease is not None:
             self.lease.release()
             self.lease = None

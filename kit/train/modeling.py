@@ -130,6 +130,11 @@ def weights_problem(e: BaseException) -> str | None:
 def _prepare(model, tokenizer, plan) -> None:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    # The model's configs name the same pad token, as TRL's trainers set them when they build their own
+    # collator (SFT with packed rows gets kit's: kit.train.collate), so a saved config is the same either way.
+    model.config.get_text_config().pad_token_id = tokenizer.pad_token_id
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.config.use_cache = False  # the KV cache is useless in training and breaks checkpointing
     model.config.return_dict = True
     if plan.gradient_checkpointing and plan.strategy != "fsdp":  # FSDP checkpoints its own layers

@@ -12,10 +12,10 @@ from kit.errors import UsageError
 from kit.files import refuse_shared_folder
 from kit.evaluation.identity import RUN_LOCAL
 from kit.evaluation.results import BASELINE_LOCAL
-from kit.train.sessions import LOCAL as SESSIONS_LOCAL
+from kit.checkpoints.session_records import LOCAL as SESSIONS_LOCAL
 
 # The files kit writes at output_dir's top: the run record, the baseline, the session records.
-# (The model card is final/README.md; TRL's own card at the top is not written: keep_users_files.)
+# (The model card is final/README.md; TRL's own card at the top is not written: without_card.)
 FILES = (RUN_LOCAL, BASELINE_LOCAL, SESSIONS_LOCAL)
 KIT_FINAL_FILES = ("eval_results.json", "kit_config.yaml")  # in every final/ kit writes (kit.deliver.final)
 
@@ -98,12 +98,17 @@ def _check_entries(out: Path) -> None:
                              "link): move it away or choose another output_dir")
 
 
-def keep_users_files(trainer) -> None:
-    """TRL's trainers write their model card to output_dir/README.md at every save, over a README.md
-    of the user's own kept there (their notes on the run). kit's card is final/README.md, written
-    once the job is evaluated, so TRL's is not written at all."""
-    trainer.create_model_card = _no_card
+def without_card(trainer_class: type) -> type:
+    """`trainer_class` (TRL's SFTTrainer, DPOTrainer, KTOTrainer, GRPOTrainer) whose saves write no model card.
+
+    TRL's trainers write their card to output_dir/README.md at every save (`create_model_card`, from
+    `_save_checkpoint`; no argument turns it off), over a README.md of the user's own kept there (their
+    notes on the run). kit's card is final/README.md, written once the job is evaluated, so TRL's is
+    not written at all. The subclass keeps the class's name: only the card differs.
+    """
+    return type(trainer_class.__name__, (trainer_class,),
+                {"create_model_card": _no_card, "__module__": __name__, "__doc__": trainer_class.__doc__})
 
 
-def _no_card(*args, **kwargs) -> None:
+def _no_card(self, *args, **kwargs) -> None:
     return None

@@ -112,7 +112,7 @@ def session_outcome(output_dir: Path, began: float, returncode: int | None, log:
     """
     from kit.notebooks.schedule.papermill_run import session_since
     from kit.notebooks.schedule.stops import words_of
-    from kit.train.sessions import LOCAL
+    from kit.checkpoints.session_records import LOCAL
 
     path = Path(output_dir) / LOCAL
     record = session_since(path, began)

@@ -124,12 +124,8 @@ def session_since(path: Path, began: float) -> dict | None:
     """The last session record in `path` of a session that started at or after `began` (this run's)."""
     from kit.checkpoints import session_records
 
-    try:
-        raw = Path(path).read_bytes()
-    except FileNotFoundError:
-        return None
     # A torn last line (a cut session), bytes that are not UTF-8 or a field of the wrong type: skipped.
-    found = [r for r in session_records.parse(raw, str(path)) if r.get("started") is not None and r["started"] >= began]
+    found = [r for r in session_records.read(path) if r.get("started") is not None and r["started"] >= began]
     return found[-1] if found else None
 
 
