@@ -16,6 +16,15 @@ Variants:
   kit-nographs  kit's path compiled without CUDA graphs (run when `kit` fails, or when named).
   merged  TRL's path with the LoRA adapters merged into the base for each generation pass and
           unmerged after (eager decoding without the adapter kernels).
+  unsloth Unsloth (2026.10) without vLLM: `import unsloth` first, the same random weights saved to disk
+          and loaded through FastLanguageModel (fast_inference=False, bf16, no 4-bit), its LoRA r16 on
+          the seven linears and its gradient checkpointing, and TRL's GRPOTrainer as Unsloth patches it
+          at import. Unsloth's generation: `FastLanguageModel.for_inference` around TRL's generate,
+          its own one-token decoding step replayed as CUDA graphs for the generate calls of an RL
+          trainer (unsloth/models/_decode_graphs.py), released for the training pass.
+  unsloth-kit  The same with kit.train.generation.speed_up_generation applied on top (whether kit's
+          static cache and compiled decoding fight Unsloth's own).
+  (--unsloth-site DIR puts a folder holding Unsloth first on the unsloth variants' PYTHONPATH only.)
 
 Per step: wall time (CUDA synchronised), generation time (TRL's `_generate_single_turn`), the rest
 (scoring, rewards, forward/backward, optimizer) as training time; peak `max_memory_allocated`.
@@ -45,13 +54,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 GIB = 2**30
 TOKENIZER = ROOT / "models" / "tiny-qwen3"
 PROMPT_WORD = " light"  # one token of the tiny tokenizer
 MEAN_GAP_FLOOR = 0.02   # nat; see the module docstring
 GAP_FACTOR = 2.0
-WARMUP = {"trl": 1, "merged": 1, "kit": 2, "kit-nographs": 2}
+WARMUP = {"trl": 1, "merged": 1, "kit": 2, "kit-nographs": 2, "unsloth": 2, "unsloth-kit": 2}
+UNSLOTH_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def build_model(hub_id: str, device: str, seed: int = 0):
@@ -91,8 +102,13 @@ def make_trainer(args, variant: str, out: Path):
     from trl import GRPOConfig, GRPOTrainer
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = build_model(args.model, device)
-    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+    peft_config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
+    if variant.startswith("unsloth"):
+        model, tokenizer = unsloth_model(args)
+        peft_config = None  # Unsloth's own adapters, already on the model
+    else:
+        model = build_model(args.model, device)
+        tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
     prompt = PROMPT_WORD * args.prompt_tokens
     assert len(tokenizer(prompt)["input_ids"]) == args.prompt_tokens
     data = Dataset.from_dict({"prompt": [prompt] * (args.steps + 4)})
@@ -101,10 +117,40 @@ def make_trainer(args, variant: str, out: Path):
         num_generations=args.generations, max_completion_length=args.completion_tokens, max_steps=args.steps,
         learning_rate=1e-5, bf16=device == "cuda", logging_steps=1, report_to="none", save_strategy="no",
         seed=0, use_cpu=device == "cpu", dataloader_num_workers=0)
-    lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
     trainer = GRPOTrainer(model=model, args=config, reward_funcs=[even_tokens], train_dataset=data,
-                          processing_class=tokenizer, peft_config=lora)
+                          processing_class=tokenizer, peft_config=peft_config)
     return trainer
+
+
+def unsloth_model(args):
+    """The same seeded random weights as `build_model`, saved (bench.gpu_common) and loaded through
+    Unsloth's FastLanguageModel without vLLM, with Unsloth's LoRA r16 on the seven linears."""
+    import torch
+    from unsloth import FastLanguageModel
+
+    from gpu_common import make_random_model
+
+    path = make_random_model(args.model, Path(args.work) / "model")
+    model, tokenizer = FastLanguageModel.from_pretrained(
+        model_name=str(path), max_seq_length=args.prompt_tokens + args.completion_tokens, dtype=torch.bfloat16,
+        load_in_4bit=False, fast_inference=False)
+    model.generation_config.eos_token_id = 2
+    model.generation_config.pad_token_id = 0
+    model = FastLanguageModel.get_peft_model(model, r=16, lora_alpha=32, lora_dropout=0.0,
+                                             target_modules=UNSLOTH_TARGETS, bias="none", random_state=0,
+                                             use_gradient_checkpointing="unsloth")
+    return model, tokenizer
+
+
+def unsloth_graph_stats(model) -> dict:
+    """Unsloth's decode-graph counters (captures, replays, eager steps) of whichever module holds them."""
+    from unsloth.models import _decode_graphs
+
+    for m in model.modules():
+        found = _decode_graphs.stats(m)
+        if found:
+            return found
+    return {}
 
 
 def timed_generation(trainer, sink: list, merged: bool):
@@ -198,15 +244,18 @@ def equivalence(trainer, trl_config, kit_config, prompt_ids, sample_tokens: int,
 
 
 def run_one(args) -> dict:
+    variant = args.one
+    if variant.startswith("unsloth"):
+        import unsloth  # noqa: F401  (first: Unsloth patches transformers and trl on import)
     import torch
 
-    variant = args.one
     out = Path(args.out)
     started = time.perf_counter()
     trainer = make_trainer(args, variant, out)
-    trl_config = trainer.generation_config.__class__.from_dict(trainer.generation_config.to_dict())
+    trl_config = (trainer.generation_config.__class__.from_dict(trainer.generation_config.to_dict())
+                  if variant.startswith("kit") else None)  # the check's reference: TRL's own settings
     choice = None
-    if variant.startswith("kit"):
+    if variant.startswith("kit") or variant == "unsloth-kit":
         from kit.train.generation import speed_up_generation
 
         mode = "default" if variant == "kit-nographs" else "reduce-overhead"
@@ -220,6 +269,8 @@ def run_one(args) -> dict:
     trainer.train()
     peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
     warm = WARMUP[variant]
+    generation_timed = bool(gen_times)  # False: the trainer never called TRL's _generate_single_turn
+    gen_times = gen_times or [0.0] * len(step_times)
     steady = list(zip(step_times, gen_times))[warm:] or list(zip(step_times, gen_times))
     step_med = statistics.median(s for s, _ in steady)
     gen_med = statistics.median(g for _, g in steady)
@@ -230,9 +281,14 @@ def run_one(args) -> dict:
         "warmup_steps": warm, "median_step_s": round(step_med, 3), "median_generation_s": round(gen_med, 3),
         "median_training_s": round(step_med - gen_med, 3),
         "generation_ms_per_token": round(1000 * gen_med / args.completion_tokens, 2),
-        "peak_allocated_gib": round(peak / GIB, 3),
+        "peak_allocated_gib": round(peak / GIB, 3), "generation_timed": generation_timed,
         "loss": [h.get("loss") for h in logs], "reward": [h.get("reward") for h in logs],
     }
+    if variant.startswith("unsloth"):
+        from importlib import metadata
+
+        result["unsloth"] = metadata.version("unsloth")
+        result["decode_graphs"] = unsloth_graph_stats(trainer.model)
     Path(args.json).write_text(json.dumps(result, indent=1))  # kept if the check below fails
     if variant.startswith("kit") and args.check:
         prompt_ids = trainer.processing_class(PROMPT_WORD * args.prompt_tokens)["input_ids"]
@@ -263,12 +319,24 @@ def estimate_for(args) -> dict | None:
             "terms_gib": {k: round(v / GIB, 3) for k, v in est.terms.items()}, "notes": est.notes}
 
 
+def cold_caches() -> dict:
+    from gpu_common import cold_caches as fresh
+
+    return fresh()
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--model", default="Qwen/Qwen3-1.7B")
     p.add_argument("--variants", default="trl,kit,merged")
-    p.add_argument("--steps", type=int, default=0, help="0: 3 for eager variants, 8 for kit")
+    p.add_argument("--steps", type=int, default=0, help="0: 3 for eager variants, 5 for kit and unsloth")
+    p.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "kit-grpo-bench"),
+                   help="where the unsloth variants' saved random weights go (not the results folder)")
+    p.add_argument("--unsloth-site", default=None, help="a folder holding Unsloth, put first on the unsloth "
+                   "variants' PYTHONPATH only")
+    p.add_argument("--eager-steps", type=int, default=3, help="steps of the eager variants (trl, merged) when "
+                   "--steps is 0")
     p.add_argument("--generations", type=int, default=8)
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--completion-tokens", type=int, default=256)
@@ -284,7 +352,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.one:
         if not args.steps:
-            args.steps = 8 if args.one.startswith("kit") else 3
+            args.steps = 5 if args.one.startswith(("kit", "unsloth")) else args.eager_steps
         result = run_one(args)
         Path(args.json).write_text(json.dumps(result, indent=1))
         return 0
@@ -316,15 +384,20 @@ def main() -> int:
         cmd = [sys.executable, __file__, "--out", str(out), "--model", args.model, "--one", variant, "--json",
                str(one), "--steps", str(args.steps), "--generations", str(args.generations),
                "--prompt-tokens", str(args.prompt_tokens), "--completion-tokens", str(args.completion_tokens),
-               "--check-tokens", str(args.check_tokens), "--greedy-tokens", str(args.greedy_tokens)]
+               "--eager-steps", str(args.eager_steps),
+               "--check-tokens", str(args.check_tokens), "--greedy-tokens", str(args.greedy_tokens),
+               "--work", args.work]
         if not args.check:
             cmd.append("--no-check")
         print(f"[grpo_speed] {variant} ({left:.0f} s left)", flush=True)
         log = out / f"{variant}.log"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **cold_caches()}  # each variant compiles from scratch
+        if variant.startswith("unsloth") and args.unsloth_site:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.unsloth_site, env.get("PYTHONPATH")]))
         with open(log, "w") as f:
             try:
                 rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=left, cwd=ROOT,
-                                    env={**os.environ, "PYTHONUNBUFFERED": "1"}).returncode
+                                    env=env).returncode
             except subprocess.TimeoutExpired:
                 rc = "timeout"
         if one.exists():
@@ -352,6 +425,12 @@ def summarise(results: dict) -> None:
             "generation_ratio_kit_over_trl": round(kit["median_generation_s"] / base["median_generation_s"], 3),
             "kit_first_step_s": kit["step_s"][0] if kit.get("step_s") else None,
         }
+        for name in ("unsloth", "unsloth-kit"):
+            other = v.get(name, {})
+            if "median_step_s" in other:
+                results["summary"][f"step_ratio_{name}_over_trl"] = round(other["median_step_s"] / base["median_step_s"], 3)
+                results["summary"][f"step_ratio_{name}_over_kit"] = round(other["median_step_s"] / kit["median_step_s"], 3)
+                results["summary"][f"{name}_first_step_s"] = other["step_s"][0] if other.get("step_s") else None
         est = results.get("estimate")
         if est:
             results["summary"]["estimate_vs_trl_peak"] = round(est["allocated_gib"] / base["peak_allocated_gib"], 3)

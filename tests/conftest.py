@@ -27,6 +27,14 @@ if "huggingface_hub.constants" in sys.modules:
 
     importlib.reload(sys.modules["huggingface_hub.constants"])
 
+# Compiled modules are cached (in __pycache__/, which git ignores) even where the caller's environment sets
+# PYTHONDONTWRITEBYTECODE: the full suite starts some 400 Python processes (script runs, torchrun ranks,
+# kernels), each of which would compile kit from source again, and every pytest process would rewrite the
+# asserts of every test module again (about 6 s of CPU per process on 2 cores). Set before any test module
+# is imported; the processes the tests start inherit the environment.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
 # One intra-op thread, as torchrun gives each rank (tests.scripts.cpu_env does the same for
 # subprocesses): in-process tests run two at a time under xdist, and two workers each spinning up
 # one OpenMP thread per core on 2 cores slow both down many times over.
@@ -51,6 +59,11 @@ def pytest_cmdline_main(config):
         config.option.numprocesses = 2
         if config.option.dist == "no":
             config.option.dist = "load"
+    if hasattr(config.option, "loadscopereorder"):
+        # --dist loadfile hands out whole modules in the order pytest_collection_modifyitems leaves them;
+        # xdist's default re-sorts them by their number of tests, which puts the modules of a few long
+        # end-to-end tests (FSDP, two nodes, preference trainers) last, running alone while a core idles.
+        config.option.loadscopereorder = False
 
 
 def _has_cuda() -> bool:

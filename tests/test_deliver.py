@@ -16,7 +16,7 @@ import yaml
 from kit.evaluation.identity import local_revision
 from tests.code_asserts import words_in
 from tests.hubserver import WRITE_TOKEN, HubServer
-from tests.scripts import FAST, ROOT, SCRIPT, cpu_env, kill_job, run, torchrun_cmd, train, train_here
+from tests.scripts import FAST, ROOT, SCRIPT, cpu_env, kill_job, kit_cli, run, torchrun_cmd, train, train_here
 
 TINY = ROOT / "models" / "tiny-qwen3"
 FINAL_FILES = {"README.md", "adapter_config.json", "adapter_model.safetensors", "eval_results.json", "samples.md",
@@ -95,22 +95,15 @@ def test_the_model_card_has_hub_metadata_and_says_how_to_use_it(finished):
 def test_status_plots_loss_against_step_and_shows_the_run_id(finished, tmp_path):
     out, store, _ = finished
     png = tmp_path / "job.png"
-    r = subprocess.run([*_kit(), "status", "--config", "configs/default.yaml", f"output_dir={out}", f"store={store}",
-                        "--plot", str(png), "--json"], cwd=ROOT, env=cpu_env(), capture_output=True, text=True)
+    r = kit_cli(["status", "--config", "configs/default.yaml", f"output_dir={out}", f"store={store}", "--plot", str(png),
+                 "--json"])
     assert r.returncode == 0, r.stderr
     facts = json.loads(r.stdout)
     assert facts["run_id"] == json.loads((out / "kit_run.json").read_text())["run_id"]
     assert [h["step"] for h in facts["losses"] if "eval_loss" in h] == [10, 20]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    text = subprocess.run([*_kit(), "status", "--config", "configs/default.yaml", f"store={store}"], cwd=ROOT,
-                          env=cpu_env(), capture_output=True, text=True).stdout
+    text = kit_cli(["status", "--config", "configs/default.yaml", f"store={store}"]).stdout
     assert f"run id       {facts['run_id']}" in text
-
-
-def _kit():
-    import sys
-
-    return [sys.executable, "-m", "kit"]
 
 
 @pytest.mark.slow
@@ -121,8 +114,7 @@ def test_export_of_the_finished_job_loads_in_plain_transformers_and_matches(fini
 
     out, _, _ = finished
     merged = tmp_path / "merged"
-    r = subprocess.run([*_kit(), "export", "--adapter", str(out / "final"), "-o", str(merged), "--dtype", "fp32"],
-                       cwd=ROOT, env=cpu_env(), capture_output=True, text=True)
+    r = kit_cli(["export", "--adapter", str(out / "final"), "-o", str(merged), "--dtype", "fp32"])
     assert r.returncode == 0, r.stderr[-2000:]
     assert "verified: merged logits" in r.stdout and "match base + adapter" in r.stdout
     assert list(merged.glob("*.safetensors")) and (merged / "tokenizer.json").is_file()

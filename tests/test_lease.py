@@ -4,6 +4,7 @@ the Hub cannot both win (parent_commit compare-and-swap on tests/hubserver.py)."
 import json
 import logging
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -32,7 +33,9 @@ def test_second_holder_is_refused_with_holder_and_age(store_factory):
     with pytest.raises(StoreError) as err:
         Lease(store_factory(), "host-y pid 9").acquire()
     msg = str(err.value)
-    assert "leased by host-x pid 123" in msg and "since 20" in msg and "heartbeat 0 s ago" in msg
+    assert "leased by host-x pid 123" in msg and "since 20" in msg
+    # The heartbeat's age is whole seconds since acquire(): 0 or 1 on a loaded machine, never more.
+    assert int(re.search(r"heartbeat (\d+) s ago", msg).group(1)) <= 2
     assert "take over after 180 s" in msg and err.value.exit_code == 4
     a.heartbeat()
     a.release()

@@ -392,8 +392,7 @@ def test_the_script_takes_overrides_before_between_and_after_its_flags(tmp_path)
     cfg, _, _ = arguments.settings(config.to_dict(config.load("configs/default.yaml")), {}, args)
     assert (cfg.lora.r, cfg.output_dir, cfg.max_steps) == (8, str(tmp_path), 3)
     # The real script: the override after --force is read (and refused for its value, not as an argument).
-    r = subprocess.run([sys.executable, str(ROOT / "train_ddp.py"), "lora.r=8", "--force", f"output_dir={tmp_path}",
-                        "max_steps=0"], cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=120)
+    r = train_here(["lora.r=8", "--force", f"output_dir={tmp_path}", "max_steps=0"])  # `python train_ddp.py …`
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("error: config key") and "'max_steps'" in r.stderr
     assert r.stderr.strip().endswith("> 0, got 0")
 

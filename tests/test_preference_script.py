@@ -35,13 +35,29 @@ def server():
         yield s
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(scripts, tmp_path_factory):
+    """trainer -> (its output_dir, the run, the Hub it pushed to): each trainer's job under two ranks to its
+    end, once, with the test Hub as its store. The tests that read the finished job (what it delivered and
+    pushed; the adapter a killed and rerun job must end with) share that one launch."""
+    done = {}
+    with HubServer(tokens={WRITE_TOKEN: "write"}) as hub:
+        def finished(trainer: str):
+            if trainer not in done:
+                out = tmp_path_factory.mktemp(f"{trainer}-uninterrupted") / "run"
+                out.mkdir()
+                (out / "README.md").write_text("# my notes\n")  # the trainer's saves write no card over it
+                r = run(scripts[trainer], [f"output_dir={out}", f"store=hf://me/{trainer}-tiny", *STEPS], hub_env(hub))
+                done[trainer] = out, r, hub
+            return done[trainer]
+
+        yield finished
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("trainer, trainer_class", [("dpo", "DPOTrainer"), ("kto", "KTOTrainer")])
-def test_two_ranks_train_deliver_and_push_once(scripts, server, tmp_path, trainer, trainer_class):
-    out = tmp_path / "run"
-    out.mkdir()
-    (out / "README.md").write_text("# my notes\n")  # the trainer's saves write no card over it
-    r = run(scripts[trainer], [f"output_dir={out}", f"store=hf://me/{trainer}-tiny", *STEPS], hub_env(server))
+def test_two_ranks_train_deliver_and_push_once(uninterrupted, trainer, trainer_class):
+    out, r, server = uninterrupted(trainer)
     log = r.stdout + r.stderr
     assert r.returncode == 0, log[-3000:]
     assert log.count("[kit] complete: step 12 of 12") == 1 and "2 × cpu" in log
@@ -64,10 +80,9 @@ def test_two_ranks_train_deliver_and_push_once(scripts, server, tmp_path, traine
 
 @pytest.mark.slow
 @pytest.mark.parametrize("trainer", ["dpo", "kto"])
-def test_kill_9_then_rerun_ends_with_the_uninterrupted_adapter(scripts, server, tmp_path, trainer):
+def test_kill_9_then_rerun_ends_with_the_uninterrupted_adapter(scripts, uninterrupted, server, tmp_path, trainer):
     script = scripts[trainer]
-    reference = tmp_path / "reference"
-    r = run(script, [f"output_dir={reference}", *STEPS], env())
+    reference, r, _ = uninterrupted(trainer)
     assert r.returncode == 0, r.stderr[-3000:]
     out = tmp_path / "run"
     args = [f"output_dir={out}", f"store=hf://me/{trainer}-cut", *STEPS]
