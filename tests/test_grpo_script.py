@@ -26,6 +26,7 @@ from kit.planning.fit import batch_for_world
 from kit.planning.plan import make_plan
 from kit.machine import gpu_table
 from kit.report.reasons import words
+from tests.code_asserts import assigns, call
 from tests.test_plan import reason
 from tests.hubserver import WRITE_TOKEN, HubServer
 from tests.scripts import FAST, ROOT, elsewhere_env as env, hub_env, kill_job, kit_cli, losses, torchrun_cmd, \
@@ -105,8 +106,8 @@ def test_plan_text_shows_the_grpo_memory_terms(capsys):
     assert code == 0, out
     assert "ddp" in out and "fp16" in out
     assert re.search(r"kv_cache\s+\d+\.\d\d", out) and "sampling_logits_fp32" in out
-    assert "generation is the peak" in out and "each generating its own share" in out
-    assert "1 per GPU × 8 accumulation steps × 2 processes = 16" in out
+    assert "generation is the peak" in out and "its own share" in out
+    assert "1 per GPU × 8 accumul" in out and "× 2 processes = 16" in out
     plan = make_plan(gpu_table.synthesize("2xT4"), grpo_cfg(model="Qwen/Qwen3-4B", seq_len=512,
                                                              grpo__max_completion_length=1024,
                                                              grpo__num_generations=16, per_device_batch=1,
@@ -225,13 +226,58 @@ def prompt_rows(rows) -> str:
     ({}, ["global_batch=6"], "global_batch 6 is not a multiple of per_device_batch 2|num_generations=4"),
     ({}, ["global_batch=10", "per_device_batch=null"], "num_generations=4.*global_batch=8 or 12"),
     ({}, ["grpo.num_generations=1"], "it needs at least 2"),
+    # One generation batch holds global_batch / num_generations = 2 prompts; TRL's sampler drops a partial one.
+    ({"p.jsonl": prompt_rows([{"prompt": "turn on the light", "answer": "x"}])}, ["data.path=p.jsonl"],
+     "p.jsonl: 1 training prompt, fewer than the 2 one generation batch holds .*no step would train"),
+    ({"p.jsonl": prompt_rows([{"prompt": [{"role": "system", "content": " "}, {"role": "user", "content": ""}],
+                               "answer": "x"}] * 4)}, ["data.path=p.jsonl"],
+     "p.jsonl line 1: field 'prompt' holds only empty messages"),
+    ({"p.jsonl": prompt_rows([{"prompt": f"light {i}", "image": f"img/{i}.png"} for i in range(4)])},
+     ["data.path=p.jsonl"], "p.jsonl has a column image, which TRL's GRPOTrainer reads as the prompts' images"),
 ], ids=["sft-data", "prompt-not-text", "prompt-empty", "bad-role", "columns-missing", "reserved-column",
-        "indivisible", "indivisible-picked", "one-generation"])
+        "indivisible", "indivisible-picked", "one-generation", "one-prompt", "empty-messages", "image-column"])
 def test_a_wrong_data_shape_or_batch_is_one_line_exit_2_before_the_model_loads(box, capfd, files, argv, want):
     for name, text in files.items():
         (box / name).write_text(text)
     code = run_script(box, [f"output_dir={box / 'out'}", *argv])
     assert_refused_before_loading(code, capfd, want)
+
+
+def test_prompts_that_fill_no_generation_batch_after_the_split_are_one_line_exit_2(box, capfd):
+    # 2 prompts pass the check before the model loads; the held-out split leaves 1 to train on, fewer than the 2
+    # a generation batch holds: TRL's sampler would hand out nothing and the job end at step 0 "complete".
+    (box / "p.jsonl").write_text(prompt_rows([{"prompt": f"turn on light {i}", "answer": "x"} for i in range(2)]))
+    code = run_script(box, [f"output_dir={box / 'out'}", "data.path=p.jsonl"])
+    out, err = capfd.readouterr()
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and "1 training prompt, fewer than the 2" in errors[0], err[-2000:]
+    assert "Traceback" not in out + err and not any((box / "out").glob("checkpoint-*"))
+
+
+LATER = "def ok(completions, trainer_state=None, **kwargs):\n    late = trainer_state is not None and trainer_state.global_step >= 1\n"
+
+
+@pytest.mark.parametrize("body,want", [
+    (LATER + "    return [float('inf') if late else 1.0 for _ in completions]\n",
+     r"rewards: ok returned inf .*advantages would be NaN.* at step 2 "),
+    (LATER + "    return [1.0] * (len(completions) - late)\n", r"rewards: ok returned 7 values for 8 completions at step 2 "),
+    (LATER + "    if late:\n        raise KeyError('answer')\n    return [1.0] * len(completions)\n",
+     r"rewards: ok raised KeyError: 'answer' at step 2 \(on 8 completions; it passed the dry call\)"),
+    (LATER + "    if late:\n        import os\n        os._exit(0)\n    return [1.0] * len(completions)\n",
+     r"rewards: ok called os._exit\(0\) at step 2 "),
+], ids=["inf-later", "short-later", "raises-later", "os-exit-later"])
+def test_a_reward_that_goes_wrong_in_training_stops_with_one_line_and_keeps_the_checkpoints(box, capfd, body, want):
+    # The dry call passes; at step 2 TRL got inf (NaN advantages: the adapter's weights went NaN), one value short or
+    # an exception (TRL's traceback), or os._exit(0) (the job ended "successfully" with no word). kit runs every call
+    # as the dry call, and names the function and the step.
+    (box / "configs" / "grpo_rewards.py").write_text(body)
+    code = run_script(box, [f"output_dir={box / 'out'}", "grpo.rewards=grpo_rewards.py:ok", "max_steps=4",
+                            "save_steps=1", "eval.baseline=false"])
+    out, err = capfd.readouterr()
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and re.search(want, errors[0]), err[-3000:]
+    assert "Traceback" not in err
+    assert (box / "out" / "checkpoint-1" / "adapter_model.safetensors").is_file()  # step 1's checkpoint is kept
 
 
 def test_prompts_keep_their_columns_for_the_rewards_and_a_mapped_prompt_is_read(box):
@@ -259,15 +305,17 @@ def test_prompts_longer_than_seq_len_are_left_out_and_counted(box):
     prepared = data.prepare(cfg, AutoTokenizer.from_pretrained(str(box / "models" / "tiny-qwen3")))
     assert prepared.format == "prompts" and prepared.dropped_too_long == 4
     assert len(prepared.train) + len(prepared.eval) == 16
-    assert "4 dropped (prompt longer than seq_len)" in prepared.summary()
+    assert "4 dropped" in prepared.summary() and "seq_len" in prepared.summary()
 
 
 def test_the_script_builds_grpo_trainer_with_the_rewards_and_the_fast_generation(box):
     text = (box / "train_grpo.py").read_text()
     compile(text, "train_grpo.py", "exec")
-    assert "training_args = GRPOConfig(" in text and "Trainer = output_dir.without_card(GRPOTrainer)" in text
+    made = dict(assigns(text))
+    assert made["training_args"].startswith("GRPOConfig(") and made["Trainer"] == "output_dir.without_card(GRPOTrainer)"
     assert "reward_funcs=job.reward_funcs," in text and "num_generations=cfg.grpo.num_generations" in text
-    assert "generation.speed_up_generation(trainer, max_prompt_tokens=cfg.seq_len)" in text
+    speed = call(text, "generation.speed_up_generation")
+    assert speed[0] == "trainer" and speed["max_prompt_tokens"] == "cfg.seq_len"
     assert "modeling.reference_is_base(trainer.model)" in text
     assert "'dpo'" not in text.split("SETTINGS = ")[1].split("PLAN = ")[0]  # its own trainer's section only
 
@@ -311,10 +359,10 @@ def pushed(script, tmp_path_factory):
 def test_two_ranks_train_deliver_and_push_once(pushed):
     out, log = pushed.out, pushed.log
     assert pushed.code == 0, log[-3000:]
-    assert log.count("[kit] complete: step 12 of 12") == 1 and "2 × cpu" in log
+    assert log.count("complete: step 12 of 12") == 1 and "2 × cpu" in log
     assert (out / "README.md").read_text() == "# my notes\n"
-    assert "batch 2 × accumulation 2 × 2 = 8" in log  # 2 prompts x 4 generations per optimizer step
-    assert "[kit] rewards: json_format, brevity" in log
+    assert "accumulation 2 × 2 = 8" in log  # 2 prompts x 4 generations per optimizer step
+    assert "[kit] rewards:" in log and "json_format, brevity" in log
     assert log.count("[kit] pushed: ") == 1  # final/ once, by rank 0
     assert (out / "final" / "adapter_model.safetensors").is_file()
     assert "ref" not in {p.name for p in (out / "final").iterdir()}
@@ -453,6 +501,32 @@ def test_a_lease_taken_over_during_generation_stops_both_ranks_with_nothing_more
     assert json.loads(store.read_text("lease.json"))["id"] == "theirs"  # never overwritten by the loser
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("body,want", [
+    ("import time\ndef ok(completions, **kwargs):\n    time.sleep(3600)\n",
+     "rewards: r.py:ok (a dry call with 2 rows) did not finish within 3 s"),
+    ("import os\ndef ok(completions, **kwargs):\n    os._exit(0)\n", "rewards: r.py:ok called os._exit(0)"),
+], ids=["never-returns", "os-exit-0"])
+def test_under_torchrun_a_reward_that_hangs_or_exits_stops_every_rank_with_one_line(script, tmp_path, body, want):
+    # Rank 0 dry-calls the rewards while rank 1 waits for its word: a reward that never returned left both ranks
+    # waiting (rank 1 in the broadcast), and os._exit(0) ended rank 0 "successfully" with rank 1 still waiting.
+    import time
+
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "r.py").write_text(body)
+    (folder / "job.yaml").write_text((ROOT / CONFIG).read_text().replace("grpo_rewards.py:json_format,brevity", "r.py:ok")
+                                     .replace("data/grpo_prompts.jsonl", str(ROOT / "data" / "grpo_prompts.jsonl")))
+    started = time.monotonic()
+    r = run(script, ["--config", str(folder / "job.yaml"), f"output_dir={tmp_path / 'out'}", "grpo.reward_timeout=3"],
+            env(), timeout=300)
+    log = r.stdout + r.stderr
+    assert r.returncode != 0 and time.monotonic() - started < 150, log[-3000:]
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert errors and all(want in ln for ln in errors) and "[kit exit 2" in errors[0], log[-3000:]
+    assert "trainable parameters" not in log and not any((tmp_path / "out").glob("checkpoint-*"))
+
+
 def test_a_rank_that_cannot_import_the_rewards_stops_with_one_line(tmp_path):
     # The other ranks import the file rank 0 checked; one that cannot (a file only rank 0's machine has) raises
     # the error on every rank (dist.gather) instead of leaving the others waiting in training.
@@ -467,6 +541,27 @@ def test_a_rank_that_cannot_import_the_rewards_stops_with_one_line(tmp_path):
     (tmp_path / "gone.py").write_text(GOOD)
     job._rewards_on_every_rank()
     assert [f.__name__ for f in job.reward_funcs] == ["ok"]
+
+
+def test_the_rewards_line_names_an_instance_or_a_partial_as_trl_logs_it(tmp_path, capsys):
+    # TRL 1.16 takes a callable instance (logged by its class) and a functools.partial (by its function); the
+    # job's line named them through __name__, an AttributeError traceback before any model loaded.
+    from types import SimpleNamespace
+
+    from kit.train.job import Job
+
+    (tmp_path / "r.py").write_text("import functools\nclass Judge:\n    def __call__(self, completions, **kw):\n"
+                                   "        return [1.0] * len(completions)\njudge = Judge()\n"
+                                   "def score(completions, w=1.0, **kw):\n    return [w] * len(completions)\n"
+                                   "heavy = functools.partial(score, w=2.0)\n")
+    (tmp_path / "job.yaml").write_text("trainer: grpo\n")
+    cfg = grpo_cfg(grpo__rewards="r.py:judge,heavy", data__path=str(ROOT / "data" / "grpo_prompts.jsonl"))
+    job = Job(cfg, SimpleNamespace(rank=0, is_main=True, world_size=1), SimpleNamespace(global_batch=8),
+              config_path=str(tmp_path / "job.yaml"))
+    job._check_rewards()
+    out = capsys.readouterr().out
+    assert "[kit] rewards: Judge, score from r.py:judge,heavy" in out, out
+    assert re.search(r"judge \d+\.\d\d s; heavy \d+\.\d\d s", out), out  # each dry call's time
 
 
 def test_an_epoch_of_prompts_is_num_generations_completions_of_each():

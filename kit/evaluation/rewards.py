@@ -42,8 +42,6 @@ evaluation records it as skipped; the job is kept). Rank 0 runs this alone on th
 from __future__ import annotations
 
 import contextlib
-import functools
-import numbers
 import time
 
 from kit.evaluation.heldout import GENERATE_BATCH_FACTOR, rows_fingerprint
@@ -68,10 +66,10 @@ class RewardFailed(Exception):
 def reward_names(funcs) -> list[str]:
     """Each function's name as TRL logs it (`rewards/NAME/mean`), a repeated one numbered (`name_2`)."""
     out: list[str] = []
+    from kit.train.rewards import reward_name
+
     for func in funcs:
-        while isinstance(func, functools.partial):
-            func = func.func
-        name = getattr(func, "__name__", type(func).__name__)
+        name = reward_name(func)
         base, n = name, 2
         while name in out:
             name, n = f"{base}_{n}", n + 1
@@ -100,7 +98,8 @@ def measure(model, tokenizer, rows: dict, keys: list[int], funcs, cfg, batch_siz
     columns = {k: list(v) for k, v in rows.items() if k not in NOT_KWARGS}
     names = reward_names(funcs)
     with _random_states_kept(next(model.parameters()).device):  # a reward function may draw random numbers
-        values = {name: _call(func, name, prompts, completions, completion_ids, columns)
+        values = {name: _call(func, name, prompts, completions, completion_ids, columns,
+                              cfg.grpo.reward_timeout)
                   for name, func in zip(names, funcs)}
     result = {"rows": len(prompts), "rows_sha256": rows_fingerprint(ids), **summary(values),
               "decoding": {"temperature": cfg.grpo.temperature, "seed": cfg.seed,
@@ -124,26 +123,22 @@ def summary(values: dict[str, list]) -> dict:
     return {"rewards": means, "scored": scored, "reward": sum(totals) / len(totals) if totals else None}
 
 
-def _call(func, name: str, prompts, completions, completion_ids, columns: dict) -> list:
+def _call(func, name: str, prompts, completions, completion_ids, columns: dict, seconds: float) -> list:
+    from kit.train.rewards import USER_FAILURES, BadValues, bounded, call, failure, values
+
     n = len(prompts)
+    func = getattr(func, "__wrapped__", func)  # the user's own: its failure here is a recorded skip, not a stop
     try:
-        out = func(prompts=prompts, completions=completions, completion_ids=completion_ids, trainer_state=None,
-                   log_extra=lambda *a, **k: None, log_metric=lambda *a, **k: None, **columns)
-        values = list(out)
-    except Exception as exc:  # the user's code: named in the skipped reason, the job goes on
-        first = str(exc).splitlines()[0][:200] if str(exc) else ""
-        raise RewardFailed(f"the reward function {name} raised {type(exc).__name__}: {first} (on {n} held-out "
-                           "completions)") from None
-    if len(values) != n:
-        raise RewardFailed(f"the reward function {name} returned {len(values)} values for {n} completions")
-    bad = [v for v in values if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Real))]
-    if bad:
-        raise RewardFailed(f"the reward function {name} returned a {type(bad[0]).__name__}; each value must be a "
-                           "number or None")
-    try:  # NaN (v != v) is unscored, as TRL's nanmean leaves it out
-        return [None if v is None or v != v else float(v) for v in values]
-    except OverflowError:  # an int past float's range
-        raise RewardFailed(f"the reward function {name} returned a number too large for a float") from None
+        with bounded(f"{name} (on {n} held-out completions)", seconds=seconds):  # a hang still ends the job
+            out = call(func, dict(prompts=prompts, completions=completions, completion_ids=completion_ids,
+                                  trainer_state=None, log_extra=lambda *a, **k: None, log_metric=lambda *a, **k: None,
+                                  **columns))
+            floats = values(out, n)  # TRL's reading of it: NaN for None, a number else
+    except BadValues as exc:
+        raise RewardFailed(f"the reward function {name} {exc} (on {n} held-out completions)") from None
+    except USER_FAILURES as exc:  # the user's code: named in the skipped reason, the job goes on
+        raise RewardFailed(f"the reward function {name} {failure(exc)[:260]} (on {n} held-out completions)") from None
+    return [None if v != v else v for v in floats]  # NaN (or None) is unscored, as TRL's nanmean leaves it out
 
 
 @contextlib.contextmanager

@@ -40,7 +40,7 @@ _POSITIVE = {"seq_len", "per_device_batch", "global_batch", "epochs", "max_steps
              "save_steps", "save_every_minutes", "keep_checkpoints", "lease_heartbeat_seconds", "time_budget_minutes",
              "logging_steps", "eval_steps", "lora.r", "lora.alpha", "eval.subset", "eval.min_rows",
              "eval.max_new_tokens", "dpo.beta", "kto.beta", "grpo.num_generations",
-             "grpo.max_completion_length", "grpo.temperature"}
+             "grpo.max_completion_length", "grpo.temperature", "grpo.reward_timeout"}
 _NON_EMPTY = {"model", "output_dir", "data.path", "data.split", "store", "revision", "resume", "grpo.rewards"}
 _NON_NEGATIVE = {"warmup_steps", "weight_decay", "max_grad_norm", "learning_rate", "eval.samples", "squash_history_every",
                  "kto.desirable_weight", "kto.undesirable_weight", "grpo.beta"}

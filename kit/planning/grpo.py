@@ -82,6 +82,19 @@ def check_batch(cfg, per_device_batch: int, world_size: int, accum: int) -> None
         raise UsageError(problem)
 
 
+def prompts_problem(n_prompts: int, global_batch: int, num_generations: int) -> str | None:
+    """None when `n_prompts` training prompts fill one generation batch, else the words why not: TRL's
+    RepeatSampler hands out whole batches of global_batch / num_generations prompts and drops the rest, so
+    fewer prompts than one batch holds is a sampler with nothing in it (no step trains)."""
+    per_batch = max(1, global_batch // max(1, num_generations))
+    if n_prompts >= per_batch:
+        return None
+    return (f"{n_prompts} training prompt{'s' if n_prompts != 1 else ''}, fewer than the {per_batch} one generation "
+            f"batch holds (global batch {global_batch} / num_generations {num_generations}): TRL's sampler hands out "
+            f"whole batches of prompts only, so no step would train; add prompts, or lower global_batch (at most "
+            f"{max(n_prompts, 1) * num_generations} completions for {n_prompts} prompt{'s' if n_prompts != 1 else ''})")
+
+
 def batch_words(cfg, per_device_batch: int, world_size: int) -> str:
     """The batch the plan chose, in GRPO's terms (completions, prompts, generation batch)."""
     accum = accumulation(cfg, per_device_batch, world_size)

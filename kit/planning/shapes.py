@@ -222,3 +222,8 @@ def check_seq_len(cfg, limit: int | None) -> None:
     asks before any plan; the script asks again for a seq_len given on its command line."""
     if limit and cfg.seq_len > limit:
         raise UsageError(f"seq_len={cfg.seq_len} is longer than {cfg.model}'s max_position_embeddings={limit}")
+    completion = cfg.grpo.max_completion_length if getattr(cfg, "trainer", "sft") == "grpo" else 0
+    if limit and cfg.seq_len + completion > limit:  # grpo: a prompt of up to seq_len tokens, then its completion
+        raise UsageError(f"seq_len={cfg.seq_len} + grpo.max_completion_length={completion} is longer than "
+                         f"{cfg.model}'s max_position_embeddings={limit} (a completion follows its prompt in one "
+                         f"context); lower either, so that they add up to at most {limit}")

@@ -101,6 +101,7 @@ def check(cfg) -> None:
     from kit.errors import UsageError
 
     t = of(cfg)
+    _other_sections(cfg)
     if t.name == "sft":
         return
     if not t.shards and cfg.strategy in ("fsdp", "model_parallel"):
@@ -119,6 +120,26 @@ def check(cfg) -> None:
     if cfg.per_device_batch is not None and cfg.per_device_batch < t.min_batch:
         raise UsageError(f"trainer={t.name} needs per_device_batch of at least {t.min_batch} (its KL term pairs each "
                          f"row with another of the same micro-batch), got {cfg.per_device_batch}")
+
+
+def _other_sections(cfg) -> None:
+    """A setting of another trainer's section (grpo.num_generations with trainer sft) does nothing: refused, naming
+    it, so a forgotten `trainer: grpo` is not an SFT run. A section at its defaults (a dumped config) is fine."""
+    import dataclasses
+
+    from kit.errors import UsageError, shown
+
+    for name in TRAINERS:
+        section = getattr(cfg, name, None) if name != of(cfg).name else None
+        if section is None:
+            continue
+        default = type(section)()
+        changed = [f.name for f in dataclasses.fields(section) if getattr(section, f.name) != getattr(default, f.name)]
+        if changed:
+            value = shown(getattr(section, changed[0]), quote=True, limit=80)
+            raise UsageError(f"{name}.{changed[0]}={value} is set, but trainer={of(cfg).name}: the {name} section is "
+                             f"for trainer={name} only and would do nothing; set trainer={name}, or remove the "
+                             f"{name} settings")
 
 
 # Trainers kit runs under Unsloth: importing unsloth first patches TRL's trainer (its PatchFastRL

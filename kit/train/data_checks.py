@@ -47,7 +47,7 @@ def scan_json_lines(path: Path, seq_len: int | None = None) -> list[int] | None:
     """
     limit = row_limit(seq_len)
     if path.suffix == ".json" and first_char(path) == "[":
-        text = read_text(path, "data file", max_bytes=None)  # its size was checked against memory first
+        text = read_text(path, "data file", max_bytes=None).removeprefix("\ufeff")  # size checked against memory first
         try:
             rows = json.loads(text)
         except json.JSONDecodeError as e:
@@ -107,7 +107,9 @@ def _text_lines(path: Path, limit: int | None = None, seq_len: int | None = None
                 if limit is not None and len(raw.rstrip(b"\r\n")) > limit:
                     raise row_too_long(f"data file {path} line {n}", None, limit, seq_len)
                 try:
-                    yield n, raw.decode("utf-8")
+                    line = raw.decode("utf-8")
+                    # A byte-order mark (Windows Notepad's "UTF-8" saves one) starts the file: Arrow reads past it.
+                    yield n, line.removeprefix("\ufeff") if n == 1 else line
                 except UnicodeDecodeError as e:
                     raise UsageError(f"data file {path} line {n} is not UTF-8 text (byte {e.start} of the line): "
                                      "save it as UTF-8") from None
@@ -122,6 +124,9 @@ def first_char(path: Path) -> str:
         raise UsageError(f"cannot read data file {path}: no such file")
     try:
         with open(path, "rb") as f:
+            start = f.read(3)
+            if start != b"\xef\xbb\xbf":  # a UTF-8 byte-order mark is no character of the data
+                f.seek(0)
             while block := f.read(1 << 16):
                 text = block.lstrip()
                 if text:

@@ -144,7 +144,7 @@ def _columns_differ(files: list[str]) -> str | None:
             import pyarrow.parquet
 
             return list(pyarrow.parquet.read_schema(f).names)
-        with open(f, encoding="utf-8", newline="") as fh:
+        with open(f, encoding="utf-8-sig", newline="") as fh:  # -sig: past a byte-order mark
             if kind == "csv":
                 import csv
 

@@ -29,7 +29,7 @@ class Job:
         self.cfg, self.ctx, self.plan, self.smoke, self.force = cfg, ctx, plan, smoke, force
         self.notes = list(notes)  # how the plan was settled for this rank, said once the job starts
         self.config_path = config_path  # trainer grpo: its reward file is found from this config's folder
-        self.reward_funcs: list | None = None  # trainer grpo: the reward functions, checked (kit.train.rewards)
+        self.reward_funcs: list | None = None  # trainer grpo: the reward functions (kit.train.rewards.checked)
         self.steps_given = steps_given  # max_steps from the command line: the target (resume.current_target)
         self.store = self.sync = self.lease = self._dir_lock = None
         self.decision = resume.Decision()
@@ -135,23 +135,39 @@ class Job:
         """Trainer grpo: the prompt rows' shape (kit.train.prompt_data), then the reward functions
         loaded and dry-called with two of them (kit.train.rewards); each problem one line, exit 2."""
         from kit.train import prompt_data
-        from kit.train.rewards import load_rewards
+        from kit.train.rewards import checked, load_rewards, reward_name
 
-        rows = prompt_data.dry_rows(prompt_data.load(self.cfg))
-        self.reward_funcs = load_rewards(self.cfg.grpo.rewards, base=self._config_folder(), rows=rows)
-        self.log(f"rewards: {', '.join(f.__name__ for f in self.reward_funcs)} from {self.cfg.grpo.rewards} "
-                 f"(dry-called with {len(rows['prompt'])} rows; TRL runs them on every rank, each on its own "
-                 "completions)")
+        prompts = prompt_data.load(self.cfg)
+        self._enough_prompts(len(prompts))  # every row, before the eval split: the exact count is checked later
+        rows = prompt_data.dry_rows(prompts)
+        notes: list[str] = []
+        seconds = self.cfg.grpo.reward_timeout
+        self.reward_funcs = checked(load_rewards(self.cfg.grpo.rewards, base=self._config_folder(), rows=rows,
+                                                 notes=notes, seconds=seconds), seconds)
+        self.log(f"rewards: {', '.join(reward_name(f) for f in self.reward_funcs)} from {self.cfg.grpo.rewards} "
+                 f"(dry-called with {len(rows['prompt'])} rows: {'; '.join(notes)}; TRL runs them on every rank, "
+                 "each on its own completions)")
+
+    def _enough_prompts(self, n_prompts: int) -> None:
+        """Trainer grpo: UsageError when the prompts do not fill one generation batch (kit.planning.grpo)."""
+        from kit.errors import UsageError
+        from kit.planning.grpo import prompts_problem
+
+        problem = prompts_problem(n_prompts, self.plan.global_batch, self.cfg.grpo.num_generations)
+        if problem:
+            raise UsageError(f"{self.cfg.data.path}: {problem}")
 
     def _rewards_on_every_rank(self) -> None:
         """Rank 0 checked and dry-called the reward functions; the other ranks import the same file. A rank
         that cannot is one line on every rank (each raises it), not a rank left waiting in training."""
-        from kit.train.rewards import load_rewards
+        from kit.train.rewards import checked, load_rewards
 
         problem = None
         if self.reward_funcs is None:
             try:
-                self.reward_funcs = load_rewards(self.cfg.grpo.rewards, base=self._config_folder())
+                seconds = self.cfg.grpo.reward_timeout
+                self.reward_funcs = checked(load_rewards(self.cfg.grpo.rewards, base=self._config_folder(),
+                                                         seconds=seconds), seconds)
             except KitError as e:
                 problem = (type(e), f"rank {self.ctx.rank}: {e}")
         problems = [p for p in dist.gather(problem) if p is not None]
@@ -251,8 +267,10 @@ class Job:
     def max_steps(self, n_train: int, plan=None) -> int:
         """The step the job trains to, for `n_train` train rows batched as `plan` says (default: the job's plan)."""
         plan = plan or self.plan
-        # GRPO's batches count completions: each training prompt is answered num_generations times an epoch.
-        n_train *= self.cfg.grpo.num_generations if self.cfg.trainer == "grpo" else 1
+        if self.cfg.trainer == "grpo":
+            self._enough_prompts(n_train)  # the train split, after over-long prompts left out
+            # GRPO's batches count completions: each training prompt is answered num_generations times an epoch.
+            n_train *= self.cfg.grpo.num_generations
         if self.smoke:
             self.target_step = 1
         elif self.cfg.max_steps:

@@ -113,9 +113,23 @@ def load(cfg):
         if problem:
             raise UsageError(f"{locate(index)}: {problem} (trainer {cfg.trainer} reads {fmt} rows: "
                              f"{', '.join(names[k] for k in FORMATS[fmt])})")
+    if fmt == "preference":
+        _refuse_ties(ds, names, locate, cfg)
     ds = ds.map(_normalised, fn_kwargs={"fmt": fmt, "names": names}, remove_columns=ds.column_names,
                 keep_in_memory=True, load_from_cache_file=False)
     return ds, fmt
+
+
+def _refuse_ties(ds, names: dict, locate, cfg) -> None:
+    """Pairs whose chosen and rejected answers are the same teach DPO nothing (the loss is log 2 whatever the
+    model, its gradient 0): more of them than data.max_duplicate_fraction is refused, as duplicates are."""
+    ties = [i for i, (c, r) in enumerate(zip(ds[names["chosen"]], ds[names["rejected"]])) if c == r]
+    if not ties or len(ties) <= cfg.data.max_duplicate_fraction * len(ds) or cfg.data.allow_duplicates:
+        return
+    raise UsageError(f"{len(ties)} of {len(ds)} pairs have the same {names['chosen']} and {names['rejected']} (the "
+                     f"first at {locate(ties[0])}): DPO learns nothing from a pair whose answers are equal (limit "
+                     f"data.max_duplicate_fraction={cfg.data.max_duplicate_fraction}); fix the pairs or set "
+                     "data.allow_duplicates=true")
 
 
 def prepare(cfg, tokenizer) -> tuple:

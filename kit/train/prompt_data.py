@@ -26,6 +26,10 @@ COLUMNS = ("prompt",)
 # Keywords TRL's GRPOTrainer gives every reward function besides the data's columns.
 RESERVED = {"prompts", "completions", "trainer_state", "log_extra", "log_metric", "environments"}
 SFT_COLUMNS = {"messages", "conversations", "completion", "text", "output", "chosen", "rejected"}
+# Columns TRL's GRPOTrainer reads as the prompt's images (multimodal prompts): with the text models kit
+# trains it fails at the first step, after the model loaded (text prompts), or renders image parts the
+# tokenizer cannot take (chat prompts).
+IMAGE_COLUMNS = {"image", "images"}
 
 
 def detect_format(columns: list[str], cfg) -> dict[str, str]:
@@ -52,7 +56,12 @@ def row_problem_of(row: dict, names: dict) -> str | None:
     prompt = row[column]
     if isinstance(prompt, list):
         problem = row_problem({"p": prompt}, "prompt_completion", {"prompt": "p", "completion": "p"})
-        return problem.replace("'p'", repr(column)).replace("p[", f"{column}[") if problem else None
+        if problem:
+            return problem.replace("'p'", repr(column)).replace("p[", f"{column}[")
+        texts = [m.get("content", m.get("value")) for m in prompt]
+        if not any(isinstance(t, str) and t.strip() for t in texts):
+            return f"field {column!r} holds only empty messages: nothing to answer"
+        return None
     if not isinstance(prompt, str):
         text = repr(prompt)
         return (f"field {column!r} is {type(prompt).__name__} ({text[:40]}{'…' if len(text) > 40 else ''}), "
@@ -86,6 +95,11 @@ def load(cfg):
                             "TRL passes the reward functions itself (it would be given twice)")
                          + f": rename it, e.g. with data.columns, or in the data ({', '.join(sorted(RESERVED))} and "
                          "row_hash are taken)")
+    images = sorted(IMAGE_COLUMNS & set(ds.column_names))
+    if images:
+        raise UsageError(f"{cfg.data.path} has a column {images[0]}, which TRL's GRPOTrainer reads as the prompts' "
+                         "images (multimodal training); kit trains text models: rename it (e.g. to "
+                         f"{images[0]}_path) in the data")
     for index, row in enumerate(ds):
         problem = row_problem_of(row, names)
         if problem:
