@@ -195,3 +195,19 @@ def test_dpo_and_grpo_bootstraps_in_a_kernel_and_a_bad_reward_file_stops_the_not
     assert done.returncode == 2, done.stderr[-2000:]
     assert "is not the job last asked for: `kit bootstrap --config configs/bad.yaml` failed" in done.stderr
     assert "[kit] step" not in done.stdout
+
+
+def test_bootstrap_takes_gpus_as_plan_does(tmp_path, capsys, monkeypatch):
+    """`kit plan --gpus 2xT4` showed the plan; `kit bootstrap --gpus 2xT4` (a laptop preparing a Kaggle run)
+    was "unrecognized arguments". It judges the assumed machine and writes its script."""
+    for folder in ("configs", "data"):
+        shutil.copytree(ROOT / folder, tmp_path / folder)
+    monkeypatch.chdir(tmp_path)
+    assert main(["bootstrap", "--config", DPO, "--gpus", "2xT4"]) == 0
+    out = capsys.readouterr().out
+    assert "Next: torchrun --standalone --nproc_per_node=2 train_ddp.py" in out and "dpo (TRL's DPOTrainer)" in out
+    assert f"python -m kit render --config {DPO} --gpus 2xT4 -o train_ddp.py" in (tmp_path / "train_ddp.py").read_text()
+    assert main(["bootstrap", "--gpus", "3xNOPE"]) == 2
+    err = capsys.readouterr().err
+    assert [ln for ln in err.splitlines() if ln.startswith("error:")] == [err.strip().splitlines()[-1]]
+    assert "unknown GPU 'NOPE'" in err
