@@ -54,6 +54,10 @@ RUNS = {
     "trl_grpo_lora.ipynb": 1,
     "trl_grpo_messages_colocate.ipynb": 0,  # use_vllm=True: transformers generation instead
     "unsloth_qwen3_grpo_fast_inference.ipynb": 0,  # fast_inference=True, vLLM sampling cells: transformers
+    "unsloth_qwen3_grpo_token_lengths.ipynb": 0,  # apply_chat_template's ids: len() of them, a batched map
+    "trl_grpo_tools_text_parts.ipynb": 0,  # tools=, text-part messages, TRL's own reward function
+    "unsloth_zephyr_dpo_chat_rows.ipynb": 0,  # PatchDPOTrainer, chosen/rejected read as chats, columns it makes
+    "unsloth_llama3_orpo_experimental.ipynb": 0,  # ORPO from trl.experimental, max_prompt_length dropped
     "trl_qlora_sft.ipynb": 2,  # push_to_hub=True: the checkpoint at the end of training, then "End of training"
     "trl_sft_lora_wandb.ipynb": 1,
     "unsloth_gemma3_chat_colab.ipynb": 1,

@@ -13,10 +13,10 @@ import inspect
 import pytest
 
 from kit.notebooks.convert import convert_notebook
-from kit.notebooks.convert.ports import (CONFIG_RENAMES, CONFIG_REVIEW, REMOVED_IMPORTS, TRAINER_MOVES,
+from kit.notebooks.convert.ports import (CONFIG_RENAMES, CONFIG_REVIEW, EXPERIMENTAL, REMOVED_IMPORTS, TRAINER_MOVES,
                                          TRAINING_ARGS, TRAINING_ARGS_REVIEW)
 from tests.code_asserts import assigns, call
-from tests.test_convert import keywords, make_nb, texts
+from tests.test_convert import TRAIN, keywords, make_nb, texts
 
 
 def port_imports(source: str) -> set[tuple[str, str]]:
@@ -57,10 +57,13 @@ def test_the_table_matches_the_installed_libraries():
         fields = _fields(getattr(trl, config))
         assert all(old not in fields and new in fields for old, new in renames.items())
     for config, gone in CONFIG_REVIEW.items():
-        assert not gone & _fields(getattr(trl, config)), config
+        where = importlib.import_module(f"trl.experimental.{EXPERIMENTAL[config]}") if config in EXPERIMENTAL else trl
+        assert not gone & _fields(getattr(where, config)), config
     for module, name in REMOVED_IMPORTS:
         mod = importlib.import_module(module)
         assert not hasattr(mod, name), (module, name)
+    for name, sub in EXPERIMENTAL.items():  # gone from TRL's top level, there in trl.experimental
+        assert not hasattr(trl, name) and hasattr(importlib.import_module(f"trl.experimental.{sub}"), name), name
     trainer = inspect.signature(transformers.Trainer.__init__).parameters
     assert "tokenizer" not in trainer and "processing_class" in trainer
 
@@ -153,3 +156,85 @@ def test_a_trainer_without_args_gets_its_config_for_the_moved_keywords(tmp_path)
     assert keywords(conv.source, "SFTTrainer")["args"].startswith("SFTConfig(max_length=1024")
     assert ("trl", "SFTConfig") in port_imports(conv.source)
     ast.parse(conv.source)
+
+
+def _cells_code(source: str, first: int, last: int) -> str:
+    """The converted statements of notebook cells first..last, out of the script's try block."""
+    import textwrap
+
+    lines = source.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.strip() == f"# --- notebook cell {first} ---")
+    end = next(i for i, ln in enumerate(lines) if ln.strip() == f"# --- notebook cell {last + 1} ---")
+    return textwrap.dedent("\n".join(lines[start:end]))
+
+
+def test_chat_template_token_ids_come_back_as_the_notebook_reads_them(tmp_path):
+    """transformers 5 returns a BatchEncoding from a tokenizing apply_chat_template: Unsloth's GRPO
+    notebooks' `len(tokenizer.apply_chat_template(x))` counted its 2 keys, and their batched
+    `dataset.map(lambda x: {"tokens": tokenizer.apply_chat_template(x["prompt"], tokenize=True)})`
+    stopped (a dict is no column). Each tokenizing call gets return_dict=False, listed; the ids are v4's."""
+    from kit.notebooks.convert.standins import TINY_MODEL
+
+    prep = ("msgs = [{'role': 'user', 'content': 'What is 2+2?'}]\n"
+            "ids = tokenizer.apply_chat_template(msgs, add_generation_prompt = True)\n"
+            "first = tokenizer.apply_chat_template(msgs, tokenize = True)[0]\n"
+            "df = pd.DataFrame({'Messages': [msgs, msgs + [{'role': 'assistant', 'content': '4'}]]})\n"
+            "df['N'] = df['Messages'].apply(lambda x: len(tokenizer.apply_chat_template(x)))\n"
+            "d = Dataset.from_dict({'prompt': [msgs, msgs]})\n"
+            "tokenized = d.map(\n    lambda x: {'tokens': tokenizer.apply_chat_template(x['prompt'], "
+            "add_generation_prompt = True, tokenize = True)},\n    batched = True,\n)\n"
+            "tokenized = tokenized.map(lambda x: {'L': len(x['tokens'])})\n"
+            "pt = tokenizer.apply_chat_template(msgs, add_generation_prompt = True, return_tensors = 'pt')\n"
+            "text = tokenizer.apply_chat_template(msgs, tokenize = False)\n"
+            "enc = tokenizer.apply_chat_template(msgs, return_dict = True)\n"
+            "kw = {'add_generation_prompt': True}\nsplat = tokenizer.apply_chat_template(msgs, **kw)")
+    conv = convert_notebook(make_nb(tmp_path, [
+        "import pandas as pd\nfrom datasets import Dataset\nfrom transformers import AutoTokenizer\n"
+        f"tokenizer = AutoTokenizer.from_pretrained({str(TINY_MODEL)!r})", prep, *TRAIN]))
+    space: dict = {"is_main": True}
+    exec(_cells_code(conv.source, 1, 2), space)
+    tokenizer, msgs = space["tokenizer"], space["msgs"]
+    want = tokenizer(tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True),
+                     add_special_tokens=False)["input_ids"]
+    assert space["ids"] == want and space["first"] == want[0]
+    assert list(space["df"]["N"]) == [len(tokenizer.apply_chat_template(m, return_dict=False))
+                                      for m in space["df"]["Messages"]] and min(space["df"]["N"]) > 2
+    assert space["tokenized"]["L"] == [len(want)] * 2 and space["tokenized"][0]["tokens"] == want
+    assert tuple(space["pt"].shape) == (1, len(want))
+    assert isinstance(space["text"], str) and list(space["enc"]["input_ids"]) == space["enc"]["input_ids"]
+    ported = [c for c in conv.changes if "apply_chat_template" in c.text]
+    assert [(c.cell, c.review) for c in ported] == [(2, False), (2, True)]  # one line a cell, and the REVIEW
+    assert all("return_dict=False" in c.text and "transformers 5.0" in c.text for c in ported)
+    code_lines = [ln for ln in conv.source.splitlines() if not ln.strip().startswith("#")]
+    assert sum(ln.count("return_dict=False") for ln in code_lines) == 5 and "REVIEW (cell 2)" in conv.source
+
+
+def test_trainers_trl_moved_to_experimental_are_imported_from_there(tmp_path):
+    """Unsloth's ORPO notebook: `from trl import ORPOConfig, ORPOTrainer` failed on TRL 1.x, which moved them
+    to trl.experimental.orpo. Now they are imported from there (an alias kept), each listed."""
+    conv = convert_notebook(make_nb(tmp_path, [
+        "from trl import ORPOConfig, ORPOTrainer as OT, SFTConfig",
+        "trainer = OT(model=m, args=ORPOConfig(output_dir='o'), train_dataset=d, tokenizer=t)\ntrainer.train()"]))
+    assert port_imports(conv.source) >= {("trl.experimental.orpo", "ORPOConfig"), ("trl.experimental.orpo", "ORPOTrainer")}
+    kept = [ln.strip() for ln in conv.source.splitlines() if ln.strip().startswith("from trl import")]
+    assert [ln.split()[-1] for ln in kept] == ["SFTConfig"]
+    assert sum("trl.experimental" in c.text for c in conv.changes) == 2
+    namespace: dict = {}
+    for line in conv.source.splitlines():
+        if line.rstrip().endswith("# kit: port") and "experimental" in line:
+            exec(line.split("#")[0], namespace)  # the installed TRL has them there
+    assert {"ORPOConfig", "OT"} <= set(namespace)
+
+
+def test_a_trainer_keyword_no_trl_config_has_now_is_dropped_for_review(tmp_path):
+    """Unsloth's Zephyr DPO notebook passes DPOTrainer(max_prompt_length=512), a trainer keyword until TRL 0.11
+    that DPOConfig no longer has either: the trainer stopped with a TypeError. Now it is dropped, one REVIEW."""
+    conv = convert_notebook(make_nb(tmp_path, [
+        "from trl import DPOConfig, DPOTrainer",
+        "t = DPOTrainer(model=m, args=DPOConfig(output_dir='o', beta=0.1), train_dataset=d, max_prompt_length=512,\n"
+        "               max_length=1024)\nt.train()"]))
+    trainer = keywords(conv.source, "DPOTrainer")
+    assert "max_prompt_length" not in trainer and "max_length" not in trainer
+    assert keywords(conv.source, "DPOConfig")["max_length"] == "1024"
+    reviews = [c for c in conv.changes if c.review and "max_prompt_length=512" in c.text]
+    assert len(reviews) == 1 and reviews[0].cell == 2 and "DPOTrainer" in reviews[0].text

@@ -22,6 +22,7 @@ from kit.planning.fit import batch_for_world
 from kit.planning.plan import make_plan
 from kit.machine import gpu_table
 from kit.report.reasons import words
+from tests.code_asserts import assigns, call
 from tests.test_plan import reason
 from tests.hubserver import WRITE_TOKEN, HubServer
 from tests.scripts import FAST, ROOT, elsewhere_env as env, hub_env, losses, two_ranks as run
@@ -98,8 +99,8 @@ def test_plan_text_shows_the_grpo_memory_terms(capsys):
     assert code == 0, out
     assert "ddp" in out and "fp16" in out
     assert re.search(r"kv_cache\s+\d+\.\d\d", out) and "sampling_logits_fp32" in out
-    assert "generation is the peak" in out and "each generating its own share" in out
-    assert "1 per GPU × 8 accumulation steps × 2 processes = 16" in out
+    assert "generation is the peak" in out and "its own share" in out
+    assert "1 per GPU × 8 accumul" in out and "× 2 processes = 16" in out
     plan = make_plan(gpu_table.synthesize("2xT4"), grpo_cfg(model="Qwen/Qwen3-4B", seq_len=512,
                                                              grpo__max_completion_length=1024,
                                                              grpo__num_generations=16, per_device_batch=1,
@@ -252,15 +253,17 @@ def test_prompts_longer_than_seq_len_are_left_out_and_counted(box):
     prepared = data.prepare(cfg, AutoTokenizer.from_pretrained(str(box / "models" / "tiny-qwen3")))
     assert prepared.format == "prompts" and prepared.dropped_too_long == 4
     assert len(prepared.train) + len(prepared.eval) == 16
-    assert "4 dropped (prompt longer than seq_len)" in prepared.summary()
+    assert "4 dropped" in prepared.summary() and "seq_len" in prepared.summary()
 
 
 def test_the_script_builds_grpo_trainer_with_the_rewards_and_the_fast_generation(box):
     text = (box / "train_grpo.py").read_text()
     compile(text, "train_grpo.py", "exec")
-    assert "training_args = GRPOConfig(" in text and "Trainer = output_dir.without_card(GRPOTrainer)" in text
+    made = dict(assigns(text))
+    assert made["training_args"].startswith("GRPOConfig(") and made["Trainer"] == "output_dir.without_card(GRPOTrainer)"
     assert "reward_funcs=job.reward_funcs," in text and "num_generations=cfg.grpo.num_generations" in text
-    assert "generation.speed_up_generation(trainer, max_prompt_tokens=cfg.seq_len)" in text
+    speed = call(text, "generation.speed_up_generation")
+    assert speed[0] == "trainer" and speed["max_prompt_tokens"] == "cfg.seq_len"
     assert "modeling.reference_is_base(trainer.model)" in text
     assert "'dpo'" not in text.split("SETTINGS = ")[1].split("PLAN = ")[0]  # its own trainer's section only
 
@@ -299,10 +302,10 @@ def test_two_ranks_train_deliver_and_push_once(uninterrupted):
     out, r, server = uninterrupted
     log = r.stdout + r.stderr
     assert r.returncode == 0, log[-3000:]
-    assert log.count("[kit] complete: step 12 of 12") == 1 and "2 × cpu" in log
+    assert log.count("complete: step 12 of 12") == 1 and "2 × cpu" in log
     assert (out / "README.md").read_text() == "# my notes\n"
-    assert "batch 2 × accumulation 2 × 2 = 8" in log  # 2 prompts x 4 generations per optimizer step
-    assert "[kit] rewards: json_format, brevity" in log
+    assert "accumulation 2 × 2 = 8" in log  # 2 prompts x 4 generations per optimizer step
+    assert "[kit] rewards:" in log and "json_format, brevity" in log
     assert log.count("[kit] pushed: ") == 1  # final/ once, by rank 0
     assert (out / "final" / "adapter_model.safetensors").is_file()
     assert "ref" not in {p.name for p in (out / "final").iterdir()}

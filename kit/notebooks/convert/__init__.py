@@ -245,7 +245,7 @@ def _rewrite_cell(cell: int, module: cst.Module, facts: Facts, rewriter: CellRew
         new = stmt.visit(rewriter)
         notes = [(r, f"port: {t}") for r, t in ports.notes] + vllm.notes + list(rewriter.notes)
         if dry is not None and isinstance(new, cst.CSTNode):
-            dry.notes = []
+            dry.notes, dry.cell = [], cell
             new = new.visit(dry)
             notes += [(False, f"dry run: {n}") for n in dry.notes]
         notes = list(dict.fromkeys(notes))  # one construct used twice on a line: one note, one REVIEW line

@@ -16,7 +16,10 @@ object, the script asks `kit.notebooks.convert.standins` at run time (`kit_dry_r
 `kit_dry_run.load_dataset(...)`, `kit_dry_run.path(p)`), which swaps what is not on this machine.
 GPU-only calls (`torch.cuda.get_device_capability()`, `assert torch.cuda.is_available()`, flash
 attention, bitsandbytes) are neutralised here, in the dry run only. Masked-LM and seq2seq notebooks
-get a tiny BERT or T5 (models/tiny-bert, models/tiny-t5) instead of the causal LM.
+get a tiny BERT or T5 (models/tiny-bert, models/tiny-t5) instead of the causal LM; chats with tools or
+text parts get the causal one with a real chat template. A module the notebook imports that is not
+installed here (it pip-installs its own) stops the run before any model loads, in one line naming it
+and its cell.
 """
 
 from __future__ import annotations
@@ -143,14 +146,20 @@ class Plan:
         rewards = [functions[fn.id] for fn in reward_funcs if isinstance(fn, ast.Name) and fn.id in functions]
         for fn in rewards:  # a GRPO reward function's own arguments are dataset columns
             extra |= {a.arg for a in [*fn.args.args, *fn.args.kwonlyargs] if a.arg not in REWARD_ARGS}
+        extra |= _library_reward_columns(trees, reward_funcs)  # TRL's own (trl.rewards.accuracy_reward: solution)
         if self.schema == "prompt" and _text_prompts(trees, rewards):
             self.schema = "prompt_text"
+        if self.schema == "preference" and _chat_preferences(trees):
+            self.schema = "preference_chat"
         extra |= columns  # every key the notebook reads, other than another schema's columns (below)
         taken = set(_schema_columns(self.schema))
         # With the rows' format fixed by the trainer (DPO, KTO, GRPO), other formats' columns the notebook
         # reads (`x["question"]` to build its prompts) are plain text columns; else they would change the format.
         skip = TOKEN_KEYS if by_trainer else NOT_EXTRA
-        self.extra = sorted(c for c in extra if c.isidentifier() and c not in skip and c not in taken)
+        made = _made_columns(trees)  # `example["text_chosen"] = …` before any read: the notebook's own column
+        self.extra = sorted(c for c in extra if c.isidentifier() and c not in skip and c not in taken and c not in made)
+        self.chat = _rich_chat(trees)
+        self.size = _fraction_size(trees)
         self.family = _family(trainers | {ast.unparse(n.func).rsplit(".", 1)[0].rsplit(".", 1)[-1] for n in calls})
         self.packages = sorted({(a.name if isinstance(n, ast.Import) else n.module or "").split(".")[0]
                                 for t in trees for n in ast.walk(t) if isinstance(n, (ast.Import, ast.ImportFrom))
@@ -165,6 +174,107 @@ class Plan:
                     self.literals |= {t.id: v.value for t, v in zip(target.elts, node.value.elts)
                                       if isinstance(t, ast.Name) and isinstance(v, ast.Constant)
                                       and isinstance(v.value, str)}
+
+
+def _fraction_size(trees: list[ast.Module]) -> int:
+    """Rows for a stand-in data set where the notebook keeps a fraction of a big one (`select(range(int(frac *
+    len(ds))))` with frac 0.005, `split="train[:1%]"`): enough that the smallest fraction it names keeps
+    32 rows (at most 8192), where the embedded 424 kept 2 and the notebook's `ds[8]` stopped; else 0."""
+    nodes = [n for t in trees for n in ast.walk(t)]
+    takes = any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) and any(
+        isinstance(side, ast.Call) and ast.unparse(side.func) == "len" for side in (n.left, n.right)) for n in nodes)
+    fractions = [n.value for n in nodes if takes and isinstance(n, ast.Constant) and isinstance(n.value, float)
+                 and 0.001 <= n.value < 0.1]
+    fractions += [float(m.group(1)) / 100 for n in nodes if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                  for m in re.finditer(r"\[[^\]]*?(\d+(?:\.\d+)?)%\]", n.value) if 0.1 <= float(m.group(1)) < 10]
+    return min(8192, -(-32 * 1000 // round(min(fractions) * 1000))) if fractions else 0
+
+
+def _made_columns(trees: list[ast.Module]) -> set[str]:
+    """Keys the notebook writes (`example["text_chosen"] = …`) before it reads them anywhere, in source order
+    (an assignment's value before its target): columns its own map makes. As stand-in columns they were
+    there already, and a `.map(…, remove_columns=dataset.column_names)` then removed what the map made."""
+    first: dict[str, bool] = {}  # key -> written before read
+
+    class Order(ast.NodeVisitor):
+        def visit_Assign(self, node: ast.Assign) -> None:
+            self.visit(node.value)
+            for target in node.targets:
+                self.visit(target)
+
+        def visit_Subscript(self, node: ast.Subscript) -> None:
+            self.generic_visit(node)
+            if isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
+                first.setdefault(node.slice.value, isinstance(node.ctx, ast.Store))
+
+    for tree in trees:
+        Order().visit(tree)
+    return {k for k, written in first.items() if written}
+
+
+def _chat_preferences(trees: list[ast.Module]) -> bool:
+    """Whether a preference notebook reads its `chosen`/`rejected` columns as chats (ultrafeedback_binarized's
+    shape): `x["chosen"][0]["role"]`, `[m for m in x["chosen"] if m["role"] == "user"]`, or a chat template
+    applied to them. Plain text preference rows stopped such a notebook's own map (string indices)."""
+    def pair(node: ast.AST) -> bool:  # x["chosen"], x["rejected"][1:]
+        while isinstance(node, ast.Subscript) and not (isinstance(node.slice, ast.Constant)
+                                                       and node.slice.value in ("chosen", "rejected")):
+            node = node.value
+        return isinstance(node, ast.Subscript)
+
+    def key(node: ast.AST) -> object:
+        return node.slice.value if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) else None
+
+    for node in (n for t in trees for n in ast.walk(t)):
+        if key(node) in ("role", "content") and isinstance(node.value, ast.Subscript) \
+                and key(node.value) not in ("chosen", "rejected") and pair(node.value):  # x["chosen"][0]["role"]
+            return True
+        if isinstance(node, ast.comprehension) and pair(node.iter) or isinstance(node, ast.For) and pair(node.iter):
+            return True
+        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("apply_chat_template") and node.args \
+                and pair(node.args[0]):
+            return True
+    return False
+
+
+def _rich_chat(trees: list[ast.Module]) -> bool:
+    """Whether the notebook's chats need more than role and text: tools (`tools=`, `environment_factory=`), or
+    a message whose content is a list of parts (`"content": [{"type": "text", "text": …}]`)."""
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and any(k.arg in ("tools", "environment_factory") and not (
+                    isinstance(k.value, ast.Constant) and k.value.value is None) for k in node.keywords):
+                return True
+            if isinstance(node, ast.Dict) and any(isinstance(k, ast.Constant) and k.value == "content"
+                                                  and isinstance(v, (ast.List, ast.ListComp))
+                                                  for k, v in zip(node.keys, node.values)):
+                return True
+    return False
+
+
+def _library_reward_columns(trees: list[ast.Module], reward_funcs: list[ast.expr]) -> set[str]:
+    """The dataset columns TRL's own reward functions take (`from trl.rewards import accuracy_reward`, or
+    `trl.rewards.accuracy_reward`): their parameters in the installed TRL, which the notebook never names."""
+    import importlib
+    import inspect
+
+    imported = {(a.asname or a.name): f"{n.module}.{a.name}" for t in trees for n in ast.walk(t)
+                if isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "trl" for a in n.names}
+    columns: set[str] = set()
+    for fn in reward_funcs:
+        dotted = imported.get(fn.id) if isinstance(fn, ast.Name) else ast.unparse(fn) if isinstance(fn, ast.Attribute) \
+            else None
+        if not dotted or dotted.split(".")[0] != "trl" or "." not in dotted:
+            continue
+        module, _, name = dotted.rpartition(".")
+        try:
+            func = getattr(importlib.import_module(module), name)
+            params = inspect.signature(func).parameters.values()
+        except (ImportError, AttributeError, TypeError, ValueError):  # not in the installed TRL: TRL says so itself
+            continue
+        columns |= {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+                    and p.default is p.empty and p.name not in REWARD_ARGS}  # a default is a setting
+    return columns
 
 
 def _text_prompts(trees: list[ast.Module], rewards: list[ast.FunctionDef]) -> bool:
@@ -239,6 +349,11 @@ class DryRun(cst.CSTTransformer):
         self.data = str(data)
         self.notes: list[str] = []
         self.used_helpers = False
+        # Chats richer than the tiny model's template renders: the stand-in gets a real one (standins._chat_model).
+        self._chat = self.plan.chat and self.family == "causal"
+        self.cell = 0  # the cell being rewritten (set by the caller)
+        self.imports: dict[str, int] = {}  # module the script imports unguarded -> the first cell that does
+        self._guarded = 0  # inside a try (an import that may fail) or a function (it may never run)
 
     def setup(self) -> str:
         """The lines at the top of the script that make the stand-ins."""
@@ -246,7 +361,10 @@ class DryRun(cst.CSTTransformer):
         return ("from kit.notebooks.convert.standins import StandIns  # kit: --dry-run\n"
                 f"kit_dry_run = StandIns(schema={self.schema!r}, extra={self.extra!r}, splits={sorted(self.plan.splits)!r}, "
                 f"family={self.plan.family!r}{model}, data={self.data!r}"
-                + (f", packages={self.plan.packages!r}" if self.plan.packages else "") + ")\n")
+                + (f", packages={self.plan.packages!r}" if self.plan.packages else "")
+                + (", chat=True" if self._chat else "")
+                + (f", size={self.plan.size}" if self.plan.size else "")
+                + (f", imports={self.imports!r}" if self.imports else "") + ")\n")
 
     def _helper(self, what: str, *args: cst.Arg) -> cst.Call:
         self.used_helpers = True
@@ -271,7 +389,8 @@ class DryRun(cst.CSTTransformer):
                 if self._swappable(a.value):
                     self._check_head(name)
                     self.notes.append(f"{name}: {code(a.value)} → the tiny local model")
-                    args[i] = a.with_changes(value=cst.SimpleString(repr(self.model)))
+                    args[i] = a.with_changes(value=cst.parse_expression("kit_dry_run.model_dir") if self._chat
+                                             else cst.SimpleString(repr(self.model)))
                 elif not self._literal(a.value) and normal(code(a.value)) not in self.produced and not (
                         isinstance(a.value, cst.Name) and a.value.value in self.plan.objects):
                     # An id in a variable, an argument, a config field: decided at run time on its value.
@@ -292,6 +411,33 @@ class DryRun(cst.CSTTransformer):
                              "of that kind, or leave --dry-run out")
 
     # --- statements -------------------------------------------------------------------------------
+
+    def visit_Try(self, node: cst.Try) -> bool:
+        self._guarded += 1
+        return True
+
+    def leave_Try(self, original: cst.Try, updated: cst.Try):
+        self._guarded -= 1
+        return updated
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        self._guarded += 1
+        return True
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef):
+        self._guarded -= 1
+        return updated
+
+    def leave_Import(self, original: cst.Import, updated: cst.Import):
+        if not self._guarded:
+            for alias in updated.names:
+                self.imports.setdefault(code(alias.name).split(".")[0], self.cell)
+        return updated
+
+    def leave_ImportFrom(self, original: cst.ImportFrom, updated: cst.ImportFrom):
+        if not self._guarded and updated.module is not None and not updated.relative:
+            self.imports.setdefault(code(updated.module).split(".")[0], self.cell)
+        return updated
 
     def leave_Assert(self, original: cst.Assert, updated: cst.Assert):
         if "cuda" in code(updated.test):  # `assert torch.cuda.is_available()`: the dry run runs on a CPU too

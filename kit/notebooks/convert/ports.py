@@ -73,6 +73,8 @@ CONFIG_REVIEW = {
     "KTOConfig": {"max_prompt_length", "max_completion_length", "padding_value", "label_pad_token_id",
                   "is_encoder_decoder", "generate_during_eval", "truncation_mode", "ref_model_init_kwargs"},
     "GRPOConfig": {"max_prompt_length", "vllm_guided_decoding_regex", "wandb_log_unique_prompts"},
+    "ORPOConfig": {"max_prompt_length", "label_pad_token_id", "truncation_mode"},  # in trl.experimental.orpo
+    "CPOConfig": {"max_prompt_length", "label_pad_token_id", "truncation_mode", "padding_value"},
 }
 TRL1 = "TRL 1.x"
 # Trainer keywords TRL moved to its config: trainer -> (config, {old keyword: config keyword or None}).
@@ -99,6 +101,10 @@ REMOVED_IMPORTS = {
     ("datasets", "load_metric"): "removed in datasets 3.0",
     ("peft", "prepare_model_for_int8_training"): "removed in PEFT 0.10",
 }
+# Trainers TRL 1.x moved out of its top level into trl.experimental (name -> its module there).
+EXPERIMENTAL = {"ORPOConfig": "orpo", "ORPOTrainer": "orpo", "CPOConfig": "cpo", "CPOTrainer": "cpo",
+                "OnlineDPOConfig": "online_dpo", "OnlineDPOTrainer": "online_dpo", "GKDConfig": "gkd",
+                "GKDTrainer": "gkd"}
 RENAMED_FUNCTIONS = {"load_metric": ("evaluate.load", "import evaluate", "datasets 3.0 removed load_metric: "
                                      "the evaluate package's load (pip install evaluate)"),
                      "prepare_model_for_int8_training": ("prepare_model_for_kbit_training",
@@ -106,6 +112,11 @@ RENAMED_FUNCTIONS = {"load_metric": ("evaluate.load", "import evaluate", "datase
                                                          "PEFT 0.10 removed it for prepare_model_for_kbit_training")}
 LOADER_KWARGS = {"use_auth_token": ("token", f"removed in {T5}"),
                  "torch_dtype": ("dtype", f"deprecated in {T5}, a warning on every load")}
+# `apply_chat_template(…)` tokenizing (tokenize=True, the default) returned the token ids until 5.0 (a list,
+# a list of lists for a batch, a tensor with return_tensors); 5.0 made return_dict=True the default, so it
+# returns a BatchEncoding (a dict) that the notebook's indexing, len() or batched map read as those ids.
+CHAT_TEMPLATE = (f"{T5} returns a BatchEncoding (a dict) by default where it returned the token ids the "
+                 "notebook reads (len(), indexing, a batched map's column)")
 
 
 def _trainer_kind(short: str) -> str | None:
@@ -145,6 +156,12 @@ class Ports(cst.CSTTransformer):
         kept = []
         for alias in updated.names:
             name = code(alias.name)
+            if code(updated.module) == "trl" and name in EXPERIMENTAL:
+                line = f"from trl.experimental.{EXPERIMENTAL[name]} import {name}" + (
+                    f" as {code(alias.asname.name)}" if alias.asname else "")
+                self.need(line)
+                self.note(f"`from trl import {name}` → `{line}` ({TRL1} moved it to trl.experimental)")
+                continue
             if (module, name) not in REMOVED_IMPORTS:
                 kept.append(alias)
                 continue
@@ -211,11 +228,27 @@ class Ports(cst.CSTTransformer):
             if kwarg(updated, "use_auth_token") is not None:
                 updated = _rename(updated, "use_auth_token", "token")
                 self.note(f"{name}: use_auth_token= → token= (removed in {T5} and datasets 3.0)")
+        if short == "apply_chat_template":
+            updated = self._chat_template(updated, name)
         if name in ("load_dataset", "datasets.load_dataset") and (a := kwarg(updated, "trust_remote_code")) is not None:
             updated = drop_kwarg(updated, "trust_remote_code")
             self.note(f"{name}: trust_remote_code dropped: datasets 4.0 runs no dataset scripts (it only logs an "
                       "error); a dataset that needs one no longer loads", review=code(a.value) != "False")
         return updated
+
+    def _chat_template(self, call: cst.Call, name: str) -> cst.Call:
+        """return_dict=False where the call tokenizes and says nothing of return_dict: the ids, as before 5.0."""
+        tokenize = kwarg(call, "tokenize")
+        if tokenize is not None and code(tokenize.value) == "False" or kwarg(call, "return_dict") is not None \
+                or kwarg(call, "return_assistant_tokens_mask") is not None \
+                or sum(a.keyword is None and not a.star for a in call.args) > 6:  # tokenize given by position
+            return call
+        if any(a.star == "**" for a in call.args):  # return_dict may be in the dict: adding it could clash
+            self.note(f"{name}(…, **…): {CHAT_TEMPLATE}: where it tokenizes, pass return_dict=False for the ids",
+                      review=True)
+            return call
+        self.note(f"{name}: return_dict=False ({CHAT_TEMPLATE})")
+        return set_kwarg(call, "return_dict", "False")
 
     def _loader(self, call: cst.Call, name: str) -> cst.Call:
         for old, (new, why) in LOADER_KWARGS.items():
@@ -279,6 +312,11 @@ class Ports(cst.CSTTransformer):
 
     def _trainer_moves(self, call: cst.Call, short: str) -> cst.Call:
         config, table = TRAINER_MOVES[short]
+        for old in sorted(CONFIG_REVIEW.get(config, ())):  # its trainer's keyword until TRL 0.11, in no config now
+            if old not in table and (a := kwarg(call, old)) is not None:
+                call = drop_kwarg(call, old)
+                self.note(f"{short}: {old}={code(a.value)} dropped: {TRL1} has no {old} (max_length bounds the "
+                          "whole sequence)", review=True)
         found = {k: kwarg(call, k) for k in table if kwarg(call, k) is not None}
         if not found:
             return call

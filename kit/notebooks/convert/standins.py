@@ -33,6 +33,8 @@ HELD_OUT = 16
 # Packages that need a CUDA GPU, with a CPU stand-in here, used when the dry run has no GPU.
 CPU_PACKAGES = Path(__file__).resolve().parent / "cpu_packages"
 GPU_PACKAGES = {"unsloth"}
+# Packages that install and run only with a CUDA GPU, and have no stand-in here.
+GPU_ONLY_MODULES = {"vllm", "flash_attn", "xformers", "bitsandbytes", "deepspeed", "liger_kernel", "triton"}
 
 
 def _rows(path: str) -> list[tuple[str, str, str]]:
@@ -54,6 +56,12 @@ def _shape(schema: str, rows: list[tuple[str, str, str]]) -> dict[str, list]:
         return {"question": user, "answer": assistant}
     if schema == "preference":
         return {"prompt": user, "chosen": assistant, "rejected": assistant[1:] + assistant[:1]}
+    if schema == "preference_chat":  # chosen/rejected as chats with the user's turn (ultrafeedback_binarized)
+        wrong = assistant[1:] + assistant[:1]
+        return {"prompt": user, "chosen": [[{"role": "user", "content": u}, {"role": "assistant", "content": a}]
+                                           for u, a in zip(user, assistant)],
+                "rejected": [[{"role": "user", "content": u}, {"role": "assistant", "content": w}]
+                             for u, w in zip(user, wrong)]}
     if schema == "unpaired_preference":  # KTO: every other row another request's answer, labelled undesirable
         wrong = assistant[1:] + assistant[:1]
         return {"prompt": user, "completion": [a if i % 2 == 0 else w for i, (a, w) in enumerate(zip(assistant, wrong))],
@@ -70,11 +78,14 @@ def _shape(schema: str, rows: list[tuple[str, str, str]]) -> dict[str, list]:
                           {"role": "assistant", "content": a}] for s, u, a in rows]}
 
 
-def _columns(schema: str, path: str, extra=()) -> dict[str, list]:
+def _columns(schema: str, path: str, extra=(), size: int = 0) -> dict[str, list]:
     """The rows in `schema`'s columns, plus each `extra` column: class ids for a label; for GRPO's prompt
     rows, a number as text for an answer or solution (the reference a math notebook's reward functions and
-    filters read: `float(answer)`, `pd.to_numeric(df["expected_answer"])`); else the row's text."""
+    filters read: `float(answer)`, `pd.to_numeric(df["expected_answer"])`); else the row's text. `size`
+    repeats the rows up to that many (a notebook that keeps a small fraction of a big data set)."""
     rows = _rows(path)
+    if size > len(rows):
+        rows = (rows * -(-size // len(rows)))[:size]
     columns = _shape(schema, rows)
     for name in extra:
         if name in columns:
@@ -89,13 +100,13 @@ def _columns(schema: str, path: str, extra=()) -> dict[str, list]:
 
 
 def dry_run_dataset(schema: str, split: str | None = None, path: str = str(TINY_DATA), extra=(), splits=(),
-                    streaming: bool = False):
+                    streaming: bool = False, size: int = 0):
     """The embedded rows in `schema`'s columns (and each `extra` column: text, or class ids for a label);
     a Dataset for a split (slices too), else a DatasetDict with train, validation, test and every other
     split name in `splits` (all but train: the first rows). `streaming` gives IterableDataset(s)."""
     from datasets import Dataset, DatasetDict, IterableDatasetDict
 
-    data = Dataset.from_dict(_columns(schema, path, extra))
+    data = Dataset.from_dict(_columns(schema, path, extra, size))
     if split is None:
         held_out = data.select(range(min(HELD_OUT, len(data))))
         names = dict.fromkeys(["train", "validation", "test", *splits])
@@ -126,13 +137,17 @@ class StandIns:
     """The dry run's stand-ins, set up once at the top of the script with what conversion learned."""
 
     def __init__(self, schema: str = "messages", extra=(), splits=(), family: str = "causal", model: str | None = None,
-                 data: str = str(TINY_DATA), packages=()):
+                 data: str = str(TINY_DATA), packages=(), chat: bool = False, imports=None, size: int = 0):
         self.schema, self.extra, self.splits, self.data = schema, list(extra), list(splits), data
+        self.size = size  # rows a Hub data set stands in with (0: the embedded file's own count)
         self.model_dir = str(model or FAMILIES[family])
+        if chat and model is None and family == "causal":
+            self.model_dir = self._chat_model(self.model_dir)
         self._files: Path | None = None
         # A tracker the notebook starts itself (wandb.init) must not ask for a login or a key here.
         os.environ.setdefault("WANDB_MODE", "disabled")
         self._cpu_packages(packages)
+        self._check_imports(imports or {})
 
     def _cpu_packages(self, packages) -> None:
         """Unsloth & co on a CPU: their stand-ins (they cannot run without a GPU; on one, the real ones)."""
@@ -143,6 +158,45 @@ class StandIns:
             os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(CPU_PACKAGES), os.environ.get("PYTHONPATH"))
                                                        if p)
             self.say(f"no GPU: {', '.join(sorted(GPU_PACKAGES & set(packages)))} stood in for by kit's CPU version")
+
+    def _check_imports(self, imports: dict) -> None:
+        """The modules the notebook imports (outside a try or a function), each installed here: a notebook
+        installs its own packages (`!pip install langid`), which the script does not run, so a missing one
+        stops the dry run now, in one line naming it and its cell, before any model loads."""
+        import importlib.util
+
+        missing = {}
+        for module, cell in imports.items():
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except (ImportError, ValueError):  # a broken package: its import says why
+                found = True
+            if not found:
+                missing[module] = cell
+        if missing:
+            first = min(missing, key=missing.get)
+            if os.environ.get("RANK", "0") == "0":
+                gpu = sorted(set(missing) & GPU_ONLY_MODULES)
+                where = f" ({', '.join(gpu)} {'needs' if len(gpu) == 1 else 'need'} a CUDA GPU: dry-run there)" if gpu else ""
+                print(f"error: cell {missing[first]}: the notebook imports {', '.join(sorted(missing))}, not installed on "
+                      f"this machine{where}: install {'it' if len(missing) == 1 else 'them'} (the notebook's pip lines "
+                      "are in the script's docstring; the script runs none), then run the dry run again",
+                      file=sys.stderr, flush=True)
+            raise SystemExit(2)
+
+    def _chat_model(self, folder: str) -> str:
+        """The causal stand-in with a real chat model's template (Qwen3-VL's, as TRL ships it): messages whose
+        content is a list of text parts, tools, assistant tool calls and tool replies render as on the
+        notebook's model, and TRL's tool-calling GRPO knows how to parse its replies. The tiny model's own
+        template (role and text only) stopped such notebooks in their first apply_chat_template."""
+        from trl.chat_template_utils import qwen3_vl_chat_template
+
+        out = Path(tempfile.mkdtemp(prefix="kit-dry-run-model-"))
+        for f in Path(folder).iterdir():
+            if f.name != "chat_template.jinja":
+                (out / f.name).symlink_to(f.resolve())
+        (out / "chat_template.jinja").write_text(qwen3_vl_chat_template, encoding="utf-8")
+        return str(out)
 
     def say(self, text: str) -> None:
         if os.environ.get("RANK", "0") == "0":
@@ -182,7 +236,8 @@ class StandIns:
             splits = self.splits
         self.say(f"load_dataset({str(source)[:60]!r}…) → the embedded data as {self.schema!r} rows")
         return dry_run_dataset(self.schema, split=split if isinstance(split, str) else None, path=self.data,
-                               extra=self.extra, splits=splits, streaming=bool(kwargs.get("streaming")))
+                               extra=self.extra, splits=splits, streaming=bool(kwargs.get("streaming")),
+                               size=self.size)
 
     def adapter(self, loader, model, adapter_id, *args, **kwargs):
         """PeftModel.from_pretrained(model, id): the real adapter where it is here, else a fresh LoRA on
@@ -265,9 +320,9 @@ class StandIns:
         name = getattr(func, "__name__", "reward function")
         where = f"cell {cell}: " if cell else ""
 
-        def stop(what: str):
+        def stop(what: str, fix: str = "fix it in the notebook and convert again"):
             print(f"error: {where}the reward function `{name}` {what} (the dry run's GRPO step, on stand-in "
-                  "prompts): fix it in the notebook and convert again", file=sys.stderr, flush=True)
+                  f"prompts): {fix}", file=sys.stderr, flush=True)
             raise SystemExit(2)
 
         @functools.wraps(func)
@@ -275,6 +330,10 @@ class StandIns:
             completions = kwargs.get("completions", args[1] if len(args) > 1 else ())
             try:
                 out = func(*args, **kwargs)
+            except ImportError as exc:  # TRL's own (accuracy_reward needs math_verify): not the notebook's fault
+                stop(f"raised {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}",
+                     "install the package it names (the notebook's pip lines are in the script's docstring), then run "
+                     "the dry run again")
             except Exception as exc:  # the notebook's code: its failure is named in one line
                 stop(f"raised {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}")
             try:
