@@ -132,6 +132,7 @@ PLAN = {
     'quantization': None,
     'prequantized': False,
     'reference': None,
+    'trainer': 'sft',
     'memory': {
         'per_gpu_bytes': 578485478,
         'budget_bytes': 15637086208,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kit.machine import probe
+from kit.machine import gpu_table, probe
 from kit.report import text as report
 from kit.errors import CannotTrain, KitError, UsageError
 from kit.machine.verdicts import judge
@@ -33,7 +33,10 @@ class Result:
 
 def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print facts, verdicts and next steps as one JSON object")
-    parser.add_argument("--facts", metavar="FILE", help="judge another machine's `kit probe --json` output instead of this one")
+    machine = parser.add_mutually_exclusive_group()
+    machine.add_argument("--facts", metavar="FILE", help="judge another machine's `kit probe --json` output instead of this one")
+    machine.add_argument("--gpus", metavar="NxNAME", help="judge an assumed machine instead of this one, as kit plan "
+                         "does, e.g. 2xT4 (Kaggle), T4 (Colab), 1xA100-80, cpu")
     parser.add_argument("--config", metavar="PATH", default=None, help="run config (YAML) to plan for")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. lora.r=8")
     parser.add_argument("-o", "--output", default="train_ddp.py",
@@ -88,7 +91,8 @@ def _stand_down(args, error: KitError) -> None:
 
 
 def _judge(args) -> Result:
-    facts = probe.load_facts(args.facts) if args.facts else probe.gather()
+    facts = (probe.load_facts(args.facts) if args.facts else
+             probe.Facts.from_dict(gpu_table.synthesize(args.gpus)) if getattr(args, "gpus", None) else probe.gather())
     verdicts = judge(facts)
     cpu_only = not facts.gpus and bool(facts.torch.get("installed"))
     plan, written, refusal = None, None, None

@@ -64,6 +64,10 @@ def render_for(cfg, config_path: str, facts: dict, gpus_spec: str | None = None,
 
     plan = make_plan(facts, cfg)
     assert plan.strategy in RENDERABLE, plan.strategy
+    if cfg.trainer == "grpo":  # the reward file the script will import, read now: a wrong one is one line here
+        from kit.train.rewards import check_file
+
+        check_file(cfg.grpo.rewards, base=Path(config_path).parent if config_path else Path("."))
     rerender = render.rerender_command(config_path, machine_args(args) if args is not None else
                                        (["--gpus", gpus_spec] if gpus_spec else []),
                                        getattr(args, "overrides", None) or (), output)

@@ -56,6 +56,7 @@ class Plan:
     quantization: str | None = None  # "nf4" for QLoRA / a bnb-4bit checkpoint
     prequantized: bool = False      # the base checkpoint itself is 4-bit (so any method trains on a 4-bit base)
     reference: str | None = None    # dpo/kto: adapter_disabled | precomputed | model_copy (kit.planning.trainers)
+    trainer: str = "sft"            # sft | dpo | kto | grpo: the TRL trainer the script builds (cfg.trainer)
     memory: dict = field(default_factory=lambda: {"per_gpu_bytes": 0, "budget_bytes": 0, "terms": {}})
     reasons: tuple = ()             # of kit.planning.reasons.Reason, in the order decided
     launch: str = ""
@@ -136,7 +137,8 @@ def make_plan(facts, cfg, nproc: int | None = None, *, nodes: int = 1,
     shapes.check_seq_len(cfg, model.max_position)
     check_data(cfg.data.path)
     trainers.check(cfg)  # settings the trainer's TRL trainer cannot run: before any plan
-    plan = _Draft(model=cfg.model, prequantized=model.prequantized is not None, reference=trainers.reference(cfg)[0])
+    plan = _Draft(model=cfg.model, trainer=cfg.trainer, prequantized=model.prequantized is not None,
+                  reference=trainers.reference(cfg)[0])
     plan.said(why("model", model=cfg.model, params=model.params, layers=model.layers, vocab=model.vocab,
                   source=model.source))
     # A tracker the machine's facts show missing: refused here, as the script refuses it at launch.

@@ -228,5 +228,6 @@ def _grpo_rules(cfg, batching: str) -> tuple[str, tuple[Reason, ...]]:
         batching = "padded"
     said += [reference(cfg)[1],
              why("grpo_batch", num_generations=cfg.grpo.num_generations, global_batch=cfg.global_batch),
-             why("grpo_generation", step_time_vs_trl=0.21)]
+             why("grpo_generation", step_time_vs_trl=MEASURED["grpo_step_h100"]["vs_trl"],
+                 generation_s=MEASURED["grpo_step_h100"]["generation_s"], step_s=MEASURED["grpo_step_h100"]["step_s"])]
     return batching, tuple(said)

@@ -173,6 +173,10 @@ def _gib(n: int | None) -> str:
     return "?" if n is None else f"{n / GIB:.2f} GiB"
 
 
+# The trainers other than sft, named in the plan's table (sft, the default, adds no row).
+_TRAINER_CLASS = {"dpo": "DPOTrainer", "kto": "KTOTrainer", "grpo": "GRPOTrainer"}
+
+
 def plan_to_text(plan, launch: bool = True) -> str:
     """The plan as aligned text: what, where, memory term by term, reasons, each node's command (several
     nodes), and (`launch`) the next command."""
@@ -188,6 +192,8 @@ def plan_to_text(plan, launch: bool = True) -> str:
         ranks = things(world, "process", "processes") + (f" ({nodes} nodes × {plan.nproc})" if nodes > 1 else "")
         rows += [("device", where), ("precision", plan.precision), ("quantization", plan.quantization or "-"),
                  ("backend", plan.backend), ("optimizer", plan.optimizer),
+                 *([("trainer", f"{plan.trainer} (TRL's {_TRAINER_CLASS[plan.trainer]})")]
+                   if plan.trainer in _TRAINER_CLASS else []),
                  ("gradient checkpointing", "on" if plan.gradient_checkpointing else "off"),
                  ("batch", f"{plan.per_device_batch} per {per} × {things(plan.grad_accum, 'accumulation step')} × "
                            f"{ranks} = {plan.global_batch}")]

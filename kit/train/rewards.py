@@ -290,6 +290,47 @@ def dry_call(func, name: str, rows: dict, seconds: float | None = None) -> tuple
     return took, sum(1 for v in floats if v != v)
 
 
+def check_file(spec: str, *, base: Path) -> None:
+    """The file `spec` names, read without running it (no import: a planner or a notebook kernel must not run the
+    user's code nor what it imports): it exists, parses, and binds each name at its top level, a `def` taking
+    **kwargs where it is one. Planning, rendering and bootstrap call it, so a wrong file is one line there rather
+    than a script that stops at launch; the launch still imports and dry-calls the functions (load_rewards)."""
+    import ast
+
+    file, names = parse_spec(spec)
+    path = Path(file) if Path(file).is_absolute() else Path(base) / file
+    if not path.is_file():
+        raise UsageError(f"rewards: {path} not found (grpo.rewards names a file beside the config: {spec})")
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except (SyntaxError, UnicodeDecodeError, ValueError) as exc:
+        where = f" (line {exc.lineno})" if getattr(exc, "lineno", None) else ""
+        raise UsageError(f"rewards: {path} cannot be read as Python{where}: {type(exc).__name__}: "
+                         f"{getattr(exc, 'msg', exc)}"[:400]) from None
+    bound, star = {}, False
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound[node.name] = node
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            star = star or any(a.name == "*" for a in node.names)
+            bound.update({(a.asname or a.name).split(".")[0]: node for a in node.names})
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            bound.update({n.id: node for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)})
+        else:  # if/try blocks and the like: any name they bind counts (the launch checks what it is)
+            bound.update({n.name: n for n in ast.walk(node) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))})
+            bound.update({n.id: n for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)})
+    for name in names:
+        node = bound.get(name)
+        if node is None and not star:
+            defined = sorted(n for n, v in bound.items() if isinstance(v, (ast.FunctionDef, ast.AsyncFunctionDef)))
+            raise UsageError(f"rewards: {path.name} has no function {name!r} (it defines: "
+                             f"{', '.join(defined) or 'no functions'})")
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.args.kwarg is None:
+            raise UsageError(f"rewards: {path.name}:{name} cannot be called by TRL: it takes no **kwargs (TRL passes "
+                             "prompts, completion_ids, trainer_state and every dataset column)")
+
+
 def load_rewards(spec: str, *, base: Path, rows: dict | None = None, notes: list | None = None,
                  seconds: float | None = None) -> list:
     """The reward functions `spec` names, checked; `rows` (column → values) for the dry call, if given;
