@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import huggingface_hub
 import pytest
@@ -25,12 +29,15 @@ from kit.report.reasons import words
 from tests.code_asserts import assigns, call
 from tests.test_plan import reason
 from tests.hubserver import WRITE_TOKEN, HubServer
-from tests.scripts import FAST, ROOT, elsewhere_env as env, hub_env, losses, two_ranks as run
+from tests.scripts import FAST, ROOT, elsewhere_env as env, hub_env, kill_job, kit_cli, losses, torchrun_cmd, \
+    two_ranks as run
 from tests.test_bad_input import run_script_in_process
 from tests.test_resume import assert_same_training, kill_9_after_steps_and_rerun
 
 CONFIG = "configs/grpo-tiny.yaml"
 STEPS = ["max_steps=12", "save_steps=3", "keep_checkpoints=2", *FAST]
+# Steps that are mostly generation, as on a GPU, without the held-out evaluations' own generating.
+LONG_GENERATION = ["grpo.max_completion_length=160", "eval.baseline=false", "eval.final=false"]
 
 
 def grpo_cfg(**changes) -> config.RunConfig:
@@ -331,22 +338,27 @@ def server():
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(script, tmp_path_factory):
-    """(its output_dir, the run, the Hub it pushed to): the job under two ranks to its end, once, with the
-    test Hub as its store. The tests that read the finished job (what it delivered and pushed; the adapter
-    a killed and rerun job must end with) share that one launch."""
-    with HubServer(tokens={WRITE_TOKEN: "write"}) as hub:
-        out = tmp_path_factory.mktemp("grpo-uninterrupted") / "run"
-        out.mkdir()
-        (out / "README.md").write_text("# my notes\n")  # the trainer's saves write no card over it
-        yield out, run(script, [f"output_dir={out}", "store=hf://me/grpo-tiny", *STEPS], hub_env(hub)), hub
+def pushed(script, tmp_path_factory):
+    """One 2-rank run to the end into a test Hub store, tracked (report_to=tensorboard), and what `kit status`
+    says of it afterwards (text, --json, --plot): the tests below each read a part of it."""
+    tmp = tmp_path_factory.mktemp("pushed")
+    out = tmp / "run"
+    out.mkdir()
+    (out / "README.md").write_text("# my notes\n")  # the trainer's saves write no card over it
+    with HubServer(tokens={WRITE_TOKEN: "write"}) as server:
+        environ = hub_env(server)
+        r = run(script, [f"output_dir={out}", "store=hf://me/grpo-tiny", "report_to=tensorboard", *STEPS], environ)
+        status = ["status", "--config", CONFIG, f"output_dir={out}", "store=hf://me/grpo-tiny", *STEPS]
+        text = kit_cli(status, env=environ)
+        as_json = kit_cli([*status, "--json", "--plot", str(tmp / "job.png")], env=environ)
+        yield SimpleNamespace(out=out, log=r.stdout + r.stderr, code=r.returncode, text=text, json=as_json,
+                              plot=tmp / "job.png", files=server.files("me/grpo-tiny"))
 
 
 @pytest.mark.slow
-def test_two_ranks_train_deliver_and_push_once(uninterrupted):
-    out, r, server = uninterrupted
-    log = r.stdout + r.stderr
-    assert r.returncode == 0, log[-3000:]
+def test_two_ranks_train_deliver_and_push_once(pushed):
+    out, log = pushed.out, pushed.log
+    assert pushed.code == 0, log[-3000:]
     assert log.count("complete: step 12 of 12") == 1 and "2 × cpu" in log
     assert (out / "README.md").read_text() == "# my notes\n"
     assert "accumulation 2 × 2 = 8" in log  # 2 prompts x 4 generations per optimizer step
@@ -356,8 +368,7 @@ def test_two_ranks_train_deliver_and_push_once(uninterrupted):
     assert "ref" not in {p.name for p in (out / "final").iterdir()}
     card = (out / "final" / "README.md").read_text()
     assert "TRL GRPOTrainer" in card and "json_format" in card and "brevity" in card  # the reward functions by name
-    pushed = server.files("me/grpo-tiny")
-    assert "final/adapter_model.safetensors" in pushed and "final/eval_results.json" in pushed
+    assert "final/adapter_model.safetensors" in pushed.files and "final/eval_results.json" in pushed.files
     history = json.loads((out / "checkpoint-12" / "trainer_state.json").read_text())["log_history"]
     steps = [h for h in history if "loss" in h]
     assert len(steps) == 12 and all("rewards/json_format/mean" in h and "rewards/brevity/mean" in h for h in steps)
@@ -369,9 +380,45 @@ def test_two_ranks_train_deliver_and_push_once(uninterrupted):
 
 
 @pytest.mark.slow
-def test_kill_9_then_rerun_ends_with_the_uninterrupted_adapter(script, uninterrupted, server, tmp_path):
-    reference, r, _ = uninterrupted
-    assert r.returncode == 0, r.stderr[-3000:]
+def test_status_shows_a_grpo_jobs_rewards_where_its_loss_says_nothing(pushed):
+    # GRPO's loss is near 0 by construction; what says how the job goes is the reward TRL logs each step.
+    assert pushed.text.returncode == 0 and pushed.json.returncode == 0, pushed.text.stderr + pushed.json.stderr
+    history = json.loads((pushed.out / "checkpoint-12" / "trainer_state.json").read_text())["log_history"]
+    logged = {h["step"]: h for h in history if "reward" in h}
+    facts = json.loads(pushed.json.stdout)
+    assert [r["step"] for r in facts["rewards"]] == list(range(1, 13))
+    for r in facts["rewards"]:
+        assert r["reward"] == logged[r["step"]]["reward"]
+        assert r["rewards"] == {name: logged[r["step"]][f"rewards/{name}/mean"] for name in ("json_format", "brevity")}
+    line = next(ln for ln in pushed.text.stdout.splitlines() if ln.startswith("reward "))
+    first = sum(logged[s]["reward"] for s in (1, 2, 3)) / 3  # a quarter of the 12 logged steps each
+    last = sum(logged[s]["reward"] for s in (10, 11, 12)) / 3
+    assert f"{first:.3g} over steps 1-3 → {last:.3g} over steps 10-12" in line, line
+    assert "json_format " in line and "brevity " in line, line
+    assert facts["plot"] == str(pushed.plot) and pushed.plot.stat().st_size > 0
+    # The goodput ledger of the one session: 12 steps done, none redone, on 2 processes.
+    assert facts["complete"] and [(r["steps_done"], r["steps_lost"], r["weight"])
+                                  for r in facts["goodput"]["sessions"]] == [(12, 0, 2)]
+
+
+@pytest.mark.slow
+def test_rank_0_alone_tracks_the_run_with_each_reward_functions_mean(pushed):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_id = json.loads((pushed.out / "kit_run.json").read_text())["run_id"]
+    events = list((pushed.out / "runs").rglob("events.out.tfevents.*"))
+    assert [e.parent.name for e in events] == [run_id], events  # one event file: rank 0's, named by kit's run id
+    tracked = EventAccumulator(str(events[0].parent))
+    tracked.Reload()
+    scalars = set(tracked.Tags()["scalars"])
+    assert {"train/reward", "train/rewards/json_format/mean", "train/rewards/brevity/mean"} <= scalars, scalars
+    assert [e.step for e in tracked.Scalars("train/reward")] == list(range(1, 13))
+
+
+@pytest.mark.slow
+def test_kill_9_then_rerun_ends_with_the_uninterrupted_adapter(script, pushed, server, tmp_path):
+    reference = pushed.out  # the uninterrupted job the delivery test read
+    assert pushed.code == 0, pushed.log[-3000:]
     out = tmp_path / "run"
     args = [f"output_dir={out}", "store=hf://me/grpo-cut", *STEPS]
     again = kill_9_after_steps_and_rerun(script, args, hub_env(server), tmp_path / "first.log", str(out))
@@ -384,6 +431,74 @@ def test_kill_9_then_rerun_ends_with_the_uninterrupted_adapter(script, uninterru
     rewards = [[h["reward"] for h in json.loads((d / "checkpoint-12" / "trainer_state.json").read_text())
                 ["log_history"] if "reward" in h] for d in (reference, out)]
     assert rewards[0] == rewards[1]
+
+
+@pytest.mark.slow
+def test_sigterm_during_generation_gives_the_step_up_and_the_rerun_ends_as_uninterrupted(script, tmp_path):
+    # Completions of up to 160 tokens: each step is ~2 s on 2 CPU ranks, almost all of it generating. The signal
+    # comes 0.6 s into step 3's generation; step 2 was not saved (save_steps=100).
+    args = ["max_steps=4", "save_steps=100", *LONG_GENERATION, *FAST]
+    reference = tmp_path / "reference"
+    r = run(script, [f"output_dir={reference}", *args], env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    out, log = tmp_path / "run", tmp_path / "first.log"
+    args += [f"output_dir={out}", f"store={tmp_path / 'drive'}"]
+    with open(log, "w") as sink:
+        agent = subprocess.Popen(torchrun_cmd(script, 2) + args, cwd=ROOT, env=env(), stdout=sink,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        while log.read_text().count("'step_time'") < 2:  # step 2 logged: step 3 is generating
+            assert agent.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.05)
+        time.sleep(0.6)
+        os.kill(agent.pid, signal.SIGTERM)  # torchrun forwards it to both ranks
+        sent = time.monotonic()
+        agent.wait(timeout=120)
+        took = time.monotonic() - sent
+    finally:
+        kill_job(agent, str(out))
+    text = log.read_text()
+    # Before: the job went on generating, scoring and training step 3, then paused at step 3.
+    assert "[kit] step 3 given up during its generation (signal SIGTERM): step 2 saved now" in text, text[-3000:]
+    assert "[kit exit 0" in text and "paused at step 2 of 4 (signal SIGTERM)" in text, text[-3000:]
+    assert took < 20, took  # no rank left waiting for another
+    assert not (out / "checkpoint-3").exists() and (tmp_path / "drive" / "checkpoints" / "checkpoint-2").is_dir()
+    again = run(script, args, env())
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming from step 2" in again.stdout and "complete: step 4 of 4" in again.stdout
+    # The given-up step redone as the uninterrupted run did it: the saved RNG state is that of step 2's end.
+    assert_same_training(reference / "checkpoint-4", out / "checkpoint-4")
+
+
+@pytest.mark.slow
+def test_a_lease_taken_over_during_generation_stops_both_ranks_with_nothing_more_written(script, server, tmp_path):
+    # Another session's record replaces the lease while a step generates (as a takeover after missed heartbeats
+    # would): at the next heartbeat the generation ends, no rank trains or saves again, exit 4 (torchrun: 1).
+    from kit.checkpoints.store.hub import HubStore
+
+    out, log = tmp_path / "run", tmp_path / "log.txt"
+    args = [f"output_dir={out}", "store=hf://me/grpo-lost", "max_steps=50", "save_steps=2",
+            "lease_heartbeat_seconds=0.3", *LONG_GENERATION, *FAST]
+    with open(log, "w") as sink:
+        agent = subprocess.Popen(torchrun_cmd(script, 2) + args, cwd=ROOT, env=hub_env(server), stdout=sink,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        while " published: " not in log.read_text():  # step 2 is in the store: step 3 is generating
+            assert agent.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.05)
+        store = HubStore("hf://me/grpo-lost", token=WRITE_TOKEN, endpoint=server.url)
+        store.write_text("lease.json", json.dumps({"holder": "other-host pid 7", "id": "theirs", "since": time.time(),
+                                                   "heartbeat": time.time(), "ttl_s": 600}))
+        agent.wait(timeout=120)
+    finally:
+        kill_job(agent, str(out))
+    text = log.read_text()
+    assert agent.returncode == 1 and text.count("exitcode  : 4") == 2, text[-3000:]  # each rank's exit 4 in torchrun's
+    assert "[kit] step 3 given up during its generation (lease lost: " in text, text[-3000:]  # before: at its end
+    assert "other-host pid 7" in text
+    assert "writes nothing more" in text
+    assert max(store.list_steps()) <= 4  # at most the one upload under way when the lease went
+    assert json.loads(store.read_text("lease.json"))["id"] == "theirs"  # never overwritten by the loser
 
 
 @pytest.mark.slow
@@ -415,8 +530,6 @@ def test_under_torchrun_a_reward_that_hangs_or_exits_stops_every_rank_with_one_l
 def test_a_rank_that_cannot_import_the_rewards_stops_with_one_line(tmp_path):
     # The other ranks import the file rank 0 checked; one that cannot (a file only rank 0's machine has) raises
     # the error on every rank (dist.gather) instead of leaving the others waiting in training.
-    from types import SimpleNamespace
-
     from kit.errors import UsageError
     from kit.train.job import Job
 
@@ -452,8 +565,6 @@ def test_the_rewards_line_names_an_instance_or_a_partial_as_trl_logs_it(tmp_path
 
 
 def test_an_epoch_of_prompts_is_num_generations_completions_of_each():
-    from types import SimpleNamespace
-
     from kit.train.job import Job
 
     cfg = grpo_cfg(max_steps=None, epochs=1.0)  # 4 generations, 2 completions a micro-batch, global batch 8

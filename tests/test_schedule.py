@@ -324,6 +324,20 @@ def test_no_training_script_is_one_line_exit_2_before_any_run(tmp_path):
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
 
 
+@pytest.mark.parametrize("extra", [[], ["--print-cron"]])
+def test_a_training_script_for_another_trainer_is_one_line_exit_2_before_any_run(tmp_path, extra):
+    """A GRPO config scheduled where ./train_ddp.py is the SFT one (a fresh clone's): every run would start a kernel
+    only for the script to refuse the config; said at once, naming both trainers and the command that fixes it."""
+    nb = tmp_path / "resume.ipynb"
+    nb.write_text((ROOT / "notebooks" / "resume.ipynb").read_text())
+    shutil.copy(ROOT / "train_ddp.py", tmp_path / "train_ddp.py")  # rendered for trainer sft
+    args = schedule_args(tmp_path / "runs", tmp_path / "out", str(tmp_path / "store"), "--notebook", str(nb), *extra)
+    args[args.index("configs/default.yaml")] = str(ROOT / "configs" / "grpo-tiny.yaml")
+    r = kit_cli(args, cwd=tmp_path)
+    _refused(r, 2, "rendered for trainer=sft", "asks for trainer=grpo", "kit bootstrap --config")
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
+
+
 def test_a_notebook_that_is_a_directory(tmp_path):
     (tmp_path / "dir.ipynb").mkdir()
     r = kit(schedule_args(tmp_path / "runs", tmp_path / "out", str(tmp_path / "store"), "--notebook",

@@ -314,6 +314,30 @@ def test_a_checkpoints_trainer_state_with_other_types_is_left_out():
                                                                                      "log_history": []}
 
 
+def test_a_grpo_jobs_rewards_are_read_from_its_log_and_other_logs_give_none(tmp_path):
+    # What TRL's GRPOTrainer logs each step (trainer_state.json's log_history), with values a store may hold.
+    grpo = [{"step": i, "loss": 0.0, "reward": 0.5 + i / 100, "reward_std": 0.1, "rewards/fmt/mean": i / 10,
+             "rewards/fmt/std": 0.2, "rewards/short/mean": 0.5} for i in range(1, 9)]
+    grpo[2]["rewards/short/mean"] = "high"  # not a number: left out of that step
+    grpo.insert(4, {"step": 4.5, "loss": 0.0, "reward": float("nan")})  # not a finite reward: no entry
+    rewards = status.reward_history(grpo)
+    assert [r["step"] for r in rewards] == list(range(1, 9))
+    assert rewards[0] == {"step": 1, "reward": 0.51, "rewards": {"fmt": 0.1, "short": 0.5}}
+    assert rewards[2]["rewards"] == {"fmt": 0.3}
+    # DPO's and KTO's `rewards/chosen`, `rewards/margins` are not reward functions' means; SFT logs none.
+    assert status.reward_history([{"step": 1, "loss": 0.6, "rewards/chosen": 0.1, "rewards/margins": 0.3}]) == []
+    # The first and last quarter of the logged steps (2 of 8), each function named.
+    words = status.reward_words(rewards)
+    assert words.startswith("0.515 over steps 1-2 → 0.575 over steps 7-8 (fmt 0.15 → 0.75")
+    assert words.endswith("short 0.5 → 0.5; TRL's mean reward of each step's completions)"), words
+    assert status.reward_words(rewards[:1]).startswith("0.51 at step 1 (fmt 0.1, short 0.5;")
+    # `kit status` words them on a row of their own, for a GRPO job only.
+    facts = status.gather(config.load(None, [f"output_dir={tmp_path / 'none'}", "max_steps=8"]))
+    assert facts["rewards"] == [] and "reward " not in status.format_text(facts)
+    rows = status.format_text({**facts, "rewards": rewards}).splitlines()
+    assert [ln for ln in rows if ln.startswith("reward ")] == [f"reward       {words}"]
+
+
 def test_output_dir_that_is_a_file_is_exit_2(tmp_path, capsys):
     afile = tmp_path / "passwd"
     afile.write_text("root:x:0:0")

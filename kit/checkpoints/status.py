@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import re
 import time
 from pathlib import Path
 
@@ -36,7 +37,8 @@ def gather(cfg, now: float | None = None, steps_given: bool = False) -> dict:
         ``verified`` | ``invalid``, why), ``latest_step`` (the newest that verifies, or None), ``final_step`` (of
         the final/ folder, or None), ``max_steps``, ``complete`` (the target reached and final/ of it
         written), ``progress`` (0..1 or None), ``run_id`` (None before the first start),
-        ``log_history`` (the newest checkpoint's Trainer log: loss by step), ``sessions`` (the session records, oldest
+        ``log_history`` (the newest checkpoint's Trainer log: loss by step), ``rewards`` (trainer grpo: the mean
+        reward TRL logged at each step, and each reward function's, `reward_history`; [] otherwise), ``sessions`` (the session records, oldest
         first), ``lease`` (holder, since, heartbeat, heartbeat_age_s, released; None when the job
         never took one) and ``warnings``.
     `steps_given`: max_steps came from the command line, so it is the target (resume.current_target).
@@ -64,7 +66,26 @@ def gather(cfg, now: float | None = None, steps_given: bool = False) -> dict:
         warnings=warnings + facts.get("warnings", []),
     )
     facts["goodput"] = goodput.ledger(facts["sessions"], max_steps=max_steps, latest_step=latest)
+    facts["rewards"] = reward_history(facts["log_history"])
     return facts
+
+
+REWARD_KEY = re.compile(r"rewards/(.+)/mean")  # TRL's GRPOTrainer logs each reward function's mean so
+
+
+def reward_history(history: list[dict]) -> list[dict]:
+    """What a GRPO job's log says of its progress: its loss is no measure of it (near 0 by construction), the
+    rewards are. Each logged step's mean reward over its completions (TRL's `reward`, the sum of the weighted
+    reward functions) and each function's mean (`rewards/NAME/mean`):
+    ``[{"step": 1, "reward": 0.54, "rewards": {"json_format": 0.0, "brevity": 0.54}}, …]``; [] for a log without
+    rewards (sft, dpo, kto: their `rewards/chosen` and the like are not means of reward functions)."""
+    out = []
+    for h in history:
+        if not is_number(h.get("reward")):
+            continue
+        each = {m.group(1): v for k, v in h.items() if (m := REWARD_KEY.fullmatch(k)) and is_number(v)}
+        out.append({"step": h["step"], "reward": h["reward"], "rewards": each})
+    return out
 
 
 def _from_store(cfg, now: float) -> dict:
@@ -250,6 +271,29 @@ def _checkpoint_words(s: dict) -> str:
     return "; ".join(parts)
 
 
+def reward_words(rewards: list[dict]) -> str:
+    """`0.551 over steps 1-10 → 0.563 over steps 31-40 (brevity 0.551 → 0.563, json_format 0 → 0; TRL's mean
+    reward of each step's completions)`: the first and the newest logged steps, a quarter of them each (at most
+    10), since one step's few completions are a noisy measure."""
+    n = max(1, min(10, len(rewards) // 4))
+    first, last = rewards[:n], rewards[-n:]
+    names = [k for k in last[-1]["rewards"] if all(k in r["rewards"] for r in first + last)]
+
+    def mean(rows, key=None) -> str:
+        values = [r["reward"] if key is None else r["rewards"][key] for r in rows]
+        return f"{sum(values) / len(values):.3g}"
+
+    def steps(rows) -> str:
+        return f"step {rows[0]['step']}" if len(rows) == 1 else f"steps {rows[0]['step']}-{rows[-1]['step']}"
+
+    if len(rewards) == 1:
+        each = ", ".join(f"{k} {mean(last, k)}" for k in names)
+        return f"{mean(last)} at {steps(last)} ({each + '; ' if each else ''}TRL's mean reward of the step's completions)"
+    each = ", ".join(f"{k} {mean(first, k)} → {mean(last, k)}" for k in names)
+    return (f"{mean(first)} over {steps(first)} → {mean(last)} over {steps(last)} ({each + '; ' if each else ''}"
+            "TRL's mean reward of each step's completions)")
+
+
 def format_text(s: dict) -> str:
     """A short aligned report of `gather()`'s dict."""
     rows = [("store", s["store"] or f"none (local {s['output_dir']})")]
@@ -270,6 +314,8 @@ def format_text(s: dict) -> str:
     elif latest is not None and total and latest >= total:
         progress += " — its wrap-up (final evaluation, final/) did not finish: the same command runs it"
     rows.append(("progress", progress))
+    if s.get("rewards"):
+        rows.append(("reward", reward_words(s["rewards"])))
     sessions = s["sessions"]
     rows.append(("sessions", str(len(sessions)) if sessions else "none recorded"))
     ledger = s.get("goodput") or {}

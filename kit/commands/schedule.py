@@ -135,7 +135,7 @@ def run(args) -> int:
         check_cron(args.every)
         if not args.kaggle:
             schedule.check_notebook(Path(args.notebook))
-            _check_script(args.config)
+            _check_script(args.config, cfg)
         if cfg.store and not cfg.store.startswith("hf://"):  # a Hub store is checked where the line runs
             schedule.check_store(cfg)
         print(units)
@@ -147,7 +147,7 @@ def run(args) -> int:
 
         logging.basicConfig(level=logging.INFO, format="%(message)s")
     notebook = schedule.check_notebook(Path(args.notebook))
-    _check_script(args.config)
+    _check_script(args.config, cfg)
     where = schedule.check_store(cfg)
     print(f"schedule: {shown(notebook)} → {shown(runs_dir)}/; store: {where or f'none (local {cfg.output_dir})'}; "
           f"{'until complete' if args.loop else 'one run'}", flush=True)
@@ -166,14 +166,22 @@ def run(args) -> int:
                          verbose=args.verbose)
 
 
-def _check_script(config_path: str | None) -> None:
-    """Each run resumes ./train_ddp.py: without one, say so now (exit 2), not after a kernel has started."""
+def _check_script(config_path: str | None, cfg) -> None:
+    """Each run resumes ./train_ddp.py: without one, or with one rendered for another trainer (an SFT script
+    for a GRPO config refuses to start in every run), say so now (exit 2), not after a kernel has started."""
     from kit.errors import UsageError
     from kit.files import regular_file
+    from kit.script.failed_bootstrap import settings_of
 
-    if regular_file(Path("train_ddp.py"), "train_ddp.py") is None:
-        how = f"kit bootstrap --config {shell_word(config_path, path=True)}" if config_path else "kit bootstrap --config CONFIG"
+    how = f"kit bootstrap --config {shell_word(config_path, path=True)}" if config_path else "kit bootstrap --config CONFIG"
+    script = Path("train_ddp.py")
+    if regular_file(script, "train_ddp.py") is None:
         raise UsageError(f"no train_ddp.py in {Path.cwd()}: each scheduled run resumes it; run `{how}` here first")
+    written = (settings_of(script) or {}).get("trainer", "sft")  # a script kit cannot read: it says so itself
+    if written != cfg.trainer:
+        raise UsageError(f"train_ddp.py in {Path.cwd()} was rendered for trainer={written}, and the config asks "
+                         f"for trainer={cfg.trainer}: each scheduled run would refuse to start; run `{how}` here "
+                         "first")
 
 
 def _git(*argv: str) -> str | None:

@@ -16,9 +16,11 @@ from kit.planning import config
 def add_arguments(parser) -> None:
     config.add_config_arguments(parser, config.default_config())
     parser.add_argument("--json", action="store_true", help="print one JSON object: latest_step (newest verified), verified, max_steps, "
-                        "complete, checkpoints, sessions, lease, store")
+                        "complete, checkpoints, sessions, lease, store, losses, rewards (trainer grpo: the mean "
+                        "reward of each logged step, and each reward function's)")
     parser.add_argument("--plot", metavar="PNG",
-                        help="also draw train and eval loss against step, progress across sessions and "
+                        help="also draw train and eval loss (trainer grpo: the rewards) against step, progress "
+                        "across sessions and "
                         "goodput per session into PNG (a .png name in an existing folder; a file there is "
                         "replaced only if it is a PNG)")
 
@@ -34,7 +36,7 @@ def run(args) -> int:
     facts = status.gather(cfg, steps_given=config.given(args.overrides, "max_steps"))
     if args.plot:
         facts["plot"] = str(plots.job_plot(facts["log_history"], facts["sessions"], args.plot, facts["max_steps"],
-                                           facts["goodput"]))
+                                           facts["goodput"], facts["rewards"]))
     history = facts.pop("log_history")
     if args.json:
         facts["losses"] = [{k: h[k] for k in ("step", "loss", "eval_loss") if k in h} for h in history

@@ -99,15 +99,17 @@ def loss_curve(ckpt_or_state, out_png) -> Path:
 
 
 def job_plot(history: list[dict], sessions: list[dict], out_png, max_steps: int | None = None,
-             goodput: dict | None = None) -> Path:
+             goodput: dict | None = None, rewards: list[dict] | None = None) -> Path:
     """Two panels: train and eval loss against step (the newest checkpoint's log), progress across sessions;
-    a third, goodput per session, when `goodput` (`kit.checkpoints.goodput.ledger()`) has rows.
+    a third, goodput per session, when `goodput` (`kit.checkpoints.goodput.ledger()`) has rows. A GRPO job's
+    first panel is its mean reward and each reward function's against step (`rewards`:
+    `kit.checkpoints.status.reward_history()`): its loss says nothing of how it goes.
 
     Raises:
         UsageError: neither a logged loss nor a recorded session: nothing to draw yet.
     """
     runs = _runs(sessions)
-    has_loss = any(_losses(history))
+    has_loss = any(_losses(history)) or bool(rewards)
     if not has_loss and not runs:
         raise UsageError("no sessions recorded yet and no checkpoint with a logged loss: nothing to plot "
                          "(run the job once first)")
@@ -117,7 +119,9 @@ def job_plot(history: list[dict], sessions: list[dict], out_png, max_steps: int 
         _goodput_bars(bars, rows, goodput)
     else:
         fig, (top, bottom) = _pyplot().subplots(2, 1, figsize=(8, 7))
-    if has_loss:
+    if rewards:
+        _draw_rewards(top, rewards)
+    elif has_loss:
         _draw_loss(top, history, "loss against step")
     else:
         top.text(0.5, 0.5, "no loss logged yet", ha="center", va="center", transform=top.transAxes)
@@ -146,6 +150,19 @@ def _draw_loss(ax, history: list[dict], title: str) -> None:
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+
+
+def _draw_rewards(ax, rewards: list[dict]) -> None:
+    steps = [r["step"] for r in rewards]
+    ax.plot(steps, [r["reward"] for r in rewards], label="mean reward", color="black", linewidth=1.6)
+    for name in rewards[-1]["rewards"]:
+        points = [(r["step"], r["rewards"][name]) for r in rewards if name in r["rewards"]]
+        ax.plot(*zip(*points), label=name, linewidth=1.0, alpha=0.8)
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward")
+    ax.set_title("mean reward of each step's completions")
     ax.grid(alpha=0.3)
     ax.legend()
 

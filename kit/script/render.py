@@ -36,7 +36,10 @@ TRAINERS = {
              "        # CUDA: a static KV cache and compiled one-token decoding (CUDA graphs) for TRL's generation pass;\n"
              "        # eager decoding elsewhere. See kit/train/generation.py.\n"
              "        from kit.train import generation\n\n"
-             "        job.log(generation.speed_up_generation(trainer, max_prompt_tokens=cfg.seq_len).reason)\n",
+             "        job.log(generation.speed_up_generation(trainer, max_prompt_tokens=cfg.seq_len).reason)\n"
+             "        # A stop (a signal, the deadline) while a step generates gives that step up at the next token on\n"
+             "        # every rank: the last finished step is saved and the job pauses there (kit/train/generation_stop.py).\n"
+             "        job.stop_generation_on_request(trainer)\n",
              "            # The reward functions of grpo.rewards, imported from the config's folder and dry-called on two\n"
              "            # prompts by Job.start (kit/train/rewards.py). TRL runs them on every rank, each on that rank's\n"
              "            # own completions, with every data column as a keyword argument.\n"

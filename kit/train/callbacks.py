@@ -29,12 +29,18 @@ class AtTarget(Exception):
     would end "step 5 of 4". `at_target_only_wrap_up` turns it into no step trained."""
 
 
+class StepGivenUp(Exception):
+    """Raised on every rank when a stop came during a GRPO step's generation: the last finished step is
+    saved and the job pauses there (`kit.train.generation_stop`)."""
+
+
 @contextlib.contextmanager
 def at_target_only_wrap_up():
-    """Around `trainer.train(...)`: a run resumed at its target trains nothing and goes on to the wrap-up."""
+    """Around `trainer.train(...)`: a run resumed at its target trains nothing and goes on to the wrap-up;
+    a step given up during its generation ends training there, and the job pauses."""
     try:
         yield
-    except AtTarget:
+    except (AtTarget, StepGivenUp):
         pass  # every rank stops here, before any collective: the model holds the checkpoint's weights
 
 

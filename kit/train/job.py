@@ -321,6 +321,16 @@ class Job:
             out.append(self._smoke)
         return out
 
+    def stop_generation_on_request(self, trainer) -> None:
+        """Trainer grpo: a stop asked for while a step generates gives that step up at the next token, every rank
+        together, instead of waiting for the generation, scoring and training to end (kit.train.generation_stop)."""
+        if self.smoke:
+            return
+        from kit.train.generation_stop import GenerationStop
+
+        GenerationStop(self.ctx, self.control, self.signals, self.deadline, self._save_cost_s,
+                       say=self.log, halt=self._lease_lost).attach(trainer)
+
     def _lease_lost(self) -> str | None:
         lost = self.lease.lost if self.lease is not None else None
         return f"lease lost: {lost}" if lost else None
