@@ -125,9 +125,14 @@ def job_folder(tmp_path, files, spec) -> Path:
 
 
 @pytest.mark.parametrize("files,spec,want", [c[1:] for c in STATIC_CASES], ids=[c[0] for c in STATIC_CASES])
-def test_a_wrong_reward_file_is_one_line_at_render_and_bootstrap(tmp_path, capsys, monkeypatch, files, spec, want):
+def test_a_wrong_reward_file_is_one_line_at_plan_render_and_bootstrap(tmp_path, capsys, monkeypatch, files, spec,
+                                                                      want):
     cfg = job_folder(tmp_path, files, spec)
     monkeypatch.chdir(tmp_path)
+    assert main(["plan", "--config", str(cfg), "--gpus", "2xT4"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and [ln for ln in err.splitlines() if ln.strip()] == [err.strip()], (out, err)  # no plan first
+    assert re.search(want, err), err
     assert main(["render", "--config", str(cfg), "--gpus", "2xT4", "-o", "train_ddp.py"]) == 2
     err = capsys.readouterr().err
     errors = [ln for ln in err.splitlines() if ln.startswith("error:")]

@@ -42,6 +42,9 @@ def run(args) -> int:
     if args.rdzv_endpoint is not None:
         nodes.check_endpoint(args.rdzv_endpoint)
     cfg = config.from_args(args)
+    from kit.commands.render import check_files
+
+    check_files(cfg, args.config)  # before any plan is printed: a wrong reward file is the one line
     facts = _facts(args)
     try:
         plan = planner.make_plan(facts, cfg, nproc=args.nproc, nodes=args.nodes, rdzv_endpoint=args.rdzv_endpoint)

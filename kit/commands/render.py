@@ -53,6 +53,15 @@ def machine_args(args) -> list[str]:
     return []
 
 
+def check_files(cfg, config_path: str | None) -> None:
+    """The files the script will import beside the config, read now (not run): GRPO's reward file. A wrong one is
+    one `error:` line from `kit plan`, `kit render` and `kit bootstrap`, before any plan is printed or written."""
+    if cfg.trainer == "grpo":
+        from kit.train.rewards import check_file
+
+        check_file(cfg.grpo.rewards, base=Path(config_path).parent if config_path else Path("."))
+
+
 def render_for(cfg, config_path: str, facts: dict, gpus_spec: str | None = None, *, args=None,
                output: str = "train_ddp.py") -> tuple[str, object]:
     """(script text, plan) for `cfg` on the machine `facts` describes.
@@ -62,12 +71,9 @@ def render_for(cfg, config_path: str, facts: dict, gpus_spec: str | None = None,
     """
     from kit.planning.plan import make_plan
 
+    check_files(cfg, config_path)
     plan = make_plan(facts, cfg)
     assert plan.strategy in RENDERABLE, plan.strategy
-    if cfg.trainer == "grpo":  # the reward file the script will import, read now: a wrong one is one line here
-        from kit.train.rewards import check_file
-
-        check_file(cfg.grpo.rewards, base=Path(config_path).parent if config_path else Path("."))
     rerender = render.rerender_command(config_path, machine_args(args) if args is not None else
                                        (["--gpus", gpus_spec] if gpus_spec else []),
                                        getattr(args, "overrides", None) or (), output)
