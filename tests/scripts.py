@@ -39,6 +39,22 @@ def environment(env: dict):
         os.environ.update(saved)
 
 
+def cells_until_one_fails(cells: list[str], cwd: Path, env: dict):
+    """(the notebook, the CellExecutionError): `cells` run in a real Jupyter kernel as "Run all" runs them, in `cwd`,
+    the kernel inheriting os.environ with `env` over it, until a cell fails (the test fails if none does)."""
+    import nbclient
+    import nbformat
+    import pytest
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=300, allow_errors=False,
+                                     resources={"metadata": {"path": str(cwd)}})
+    with environment({**os.environ, **env}):  # the kernel inherits this process's environment
+        with pytest.raises(nbclient.exceptions.CellExecutionError) as failed:
+            client.execute()
+    return nb, failed.value
+
+
 def kit_cli(args: list[str], *, env: dict | None = None, cwd=ROOT) -> subprocess.CompletedProcess:
     """`python -m kit ARGS` in this process, through kit.cli: its exit code, stdout and stderr.
 

@@ -10,6 +10,8 @@ import pytest
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
+from tests.scripts import cells_until_one_fails  # noqa: E402  (after the skip: it runs nbclient)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 CELLS = [
@@ -98,19 +100,9 @@ def test_a_failed_bootstrap_stops_the_notebook_and_the_next_cell_trains_nothing(
     shutil.copy(ROOT / "train_ddp.py", script)
     cells = [f"%run kit bootstrap --config configs/qwen3-8b-qlora-kaggle-t4x2.yaml -o {script}",
              "print('THE NEXT CELL RAN')"]
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=300, allow_errors=False,
-                                     resources={"metadata": {"path": str(ROOT)}})
     env = {"KIT_CACHE_DIR": str(tmp_path / "cache"), "CUDA_VISIBLE_DEVICES": "", "KIT_PLATFORM": "local"}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # the kernel inherits this process's environment
-    try:
-        with pytest.raises(nbclient.exceptions.CellExecutionError) as failed:
-            client.execute()
-    finally:
-        for k, v in old.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-    assert "CommandFailed" in str(failed.value) and "exit code 3" in str(failed.value)
+    nb, failed = cells_until_one_fails(cells, ROOT, env)
+    assert "CommandFailed" in str(failed) and "exit code 3" in str(failed)
     text = _texts(nb.cells[0])
     if "too big to train on a CPU" not in text:
         pytest.skip("this machine has a GPU that can train the 8B job: no failure to see here")

@@ -19,7 +19,7 @@ from kit.cli import main
 from kit.machine import gpu_table
 from kit.planning import config
 from kit.planning.plan import make_plan
-from tests.scripts import ROOT
+from tests.scripts import ROOT, cells_until_one_fails
 
 DPO = "configs/qwen3-8b-dpo-kaggle-t4x2.yaml"
 GRPO = "configs/qwen3-4b-grpo-kaggle-t4x2.yaml"
@@ -159,8 +159,7 @@ def test_a_reward_file_bound_in_other_ways_still_renders(tmp_path, capsys, monke
 # ---- the notebook: one kernel, the DPO and GRPO bootstraps, then a failed one -------------------
 @pytest.mark.slow
 def test_dpo_and_grpo_bootstraps_in_a_kernel_and_a_bad_reward_file_stops_the_notebook(tmp_path):
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("nbclient")
     for folder in ("configs", "data"):
         shutil.copytree(ROOT / folder, tmp_path / folder)
     shutil.copy(ROOT / "train_ddp.py", tmp_path / "train_ddp.py")  # a fresh clone's tiny default
@@ -171,19 +170,9 @@ def test_dpo_and_grpo_bootstraps_in_a_kernel_and_a_bad_reward_file_stops_the_not
              f"%run kit bootstrap --config {GRPO} --facts {T4X2}",
              f"%run kit bootstrap --config configs/bad.yaml --facts {T4X2}",
              "print('THE NEXT CELL RAN')"]
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=300, allow_errors=False,
-                                     resources={"metadata": {"path": str(tmp_path)}})
     env = {"KIT_CACHE_DIR": str(tmp_path / "cache"), "CUDA_VISIBLE_DEVICES": "", "KIT_PLATFORM": "local",
            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # the kernel inherits this process's environment
-    try:
-        with pytest.raises(nbclient.exceptions.CellExecutionError) as failed:
-            client.execute()
-    finally:
-        for k, v in old.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    nb, failed = cells_until_one_fails(cells, tmp_path, env)
 
     def text(cell):
         return "".join(o.get("text", "") + json.dumps(o.get("data", {})) for o in cell.outputs)
@@ -192,7 +181,7 @@ def test_dpo_and_grpo_bootstraps_in_a_kernel_and_a_bad_reward_file_stops_the_not
     assert "dpo (TRL's DPOTrainer)" in dpo and "adapter disabled" in dpo and "torchrun --standalone" in dpo
     assert "grpo (TRL's GRPOTrainer)" in grpo and "KV cache" in grpo and "most of each step" in grpo
     assert "Next: torchrun --standalone --nproc_per_node=2 train_ddp.py" in grpo
-    assert "exit code 2" in str(failed.value) and "has no function 'formatting'" in bad
+    assert "exit code 2" in str(failed) and "has no function 'formatting'" in bad
     assert nb.cells[3].outputs == []  # "Run all" stopped at the failed bootstrap
     # The next cell would train the script left there (the GRPO one bootstrap wrote): it refuses instead.
     done = subprocess.run([sys.executable, "train_ddp.py"], cwd=tmp_path, capture_output=True, text=True,
