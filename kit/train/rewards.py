@@ -156,12 +156,25 @@ def failure(exc: BaseException) -> str:
     return f"raised {type(exc).__name__}: {first}" if first else f"raised {type(exc).__name__}"
 
 
-def import_file(path: Path, seconds: float | None = None):
-    """The module at `path`, imported under a private name (the user's file may share a stdlib name)."""
+def located(spec: str, base: Path) -> tuple[Path, list[str]]:
+    """(the file `spec` names, found from `base` (the config's folder) unless absolute, the names): the file must
+    exist and be a file."""
+    file, names = parse_spec(spec)
+    path = Path(file) if Path(file).is_absolute() else Path(base) / file
+    _check_is_file(path)
+    return path, names
+
+
+def _check_is_file(path: Path) -> None:
     if path.is_dir():
         raise UsageError(f"rewards: {path} is a folder, not a Python file")
     if not path.is_file():
-        raise UsageError(f"rewards: {path} not found")
+        raise UsageError(f"rewards: {path} not found (grpo.rewards names a file beside the config)")
+
+
+def import_file(path: Path, seconds: float | None = None):
+    """The module at `path`, imported under a private name (the user's file may share a stdlib name)."""
+    _check_is_file(path)
     name = f"kit_rewards_{abs(hash(str(path.resolve())))}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
@@ -179,6 +192,9 @@ def import_file(path: Path, seconds: float | None = None):
     return module
 
 
+NO_KWARGS = "it takes no **kwargs (TRL passes prompts, completion_ids, trainer_state and every dataset column)"
+
+
 def signature_problem(func, columns: set | None = None) -> str | None:
     """Why TRL could not call `func` with completions and keyword columns, or None.
 
@@ -190,7 +206,7 @@ def signature_problem(func, columns: set | None = None) -> str | None:
         return "its signature cannot be read"
     params = sig.parameters.values()
     if not any(p.kind is p.VAR_KEYWORD for p in params):
-        return "it takes no **kwargs (TRL passes prompts, completion_ids, trainer_state and every dataset column)"
+        return NO_KWARGS
     known = {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"}
     known |= set(columns or ()) - {"prompt", "completion", "completion_ids"}
     for p in params:
@@ -297,10 +313,7 @@ def check_file(spec: str, *, base: Path) -> None:
     than a script that stops at launch; the launch still imports and dry-calls the functions (load_rewards)."""
     import ast
 
-    file, names = parse_spec(spec)
-    path = Path(file) if Path(file).is_absolute() else Path(base) / file
-    if not path.is_file():
-        raise UsageError(f"rewards: {path} not found (grpo.rewards names a file beside the config: {spec})")
+    path, names = located(spec, base)
     try:
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     except (SyntaxError, UnicodeDecodeError, ValueError) as exc:
@@ -327,8 +340,7 @@ def check_file(spec: str, *, base: Path) -> None:
             raise UsageError(f"rewards: {path.name} has no function {name!r} (it defines: "
                              f"{', '.join(defined) or 'no functions'})")
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.args.kwarg is None:
-            raise UsageError(f"rewards: {path.name}:{name} cannot be called by TRL: it takes no **kwargs (TRL passes "
-                             "prompts, completion_ids, trainer_state and every dataset column)")
+            raise UsageError(f"rewards: {path.name}:{name} cannot be called by TRL: {NO_KWARGS}")
 
 
 def load_rewards(spec: str, *, base: Path, rows: dict | None = None, notes: list | None = None,
@@ -338,8 +350,7 @@ def load_rewards(spec: str, *, base: Path, rows: dict | None = None, notes: list
     import and each dry call (grpo.reward_timeout; CALL_SECONDS when not given).
 
     Relative files are found from `base` (the config's folder)."""
-    file, names = parse_spec(spec)
-    path = Path(file) if Path(file).is_absolute() else Path(base) / file
+    path, names = located(spec, base)
     module = import_file(path, seconds)
     funcs, by_name = [], {}
     for name in names:
