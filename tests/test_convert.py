@@ -844,14 +844,19 @@ def test_dry_run_refuses_a_head_its_stand_in_has_not(tmp_path, capsys, loader, r
         assert code == 0 and out.exists(), err
 
 
-def test_missing_token_stops_before_any_work(tmp_path):
-    """A notebook that pushes: without a token the script stops at the top, before loading anything."""
+def test_missing_token_stops_before_any_work(tmp_path, monkeypatch):
+    """A notebook that pushes: without a token the script stops at the top, before loading anything.
+    The script runs in this process (runpy): huggingface_hub read where a saved token lives when it was
+    imported, so that path is pointed at an empty folder here as HF_TOKEN_PATH does for a new process."""
+    from huggingface_hub import constants
+
+    from tests.scripts import cpu_env, train_here
+
     nb = make_nb(tmp_path, ["import trl\nopen('started', 'w').close()", *TRAIN, "trainer.push_to_hub()"])
     assert main(["convert", str(nb), "-o", str(tmp_path / "train_ddp.py")]) == 0
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
-    env.update(HF_HOME=str(tmp_path / "hf"), HF_TOKEN_PATH=str(tmp_path / "hf" / "token"), CUDA_VISIBLE_DEVICES="")
-    res = subprocess.run([sys.executable, "train_ddp.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=120)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "hf" / "token"))
+    env = {k: v for k, v in cpu_env().items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
+    res = train_here([], env=env, script=tmp_path / "train_ddp.py", cwd=tmp_path)
     assert res.returncode == 1 and "set HF_TOKEN" in res.stderr
     assert not (tmp_path / "started").exists()
 
