@@ -11,10 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import nbformat
 import pytest
-import torch
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from kit.cli import main
 from kit.machine.command import shell_word
@@ -30,6 +27,9 @@ TRAIN = ["from trl import SFTTrainer, SFTConfig",
 
 def make_nb(tmp_path: Path, cells: list[str], name: str = "nb.ipynb") -> Path:
     """A notebook whose cells are `cells` (a "md:" prefix makes a markdown cell)."""
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
     nb = new_notebook(cells=[new_markdown_cell(c[3:]) if c.startswith("md:") else new_code_cell(c) for c in cells])
     path = tmp_path / name
     nbformat.write(nb, str(path))
@@ -599,6 +599,8 @@ def test_a_definition_after_training_is_on_rank_0_with_the_values_it_names(tmp_p
 def test_a_cuda_device_variable_stays_comparable_and_a_numbered_one_follows_the_rank(tmp_path):
     """smol-course's ORPO notebook: `device = "cuda" if … else "cpu"` became rank_device (an int),
     so its later `if device == "cuda":` silently took the other branch (another optimizer)."""
+    import torch
+
     conv = convert_notebook(make_nb(tmp_path, [
         "import torch\ndevice = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
         "optim = 'adamw_torch_fused' if device == 'cuda' else 'adamw_torch'\nplain = 'cuda'\none = 'cuda:0'",

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file
 
 from kit.checkpoints.store.hub import HubStore
 from tests.hubserver import WRITE_TOKEN, HubServer
@@ -43,6 +42,8 @@ def hub_env(server, **extra):
 
 
 def adapter(ckpt: Path) -> dict:
+    from safetensors.torch import load_file  # imports torch: only where a test reads an adapter
+
     return load_file(Path(ckpt) / "adapter_model.safetensors")
 
 
