@@ -527,6 +527,25 @@ def test_under_torchrun_a_reward_that_hangs_or_exits_stops_every_rank_with_one_l
     assert "trainable parameters" not in log and not any((tmp_path / "out").glob("checkpoint-*"))
 
 
+@pytest.mark.slow
+def test_under_torchrun_a_reward_that_fails_on_one_rank_only_is_said_in_one_line(script, tmp_path):
+    # Rank 1's completions break the reward at step 2, rank 0's never do. Before, only rank 0 spoke for the job:
+    # rank 1's error line was never printed, and rank 0 died in its next collective with gloo's traceback.
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "r.py").write_text(LATER + "    import os\n    if late and os.environ.get('RANK') == '1':\n"
+                                 "        raise KeyError('answer')\n    return [1.0] * len(completions)\n")
+    (folder / "job.yaml").write_text((ROOT / CONFIG).read_text().replace("grpo_rewards.py:json_format,brevity", "r.py:ok")
+                                     .replace("data/grpo_prompts.jsonl", str(ROOT / "data" / "grpo_prompts.jsonl")))
+    r = run(script, ["--config", str(folder / "job.yaml"), f"output_dir={tmp_path / 'out'}", "max_steps=4",
+                     "eval.baseline=false"], env(), timeout=300)
+    log = r.stdout + r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert r.returncode == 1 and len(errors) == 2, log[-3000:]  # the line, and again after torchrun's report
+    assert all("rewards: ok raised KeyError: 'answer' at step 2" in ln for ln in errors), errors
+    assert "[rank0]" not in log and "RuntimeError" not in log, log[-3000:]  # no traceback from the rank it stopped
+
+
 def test_a_rank_that_cannot_import_the_rewards_stops_with_one_line(tmp_path):
     # The other ranks import the file rank 0 checked; one that cannot (a file only rank 0's machine has) raises
     # the error on every rank (dist.gather) instead of leaving the others waiting in training.
