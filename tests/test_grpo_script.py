@@ -350,6 +350,19 @@ def test_a_system_prompt_for_a_model_without_a_chat_template_is_one_line(box):
     assert data.prepare(grpo_cfg(data__path="q.jsonl"), tokenizer).format == "prompts"  # plain strings need none
 
 
+def test_a_system_prompt_that_leaves_no_prompt_under_seq_len_says_so(box):
+    from transformers import AutoTokenizer
+
+    from kit.errors import UsageError
+    from kit.train import data
+
+    (box / "q.jsonl").write_text(prompt_rows([{"prompt": f"light {i}", "answer": "x"} for i in range(10)]))
+    tokenizer = AutoTokenizer.from_pretrained(str(box / "models" / "tiny-qwen3"))
+    with pytest.raises(UsageError, match=r"the shortest has \d+; grpo.system_prompt's \d+ tokens are in each\)"):
+        data.prepare(grpo_cfg(data__path="q.jsonl", seq_len=64, grpo__system_prompt=" ".join(["light"] * 200)),
+                     tokenizer)
+
+
 def test_prompts_longer_than_seq_len_are_left_out_and_counted(box):
     from transformers import AutoTokenizer
 

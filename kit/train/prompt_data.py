@@ -166,8 +166,10 @@ def prepare(cfg, tokenizer) -> tuple:
     keep = [i for i, n in enumerate(lengths) if n <= cfg.seq_len]
     dropped = len(ds) - len(keep)
     if not keep:
+        system = "" if cfg.grpo.system_prompt is None else (
+            f"; grpo.system_prompt's {len(tokenizer(text=cfg.grpo.system_prompt)['input_ids'])} tokens are in each")
         raise UsageError(f"every prompt of {cfg.data.path} is longer than seq_len={cfg.seq_len} tokens (the shortest "
-                         f"has {min(lengths)}): raise seq_len, or shorten the prompts")
+                         f"has {min(lengths)}{system}): raise seq_len, or shorten the prompts")
     if dropped:
         ds = ds.select(keep)
     train, evald, dups = split_held_out(ds, cfg, "prompts")
