@@ -397,8 +397,12 @@ if __name__ == "__main__":
     try:
         sys.exit(main(sys.argv[1:]))
     except KitError as e:  # bad config, data, store or hardware: one line and its exit code
-        last_word.say_error(e)  # rank 0; under torchrun said again after torchrun's own report
+        last_word.say_error(e)  # the first rank to stop says it; under torchrun again after torchrun's report
         sys.exit(e.exit_code)
+    except Exception:  # a collective whose peer stopped with its error line: that line says why, not a traceback
+        if not last_word.another_rank_said_it():
+            raise
+        sys.exit(1)
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM outside training (evaluation, wrap-up); in training it pauses
         print(f"interrupted{getattr(e, 'by', '')}: stopped; every checkpoint already saved is kept, and the same "
               "command resumes", file=sys.stderr)

@@ -129,3 +129,28 @@ def test_a_rank_launched_without_its_peers_is_one_line_exit_2_not_a_hang(tmp_pat
     assert done.returncode == 2 and len(errors) == 1 and want in errors[0], done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "o").exists()  # refused before anything was written
+
+
+def test_under_torchrun_the_first_rank_to_stop_says_the_error_and_the_others_stay_quiet(monkeypatch, tmp_path, capsys):
+    # One launch (its run id and agent): whichever rank claims first says the line; the claim is what another
+    # rank's crash in a collective is checked against. Outside torchrun a process always speaks.
+    from kit.errors import UsageError
+    from kit.train import last_word
+
+    monkeypatch.setattr(last_word.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(last_word, "repeat_after_torchrun", lambda *a, **k: False)  # no watcher: no agent here
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    assert last_word.claim_error() is True and not last_word.another_rank_said_it(wait_s=0)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "launch-a")
+    monkeypatch.setenv("RANK", "1")
+    assert not last_word.another_rank_said_it(wait_s=0.1)
+    last_word.say_error(UsageError("rank 1 only"))
+    assert capsys.readouterr().err.lstrip("\n").startswith("error: rank 1 only")  # on a line of its own
+    monkeypatch.setenv("RANK", "0")
+    assert last_word.another_rank_said_it(wait_s=0)
+    last_word.say_error(UsageError("the same, from rank 0"))
+    assert capsys.readouterr().err == ""  # rank 1 said it first
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "launch-b")  # the next launch speaks again
+    last_word.say_error(UsageError("next launch"))
+    assert "error: next launch" in capsys.readouterr().err

@@ -62,6 +62,7 @@ def at_root(monkeypatch):
     ("plan_8b_qlora_2xT4.txt", ("plan", "--config", "configs/qwen3-8b-qlora-kaggle-t4x2.yaml", "--gpus", "2xT4")),
     ("plan_p100_refused.txt", ("plan", "--gpus", "1xP100")),
     ("plan_8b_dpo_2xT4.txt", ("plan", "--config", "configs/qwen3-8b-dpo-kaggle-t4x2.yaml", "--gpus", "2xT4")),
+    ("plan_8b_kto_2xT4.txt", ("plan", "--config", "configs/qwen3-8b-kto-kaggle-t4x2.yaml", "--gpus", "2xT4")),
     ("plan_4b_grpo_2xT4.txt", ("plan", "--config", "configs/qwen3-4b-grpo-kaggle-t4x2.yaml", "--gpus", "2xT4")),
 ])
 def test_plan_text(capsys, name, args):

@@ -292,6 +292,76 @@ def test_prompts_keep_their_columns_for_the_rewards_and_a_mapped_prompt_is_read(
     assert rows["answer"] == ["0", "1"] and "row_hash" not in rows
 
 
+def test_a_system_prompt_goes_first_in_every_prompt_the_trainer_and_the_evaluation_see(box):
+    # GSM8K's questions are plain strings: without a system message the model is never told the answer format the
+    # rewards score. grpo.system_prompt makes each string prompt [system, user], puts the system message first in a
+    # chat prompt, and keeps a chat prompt's own system message.
+    from transformers import AutoTokenizer
+
+    from kit.train import data
+
+    tokenizer = AutoTokenizer.from_pretrained(str(box / "models" / "tiny-qwen3"))
+    system = "Answer as JSON.\nThen stop."
+
+    def seen(rows, **changes):
+        (box / "q.jsonl").write_text(prompt_rows(rows))
+        prepared = data.prepare(grpo_cfg(data__path="q.jsonl", data__eval_fraction=0.25, **changes), tokenizer)
+        assert len(prepared.eval) > 0  # the held-out prompts the baseline and final evaluation generate for
+        prompts = list(prepared.train["prompt"]) + list(prepared.eval["prompt"])
+        return {(p[-1]["content"] if isinstance(p, list) else p): p for p in prompts}
+
+    strings = seen([{"prompt": f"turn on light {i}", "answer": str(i)} for i in range(12)], grpo__system_prompt=system)
+    assert len(strings) == 12 and strings["turn on light 3"] == [{"role": "system", "content": system},
+                                                                  {"role": "user", "content": "turn on light 3"}]
+    chats = seen([{"prompt": [{"role": "user", "content": f"dim lamp {i}"}], "answer": "x"} for i in range(8)]
+                 + [{"prompt": [{"role": "system", "content": "theirs"}, {"role": "user", "content": f"open door {i}"}],
+                     "answer": "y"} for i in range(4)], grpo__system_prompt=system)
+    assert chats["dim lamp 5"] == [{"role": "system", "content": system}, {"role": "user", "content": "dim lamp 5"}]
+    assert chats["open door 1"][0] == {"role": "system", "content": "theirs"} and len(chats["open door 1"]) == 2
+    unset = seen([{"prompt": f"turn on light {i}", "answer": str(i)} for i in range(12)])
+    assert unset["turn on light 3"] == "turn on light 3"  # without it, the prompts as they are
+
+
+@pytest.mark.parametrize("value,want", [
+    ("", "must not be empty"),
+    ("a\x1bb", "holds a control character (NUL, ESC, a carriage return)"),
+])
+def test_a_system_prompt_that_cannot_be_text_is_one_line(value, want):
+    from kit.errors import UsageError
+
+    with pytest.raises(UsageError, match=re.escape(want)):
+        config.load(str(ROOT / CONFIG), [f"grpo.system_prompt={value}"])
+    assert config.load(str(ROOT / CONFIG), ["grpo.system_prompt=line one\n\tline two"]).grpo.system_prompt == \
+        "line one\n\tline two"
+
+
+def test_a_system_prompt_for_a_model_without_a_chat_template_is_one_line(box):
+    from transformers import AutoTokenizer
+
+    from kit.errors import UsageError
+    from kit.train import data
+
+    (box / "q.jsonl").write_text(prompt_rows([{"prompt": f"light {i}", "answer": "x"} for i in range(10)]))
+    tokenizer = AutoTokenizer.from_pretrained(str(box / "models" / "tiny-qwen3"))
+    tokenizer.chat_template = None
+    with pytest.raises(UsageError, match="grpo.system_prompt makes every prompt chat messages, but the tokenizer"):
+        data.prepare(grpo_cfg(data__path="q.jsonl", grpo__system_prompt="be brief"), tokenizer)
+    assert data.prepare(grpo_cfg(data__path="q.jsonl"), tokenizer).format == "prompts"  # plain strings need none
+
+
+def test_a_system_prompt_that_leaves_no_prompt_under_seq_len_says_so(box):
+    from transformers import AutoTokenizer
+
+    from kit.errors import UsageError
+    from kit.train import data
+
+    (box / "q.jsonl").write_text(prompt_rows([{"prompt": f"light {i}", "answer": "x"} for i in range(10)]))
+    tokenizer = AutoTokenizer.from_pretrained(str(box / "models" / "tiny-qwen3"))
+    with pytest.raises(UsageError, match=r"the shortest has \d+; grpo.system_prompt's \d+ tokens are in each\)"):
+        data.prepare(grpo_cfg(data__path="q.jsonl", seq_len=64, grpo__system_prompt=" ".join(["light"] * 200)),
+                     tokenizer)
+
+
 def test_prompts_longer_than_seq_len_are_left_out_and_counted(box):
     from transformers import AutoTokenizer
 
@@ -523,6 +593,25 @@ def test_under_torchrun_a_reward_that_hangs_or_exits_stops_every_rank_with_one_l
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert errors and all(want in ln for ln in errors) and "[kit exit 2" in errors[0], log[-3000:]
     assert "trainable parameters" not in log and not any((tmp_path / "out").glob("checkpoint-*"))
+
+
+@pytest.mark.slow
+def test_under_torchrun_a_reward_that_fails_on_one_rank_only_is_said_in_one_line(script, tmp_path):
+    # Rank 1's completions break the reward at step 2, rank 0's never do. Before, only rank 0 spoke for the job:
+    # rank 1's error line was never printed, and rank 0 died in its next collective with gloo's traceback.
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "r.py").write_text(LATER + "    import os\n    if late and os.environ.get('RANK') == '1':\n"
+                                 "        raise KeyError('answer')\n    return [1.0] * len(completions)\n")
+    (folder / "job.yaml").write_text((ROOT / CONFIG).read_text().replace("grpo_rewards.py:json_format,brevity", "r.py:ok")
+                                     .replace("data/grpo_prompts.jsonl", str(ROOT / "data" / "grpo_prompts.jsonl")))
+    r = run(script, ["--config", str(folder / "job.yaml"), f"output_dir={tmp_path / 'out'}", "max_steps=4",
+                     "eval.baseline=false"], env(), timeout=300)
+    log = r.stdout + r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert r.returncode == 1 and len(errors) == 2, log[-3000:]  # the line, and again after torchrun's report
+    assert all("rewards: ok raised KeyError: 'answer' at step 2" in ln for ln in errors), errors
+    assert "[rank0]" not in log and "RuntimeError" not in log, log[-3000:]  # no traceback from the rank it stopped
 
 
 def test_a_rank_that_cannot_import_the_rewards_stops_with_one_line(tmp_path):

@@ -152,10 +152,11 @@ def test_cpu_only_tiny_default_plans_and_big_models_are_refused():
     assert codes(p)[:2] == ["model", "cpu_only"]
     p2 = make_plan(CPU_ONLY, cfg(), nproc=2)
     assert p2.strategy == "ddp" and p2.launch.split() == TORCHRUN2
-    with pytest.raises(CannotTrain, match="too big to train on a CPU"):
-        make_plan(CPU_ONLY, cfg("model=Qwen/Qwen3-1.7B"))
-    with pytest.raises(CannotTrain, match="needs a CUDA GPU"):
-        make_plan(CPU_ONLY, cfg("method=qlora"))
+    for refused, match in (("model=Qwen/Qwen3-1.7B", "too big to train on a CPU"),
+                           ("method=qlora", "needs a CUDA GPU")):
+        with pytest.raises(CannotTrain, match=match) as e:
+            make_plan(CPU_ONLY, cfg(refused))
+        assert "cpu_only" not in codes(e.value.plan)  # no "fine for the tiny default" above the refusal
     with pytest.raises(CannotTrain, match="GiB of RAM"):
         make_plan({**CPU_ONLY, "ram_bytes": 2**20}, cfg())
 

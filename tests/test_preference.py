@@ -133,6 +133,19 @@ def test_unsloth_runs_dpo_with_its_figure_but_not_kto_and_says_why():
     assert asked.backend == "transformers"
 
 
+def test_grpo_keeps_the_plain_stack_under_unsloth_with_the_measured_figure():
+    # bench/results/grpo_speed_unsloth_h100.json: Unsloth without vLLM 3.70 s a step, kit's generation 2.57 s
+    with_unsloth = copy.deepcopy(KAGGLE_T4X2)
+    with_unsloth["packages"]["unsloth"] = "2026.1.1"
+    for asked in ("auto", "unsloth"):
+        plan = make_plan(with_unsloth, cfg(*QWEN8_QLORA, "trainer=grpo", f"backend={asked}",
+                                           "grpo.rewards=configs/gsm8k_rewards.py:correct"), nproc=1)
+        assert plan.backend == "transformers"
+        figures = reason(plan, "backend_grpo_plain")
+        assert figures["ratio"] > 1
+        assert figures["ratio"] == pytest.approx(figures["unsloth_step_s"] / figures["kit_step_s"], abs=0.01)
+
+
 def test_dpo_compiles_its_layers_only_when_asked_and_says_the_figure():
     auto = make_plan(H200, cfg(*QWEN8_QLORA, "trainer=dpo"))
     assert not auto.compile_layers

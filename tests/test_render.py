@@ -234,3 +234,14 @@ def test_a_script_written_under_another_name_names_itself(tmp_path, monkeypatch,
     assert "train_ddp.py" not in doc
     assert words_in(doc, "torchrun", "--standalone", "--nproc_per_node=2", str(out), "#", "the", "plan:")
     assert f"python {out} --smoke" in doc and f"-o {out} --force" in doc
+
+
+@pytest.mark.parametrize("config", ["default", "dpo-tiny", "kto-tiny", "grpo-tiny"])
+def test_every_kit_module_the_script_imports_is_used(config):
+    r = kit("render", "--config", f"configs/{config}.yaml", "--stdout")
+    assert r.returncode == 0, r.stderr
+    tree = ast.parse(r.stdout)
+    imported = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                and (node.module or "").startswith("kit") for alias in node.names}
+    used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    assert imported and imported <= used, sorted(imported - used)

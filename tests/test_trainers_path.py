@@ -22,6 +22,7 @@ from kit.planning.plan import make_plan
 from tests.scripts import ROOT, cells_until_one_fails
 
 DPO = "configs/qwen3-8b-dpo-kaggle-t4x2.yaml"
+KTO = "configs/qwen3-8b-kto-kaggle-t4x2.yaml"
 GRPO = "configs/qwen3-4b-grpo-kaggle-t4x2.yaml"
 T4X2 = str(ROOT / "tests" / "fixtures" / "machines" / "kaggle_t4x2.json")
 
@@ -41,17 +42,18 @@ def codes(plan) -> dict:
 
 # ---- the shipped configs ------------------------------------------------------------------------
 @pytest.mark.parametrize("gpus", ["T4", "2xT4", "L4", "A100-40", "H100"])
-def test_the_dpo_and_grpo_configs_plan_on_the_gpus_users_have(gpus):
-    dpo, grpo = plan_of(DPO, gpus), plan_of(GRPO, gpus)
-    assert (dpo.trainer, grpo.trainer) == ("dpo", "grpo")
-    assert dpo.quantization == "nf4" and dpo.reference == "adapter_disabled"
-    assert dpo.global_batch == 16 and grpo.global_batch == 16
+def test_the_dpo_kto_and_grpo_configs_plan_on_the_gpus_users_have(gpus):
+    dpo, kto, grpo = plan_of(DPO, gpus), plan_of(KTO, gpus), plan_of(GRPO, gpus)
+    assert (dpo.trainer, kto.trainer, grpo.trainer) == ("dpo", "kto", "grpo")
+    for plan in (dpo, kto):
+        assert plan.quantization == "nf4" and plan.reference == "adapter_disabled" and plan.global_batch == 16
+    assert grpo.global_batch == 16
     # GRPO: whole groups of 8 completions per rank's share; no reference pass at beta 0.
     assert grpo.per_device_batch * grpo.grad_accum % 8 == 0 and "reference_none_grpo" in codes(grpo)
-    for plan in (dpo, grpo):
+    for plan in (dpo, kto, grpo):
         assert plan.memory["per_gpu_bytes"] <= plan.memory["budget_bytes"]
     if gpus == "2xT4":
-        assert (dpo.strategy, grpo.strategy, dpo.precision) == ("ddp", "ddp", "fp16")
+        assert (dpo.strategy, kto.strategy, grpo.strategy, dpo.precision) == ("ddp", "ddp", "ddp", "fp16")
 
 
 def test_the_grpo_plan_says_generation_dominates_the_step_and_why_no_vllm(capsys):
@@ -74,7 +76,7 @@ def test_the_sft_plan_has_no_trainer_row_and_dpo_names_its_trainer(capsys):
 
 
 def test_the_data_to_change_is_named_in_each_config():
-    for path in (DPO, GRPO):
+    for path in (DPO, KTO, GRPO):
         text = (ROOT / path).read_text()
         assert "YOUR DATA" in text and re.search(r"^\s+path: \S+\s+# CHANGE ME", text, re.M), path
 

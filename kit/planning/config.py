@@ -103,6 +103,10 @@ class GrpoConfig:
     beta: float = _f(0.0, "KL coefficient against the reference (the starting model); 0 = no reference pass, "
                      "as TRL's default; with LoRA the reference is the base with the adapter disabled")
     loss_type: str = _f("dapo", "dapo | grpo | dr_grpo | bnpo: TRL's GRPO loss (dapo: token-level, TRL's default)")
+    system_prompt: str | None = _f(None, "a system message put before every prompt, e.g. the answer format the rewards "
+                                   "score: a string prompt becomes chat messages (this system message, then the prompt "
+                                   "as the user's), a chat prompt without a system message gets it first; null = the "
+                                   "prompts as they are")
     reward_timeout: float = _f(300.0, "most seconds one call of a reward function may take (the file's import and "
                                "the dry call on 2 rows too); past it the job stops with one error line naming it "
                                "instead of every rank waiting")

@@ -41,7 +41,11 @@ _POSITIVE = {"seq_len", "per_device_batch", "global_batch", "epochs", "max_steps
              "logging_steps", "eval_steps", "lora.r", "lora.alpha", "eval.subset", "eval.min_rows",
              "eval.max_new_tokens", "dpo.beta", "kto.beta", "grpo.num_generations",
              "grpo.max_completion_length", "grpo.temperature", "grpo.reward_timeout"}
-_NON_EMPTY = {"model", "output_dir", "data.path", "data.split", "store", "revision", "resume", "grpo.rewards"}
+_NON_EMPTY = {"model", "output_dir", "data.path", "data.split", "store", "revision", "resume", "grpo.rewards",
+              "grpo.system_prompt"}
+# Free text, not a name, path or column: lines and tabs are part of it (the script holds it as an escaped literal).
+_TEXT = {"grpo.system_prompt"}
+_TEXT_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _NON_NEGATIVE = {"warmup_steps", "weight_decay", "max_grad_norm", "learning_rate", "eval.samples", "squash_history_every",
                  "kto.desirable_weight", "kto.undesirable_weight", "grpo.beta"}
 _CHOICES = {"method": METHODS, "backend": BACKENDS, "data.format": FORMATS, "optimizer": OPTIMIZERS,
@@ -103,9 +107,11 @@ def _refuse_controls(key: str, value, where: str) -> None:
     allowed: the script holds them as escaped literals and kit prints them escaped.)"""
     strings = value if isinstance(value, list) else [*value.keys(), *value.values()] if isinstance(value, dict) \
         else [value]
-    if any(isinstance(v, str) and _CONTROL.search(v) for v in strings):
-        raise UsageError(f"config key {shown(key, quote=True)}{where} holds a control character (newline, tab, NUL, "
-                         f"ESC): {shown(value, quote=True)}")
+    control = _TEXT_CONTROL if key in _TEXT else _CONTROL
+    if any(isinstance(v, str) and control.search(v) for v in strings):
+        kinds = "NUL, ESC, a carriage return" if key in _TEXT else "newline, tab, NUL, ESC"
+        raise UsageError(f"config key {shown(key, quote=True)}{where} holds a control character ({kinds}): "
+                         f"{shown(value, quote=True)}")
 
 
 def check_value(key: str, f: dataclasses.Field, value, source: str):

@@ -89,4 +89,10 @@ MEASURED = {
     # LoRA r16, 8 generations x 256 tokens from one 128-token prompt (bench/results/grpo_speed_h100.json): 3.26 s
     # a step against 15.31 s, 2.80 s of it generating (11 ms a token) and 0.46 s training.
     "grpo_step_h100": {"vs_trl": 0.21, "step_s": 3.26, "generation_s": 2.80},
+    # The same GRPO step through Unsloth 2026.10 without vLLM (FastLanguageModel, fast_inference=False, its LoRA
+    # and gradient checkpointing, its CUDA-graph decoding), kit's generation and TRL direct in one run
+    # (bench/results/grpo_speed_unsloth_h100.json): Unsloth 3.70 s a step (2.92 s generating, 11.4 ms a token;
+    # 5.04 GiB peak), kit 2.57 s (2.15 s, 8.4 ms; 4.29 GiB), TRL 13.22 s.
+    "grpo_unsloth_vs_kit": {"ratio": 1.44, "unsloth_step_s": 3.70, "kit_step_s": 2.57, "unsloth_peak_gib": 5.04,
+                            "kit_peak_gib": 4.29},
 }

@@ -324,7 +324,6 @@ def _refuse(plan: _Draft, message: str):
 
 def _cpu_plan(facts, cfg, model, plan: _Draft, nproc, quantized: bool) -> Plan:
     plan.device, plan.gpu, plan.nproc = "cpu", "cpu", nproc or 1
-    plan.said(why("cpu_only"))
     if model.params > CPU_MAX_PARAMS:
         _refuse(plan, f"{cfg.model} has {model.params / 1e9:.1f}B parameters: too big to train on a CPU; "
                       "use a GPU machine (Kaggle T4×2, Colab T4) or a model under 1B")
@@ -340,6 +339,7 @@ def _cpu_plan(facts, cfg, model, plan: _Draft, nproc, quantized: bool) -> Plan:
     if cfg.strategy == "fsdp" and plan.nproc < 2:
         _refuse(plan, "strategy fsdp on one CPU process has nothing to shard over (FSDP on the CPU is for checking "
                       "the script, over gloo): use --nproc 2 or more, or strategy=auto")
+    plan.said(why("cpu_only"))  # after the refusals: a refused plan says no "fine for the tiny default"
     plan.optimizer, swapped = device_rules.cpu_optimizer("adamw_torch" if cfg.optimizer == "auto" else cfg.optimizer)
     ram = facts.ram_bytes or CPU_ASSUMED_RAM  # ranks on a CPU share the machine's memory
     plan.batching, batching_said = speed.batching(cfg, None)

@@ -144,7 +144,9 @@ def _other_sections(cfg) -> None:
 
 # Trainers kit runs under Unsloth: importing unsloth first patches TRL's trainer (its PatchFastRL
 # rewrites DPOTrainer; PatchDPOTrainer itself is a no-op in Unsloth 2026.10), and the script loads the model
-# through FastLanguageModel as for sft. KTO under Unsloth is not measured: the plain stack.
+# through FastLanguageModel as for sft. KTO under Unsloth is not measured: the plain stack. GRPO under
+# Unsloth without vLLM was measured slower than kit's own generation pass (MEASURED["grpo_unsloth_vs_kit"]):
+# the plain stack, saying so.
 UNSLOTH_TRAINERS = ("sft", "dpo")
 # Trainers whose compiled decoder layers were measured (compile=on accepted). DPO's fused log-probability
 # head sits after the decoder layers, which are what kit compiles (bench/results/dpo_speed_h100.json).
@@ -156,6 +158,8 @@ def backend(cfg, chosen: str) -> tuple[str, Reason | None]:
     else the plain stack, with the Reason."""
     if chosen != "unsloth" or of(cfg).name in UNSLOTH_TRAINERS:
         return chosen, None
+    if of(cfg).name == "grpo":
+        return "transformers", why("backend_grpo_plain", **MEASURED["grpo_unsloth_vs_kit"])
     return "transformers", why("backend_trainer_plain", trainer=of(cfg).name,
                                unsloth_trainers=" and ".join(UNSLOTH_TRAINERS))
 

@@ -94,6 +94,11 @@ TEMPLATES = {
                                   "second, frozen copy of the starting model."),
     "backend_trainer_plain": ("backend transformers for trainer {trainer}: kit runs Unsloth for {unsloth_trainers} "
                               "only (its {trainer_upper} patch is not measured)."),
+    "backend_grpo_plain": ("backend transformers for trainer grpo: Unsloth without vLLM took {ratio:.2f}x kit's step "
+                           "time ({unsloth_step_s:.2f} against {kit_step_s:.2f} s, {unsloth_peak_gib:.2f} against "
+                           "{kit_peak_gib:.2f} GiB; H100, Qwen3-1.7B LoRA, 8 x 256 tokens), kit's generation pass is "
+                           "the faster one; Unsloth's own GRPO speed comes with vLLM (fast_inference=True), which "
+                           "kit does not run beside the trained model."),
     "batching_trainer": ("batching padded for trainer {trainer}: TRL's {trainer_upper}Trainer pads its batches "
                          "(its padding_free falls back to padding)."),
     "batching_trainer_grpo": ("batching padded for trainer grpo: TRL's GRPOTrainer pads its batches (prompts on the "

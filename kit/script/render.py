@@ -45,6 +45,8 @@ TRAINERS = {
              "            # own completions, with every data column as a keyword argument.\n"
              "            reward_funcs=job.reward_funcs,\n"),
 }
+# The kit.train modules every script uses; `collate` only where the trainer's own lines call it (sft).
+TRAIN_MODULES = ("callbacks", "data", "disk", "dist", "last_word", "modeling", "output_dir", "sharding", "tracking")
 METHOD_WORDS = {"lora": "LoRA", "qlora": "QLoRA (4-bit nf4 base + LoRA)", "full": "full fine-tuning"}
 
 
@@ -111,6 +113,9 @@ def render(cfg: config.RunConfig, plan: Plan, config_path: str, machine: str, re
     unsloth_import = ("    import unsloth  # noqa: F401  (first: Unsloth patches transformers and trl on import)\n\n"
                       if backend == "unsloth" else "")
     config_class, trainer_class, after, trainer_kwargs = TRAINERS[cfg.trainer]
+    trainer_args = (TEMPLATE.parent / "trainer_args" / f"{cfg.trainer}.py.tmpl").read_text()
+    uses_collate = "collate." in trainer_kwargs + trainer_args
+    train_modules = ", ".join(sorted((*TRAIN_MODULES, "collate") if uses_collate else TRAIN_MODULES))
     words = {  # text from the user (paths, names, overrides) that lands in the docstring and comments
         "model": cfg.model, "method_words": METHOD_WORDS[cfg.method], "config_path": Path(config_path).as_posix(),
         "strategy_words": _strategy_words(kept), "plan_machine": machine,
@@ -127,7 +132,7 @@ def render(cfg: config.RunConfig, plan: Plan, config_path: str, machine: str, re
         run_config=f"{'python ' + script + ' --config other.yaml':<52} ",
         unsloth_import=unsloth_import,
         config_class=config_class, trainer_class=trainer_class, trainer_after=after, trainer_kwargs=trainer_kwargs,
-        trainer_args=(TEMPLATE.parent / "trainer_args" / f"{cfg.trainer}.py.tmpl").read_text(),
+        trainer_args=trainer_args, train_modules=train_modules,
         report_to=cfg.report_to,
         kit_version=__version__,
         settings=_literal(_settings(cfg)),

@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 WAIT_S = 60.0  # torchrun's agent gives its ranks 30 s to stop by default, then kills them
 
@@ -28,6 +30,7 @@ _WATCHER = """
 import os, sys, time
 pid, line, deadline = int(sys.argv[1]), sys.argv[2], time.monotonic() + float(sys.argv[3])
 out = sys.stderr if sys.argv[4] == "stderr" else sys.stdout
+claim = sys.argv[5] if len(sys.argv) > 5 else ""
 def gone():
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -45,25 +48,80 @@ while time.monotonic() < deadline:
         print(line, file=out, flush=True)
         break
     time.sleep(0.02)
+if claim:
+    try:
+        os.unlink(claim)
+    except FileNotFoundError:
+        pass
 """
 
 
 def say_error(err) -> None:
-    """Rank 0's one `error:` line for a KitError; under torchrun, said again after its report.
+    """The job's one `error:` line for a KitError; under torchrun, said again after its report.
 
-    torchrun answers a rank's exit 2, 3 or 4 with its own exit 1 and a ChildFailedError report
-    printed after the rank's line: the repeat makes the last line name kit's code.
+    Under torchrun the first rank to stop with a KitError says it (`claim_error`) and the others
+    stay quiet: an error every rank hits is one line, and one that only some rank hits (a reward
+    function failing on that rank's completions, a file only its node lacks) is still said, where
+    before only rank 0 spoke and such a line was lost behind torchrun's report. torchrun answers
+    a rank's exit 2, 3 or 4 with its own exit 1 and a ChildFailedError report printed after the
+    rank's line: the repeat makes the last line name kit's code.
     """
     from kit.errors import exit_words
 
-    from kit.errors import under_torchrun
-
-    if under_torchrun() and os.environ.get("RANK", "0") != "0":  # rank 0 speaks for the job; alone, a process speaks
+    claim = claim_error()
+    if claim is False:  # another rank of this launch said it
         return
     _end_progress_bars()
-    print(f"error: {err}{exit_words(err.exit_code)}", file=sys.stderr, flush=True)
+    # Another rank's progress bar (rank 0 draws them) may be mid-line on the terminal both write to.
+    fresh_line = "\n" if os.environ.get("RANK", "0") != "0" else ""
+    print(f"{fresh_line}error: {err}{exit_words(err.exit_code)}", file=sys.stderr, flush=True)
     repeat_after_torchrun(f"error: {err} [kit exit {err.exit_code}; torchrun's exit 1 and its ChildFailedError "
-                          f"report above pass it on]", stream="stderr")
+                          f"report above pass it on]", stream="stderr", claim=claim)
+
+
+def _claim_path() -> Path | None:
+    """The file whose creation claims the job's error line, one per torchrun launch on this machine
+    (its run id, its agent's pid and restart count); None outside torchrun."""
+    from kit.errors import under_torchrun
+
+    if not under_torchrun():
+        return None
+    launch = "-".join(os.environ.get(k, "0") for k in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"))
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in launch)[:120]
+    return Path(tempfile.gettempdir()) / f"kit-error-{os.getppid()}-{safe}"
+
+
+def claim_error() -> Path | bool:
+    """Whether this rank says the job's error line: True alone; under torchrun the claim file's path
+    when this rank is the first to create it, False when another rank did. Where the file cannot be
+    made (no writable temporary folder), rank 0 speaks, as it always did."""
+    path = _claim_path()
+    if path is None:
+        return True
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return False
+    except OSError:
+        return os.environ.get("RANK", "0") == "0"
+    return path
+
+
+def another_rank_said_it(wait_s: float = 3.0) -> bool:
+    """Whether another rank of this torchrun launch said the job's error line, waiting up to `wait_s`
+    for it (that rank leaves the process group, which fails this rank's collective, just before it
+    speaks): a crash here after it is its consequence, and its traceback says nothing new."""
+    import time
+
+    path = _claim_path()
+    if path is None:
+        return False
+    deadline = time.monotonic() + wait_s
+    while not path.exists():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def _end_progress_bars() -> None:
@@ -74,10 +132,11 @@ def _end_progress_bars() -> None:
         bar.close()
 
 
-def repeat_after_torchrun(line: str, stream: str = "stdout") -> bool:
+def repeat_after_torchrun(line: str, stream: str = "stdout", claim: Path | bool = False) -> bool:
     """Print `line` again on this process's stdout (or stderr) once torchrun's agent has exited.
 
-    Returns False (and does nothing) when this rank was not started by torchrun. The watcher runs
+    Returns False (and does nothing) when this rank was not started by torchrun. `claim`: the error
+    claim file (`claim_error`), removed by the watcher once the agent has gone. The watcher runs
     in its own session, so the agent's kill of the rank's process group does not take it along;
     it holds the rank's stdout open, so a reader of the pipe (a notebook's `!torchrun`, papermill,
     subprocess) sees the line before end of file.
@@ -87,9 +146,12 @@ def repeat_after_torchrun(line: str, stream: str = "stdout") -> bool:
     line = shown(line, limit=None)  # it may name output_dir: no raw control or bidi character
     agent = os.getppid()
     if not under_torchrun() or agent <= 1:
+        if isinstance(claim, Path):
+            claim.unlink(missing_ok=True)
         return False
     sys.stdout.flush()
     sys.stderr.flush()
-    subprocess.Popen([sys.executable, "-c", _WATCHER, str(agent), line, str(WAIT_S), stream],
+    claimed = str(claim) if isinstance(claim, Path) else ""
+    subprocess.Popen([sys.executable, "-c", _WATCHER, str(agent), line, str(WAIT_S), stream, claimed],
                      stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True)
     return True

@@ -2,7 +2,8 @@
 
 Format `prompts` (`data.format: auto` or `prompts`): a column `prompt` (or the one `data.columns`
 maps onto it, e.g. `{prompt: question}`) holding a string or chat messages (a list of
-{role, content}; ShareGPT turns are read as messages). Every other column is kept as it is: TRL's
+{role, content}; ShareGPT turns are read as messages). `grpo.system_prompt` puts a system message
+first (`with_system`): a string prompt becomes chat messages. Every other column is kept as it is: TRL's
 GRPOTrainer hands each one to the reward functions by name (an `answer` column arrives as
 `answer=[...]`, one value per completion).
 
@@ -71,11 +72,24 @@ def row_problem_of(row: dict, names: dict) -> str | None:
     return None
 
 
-def _normalised(row: dict, names: dict) -> dict:
-    """The row with its prompt under the column name TRL reads, ShareGPT turns as {role, content}."""
+def with_system(prompt, system: str | None):
+    """The prompt with `system` (grpo.system_prompt) as its first message: a string prompt becomes chat
+    messages, the string as the user's; a chat prompt that has its own system message keeps it."""
+    if system is None:
+        return prompt
+    if isinstance(prompt, str):
+        return [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
+    if prompt and prompt[0].get("role") == "system":
+        return prompt
+    return [{"role": "system", "content": system}, *prompt]
+
+
+def _normalised(row: dict, names: dict, system: str | None) -> dict:
+    """The row with its prompt under the column name TRL reads, ShareGPT turns as {role, content}, and the
+    system prompt put first."""
     out = {k: v for k, v in row.items() if k != names["prompt"]}
     prompt = row[names["prompt"]]
-    out["prompt"] = as_messages(prompt) if isinstance(prompt, list) else prompt
+    out["prompt"] = with_system(as_messages(prompt) if isinstance(prompt, list) else prompt, system)
     out["row_hash"] = hashlib.sha1(json.dumps(out, sort_keys=True, default=str).encode("utf-8")).hexdigest()
     return out
 
@@ -109,8 +123,8 @@ def load(cfg):
     drop = [names["prompt"]] if names["prompt"] != "prompt" else []
     if drop and "prompt" in ds.column_names:
         drop.append("prompt")
-    ds = ds.map(_normalised, fn_kwargs={"names": names}, remove_columns=drop, keep_in_memory=True,
-                load_from_cache_file=False)
+    ds = ds.map(_normalised, fn_kwargs={"names": names, "system": cfg.grpo.system_prompt}, remove_columns=drop,
+                keep_in_memory=True, load_from_cache_file=False)
     return ds
 
 
@@ -142,14 +156,20 @@ def prepare(cfg, tokenizer) -> tuple:
     row, tokens per completion at most: the mean prompt plus grpo.max_completion_length)."""
     ds = load(cfg)
     if any(isinstance(p, list) for p in ds["prompt"][:1]) and not tokenizer.chat_template:
+        if cfg.grpo.system_prompt is not None:
+            raise UsageError(f"grpo.system_prompt makes every prompt chat messages, but the tokenizer of {cfg.model} "
+                             "has no chat template: remove grpo.system_prompt and write the instruction into the "
+                             "prompts, or use a model with a chat template")
         raise UsageError(f"{cfg.data.path} has chat prompts but the tokenizer of {cfg.model} has no chat template; "
                          "give the prompts as strings, or a model with a chat template")
     lengths = [len(prompt_ids(tokenizer, p)) for p in ds["prompt"]]
     keep = [i for i, n in enumerate(lengths) if n <= cfg.seq_len]
     dropped = len(ds) - len(keep)
     if not keep:
+        system = "" if cfg.grpo.system_prompt is None else (
+            f"; grpo.system_prompt's {len(tokenizer(text=cfg.grpo.system_prompt)['input_ids'])} tokens are in each")
         raise UsageError(f"every prompt of {cfg.data.path} is longer than seq_len={cfg.seq_len} tokens (the shortest "
-                         f"has {min(lengths)}): raise seq_len, or shorten the prompts")
+                         f"has {min(lengths)}{system}): raise seq_len, or shorten the prompts")
     if dropped:
         ds = ds.select(keep)
     train, evald, dups = split_held_out(ds, cfg, "prompts")
