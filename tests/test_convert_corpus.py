@@ -166,6 +166,10 @@ def test_corpus_notebook_runs_to_the_end(notebook, tmp_path, hub, capsys):
     assert "destroy_process_group() was not called" not in res.stderr
 
 
+def test_the_one_process_notebooks_are_corpus_notebooks_and_some_keep_two_ranks():
+    assert ONE_PROCESS < set(RUNS) and "seed002_kaggle_t4x2.ipynb" not in ONE_PROCESS  # a misspelt name would go unnoticed
+
+
 @pytest.mark.parametrize("notebook", sorted(REFUSED))
 def test_corpus_notebook_refused(notebook, tmp_path, capsys):
     out = tmp_path / "train_ddp.py"
