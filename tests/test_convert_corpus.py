@@ -167,7 +167,8 @@ def test_corpus_notebook_runs_to_the_end(notebook, tmp_path, hub, capsys):
 
 
 def test_the_one_process_notebooks_are_corpus_notebooks_and_some_keep_two_ranks():
-    assert ONE_PROCESS < set(RUNS) and "seed002_kaggle_t4x2.ipynb" not in ONE_PROCESS  # a misspelt name would go unnoticed
+    # A misspelt name would run on two ranks unnoticed.
+    assert ONE_PROCESS < set(RUNS) and "seed002_kaggle_t4x2.ipynb" not in ONE_PROCESS
 
 
 @pytest.mark.parametrize("notebook", sorted(REFUSED))

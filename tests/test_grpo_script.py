@@ -394,7 +394,7 @@ def test_the_script_builds_grpo_trainer_with_the_rewards_and_the_fast_generation
 def script(tmp_path_factory) -> Path:
     """train_grpo.py, rendered by `kit render` from the shipped config for 2 CPU ranks."""
     out = tmp_path_factory.mktemp("scripts") / "train_grpo.py"
-    r = kit_cli(["render", "--config", CONFIG, "-o", str(out)], env=env())  # `python -m kit render …`, in this process
+    r = kit_cli(["render", "--config", CONFIG, "-o", str(out)], env=env())  # `python -m kit render …`, here
     assert r.returncode == 0, r.stderr
     return out
 
