@@ -117,6 +117,11 @@ def train_here(args: list[str], *, env: dict | None = None, script=SCRIPT, cwd=R
     import runpy
     import traceback
 
+    # huggingface_hub reads HF_HUB_OFFLINE once, at its import: imported here, under this process's
+    # environment (tests/conftest.py clears it), a run with cpu_env()'s HF_HUB_OFFLINE=1 that happens to
+    # import it first cannot turn the test Hub off for every later run in this process.
+    import huggingface_hub.constants  # noqa: F401
+
     out, err, here, argv = io.StringIO(), io.StringIO(), os.getcwd(), sys.argv
     with environment(env or cpu_env()), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         os.chdir(cwd)
