@@ -48,9 +48,15 @@ if str(ROOT) not in sys.path:
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
     """Plain `python -m pytest` (no test paths, no -n) runs on two worker processes where this machine has
-    two cores or more: the fast tier is some 1,700 in-process tests, and one process uses one core.
+    two cores or more: the fast tier is some 1,900 in-process tests, and one process uses one core.
     Named files or tests (`pytest tests/test_x.py -k …`), -n, `-p no:xdist`, --pdb and --collect-only
-    are left as given."""
+    are left as given.
+
+    The two workers steal work (`--dist worksteal`): each starts on its half of the tests in collection
+    order (whole modules stay together, so a module's fixtures are built once) and one that runs out
+    takes half of what the other has left. With `--dist load` a worker kept the tests queued for it, and
+    a few multi-second ones queued last (a watchdog's timeout, a subprocess's imports) ran alone while
+    the other core idled."""
     from _pytest.config import Config
 
     if (getattr(config.option, "numprocesses", 0) is None and config.args_source == Config.ArgsSource.TESTPATHS
@@ -58,7 +64,7 @@ def pytest_cmdline_main(config):
             and not config.getoption("collectonly", False) and (os.cpu_count() or 1) >= 2):
         config.option.numprocesses = 2
         if config.option.dist == "no":
-            config.option.dist = "load"
+            config.option.dist = "worksteal"
     if hasattr(config.option, "loadscopereorder"):
         # --dist loadfile hands out whole modules in the order pytest_collection_modifyitems leaves them;
         # xdist's default re-sorts them by their number of tests, which puts the modules of a few long

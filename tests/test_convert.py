@@ -11,10 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import nbformat
 import pytest
-import torch
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from kit.cli import main
 from kit.machine.command import shell_word
@@ -30,6 +27,9 @@ TRAIN = ["from trl import SFTTrainer, SFTConfig",
 
 def make_nb(tmp_path: Path, cells: list[str], name: str = "nb.ipynb") -> Path:
     """A notebook whose cells are `cells` (a "md:" prefix makes a markdown cell)."""
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
     nb = new_notebook(cells=[new_markdown_cell(c[3:]) if c.startswith("md:") else new_code_cell(c) for c in cells])
     path = tmp_path / name
     nbformat.write(nb, str(path))
@@ -599,6 +599,8 @@ def test_a_definition_after_training_is_on_rank_0_with_the_values_it_names(tmp_p
 def test_a_cuda_device_variable_stays_comparable_and_a_numbered_one_follows_the_rank(tmp_path):
     """smol-course's ORPO notebook: `device = "cuda" if … else "cpu"` became rank_device (an int),
     so its later `if device == "cuda":` silently took the other branch (another optimizer)."""
+    import torch
+
     conv = convert_notebook(make_nb(tmp_path, [
         "import torch\ndevice = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
         "optim = 'adamw_torch_fused' if device == 'cuda' else 'adamw_torch'\nplain = 'cuda'\none = 'cuda:0'",
@@ -844,14 +846,19 @@ def test_dry_run_refuses_a_head_its_stand_in_has_not(tmp_path, capsys, loader, r
         assert code == 0 and out.exists(), err
 
 
-def test_missing_token_stops_before_any_work(tmp_path):
-    """A notebook that pushes: without a token the script stops at the top, before loading anything."""
+def test_missing_token_stops_before_any_work(tmp_path, monkeypatch):
+    """A notebook that pushes: without a token the script stops at the top, before loading anything.
+    The script runs in this process (runpy): huggingface_hub read where a saved token lives when it was
+    imported, so that path is pointed at an empty folder here as HF_TOKEN_PATH does for a new process."""
+    from huggingface_hub import constants
+
+    from tests.scripts import cpu_env, train_here
+
     nb = make_nb(tmp_path, ["import trl\nopen('started', 'w').close()", *TRAIN, "trainer.push_to_hub()"])
     assert main(["convert", str(nb), "-o", str(tmp_path / "train_ddp.py")]) == 0
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
-    env.update(HF_HOME=str(tmp_path / "hf"), HF_TOKEN_PATH=str(tmp_path / "hf" / "token"), CUDA_VISIBLE_DEVICES="")
-    res = subprocess.run([sys.executable, "train_ddp.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=120)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "hf" / "token"))
+    env = {k: v for k, v in cpu_env().items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
+    res = train_here([], env=env, script=tmp_path / "train_ddp.py", cwd=tmp_path)
     assert res.returncode == 1 and "set HF_TOKEN" in res.stderr
     assert not (tmp_path / "started").exists()
 

@@ -29,15 +29,21 @@ def port_imports(source: str) -> set[tuple[str, str]]:
             found |= {(module, a.name) for a in node.names}
     return found
 
-transformers = pytest.importorskip("transformers")
-trl = pytest.importorskip("trl")
+@pytest.fixture
+def transformers():
+    return pytest.importorskip("transformers")
+
+
+@pytest.fixture
+def trl():
+    return pytest.importorskip("trl")
 
 
 def _fields(cls) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
 
 
-def test_the_table_matches_the_installed_libraries():
+def test_the_table_matches_the_installed_libraries(transformers, trl):
     """Every old spelling is really gone from the installed versions, every new one really there."""
     args = _fields(transformers.TrainingArguments)
     for old, (new, _) in TRAINING_ARGS.items():
@@ -114,7 +120,7 @@ def test_old_apis_are_rewritten_and_listed_with_their_version(tmp_path):
     assert len(flagged) == 1 and "port: `from trl import" in flagged[0]
 
 
-def test_ported_configs_build_on_the_installed_libraries(tmp_path):
+def test_ported_configs_build_on_the_installed_libraries(tmp_path, transformers, trl):
     """The rewritten calls are not just text: the installed TrainingArguments/SFTConfig/DPOConfig take them."""
     nb = make_nb(tmp_path, [
         "from transformers import TrainingArguments\nfrom trl import DPOConfig, DPOTrainer, SFTTrainer",

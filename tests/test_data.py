@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from transformers import AutoTokenizer
 
 from kit.planning import config
 from kit.train import data
@@ -15,6 +14,8 @@ from tests.scripts import ROOT
 
 @pytest.fixture(scope="module")
 def tok():
+    from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(ROOT / "models" / "tiny-qwen3")
 
 
@@ -62,6 +63,8 @@ def test_column_mapping(tmp_path, tok):
 
 
 def test_without_a_chat_template_instructions_use_a_plain_prompt(tmp_path, tok):
+    from transformers import AutoTokenizer
+
     plain = AutoTokenizer.from_pretrained(ROOT / "models" / "tiny-qwen3")
     plain.chat_template = None
     rows = [{"instruction": "say ok", "output": "ok"}] * 3

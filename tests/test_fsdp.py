@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file
 
 from tests.scripts import FAST, ROOT, cpu_env, kill_job, kit_cli, losses, torchrun_cmd, train
 
@@ -45,6 +44,8 @@ def reference(scripts, tmp_path_factory):
 
 
 def adapter(ckpt: Path) -> dict:
+    from safetensors.torch import load_file  # imports torch: only where a test reads an adapter
+
     return load_file(Path(ckpt) / "adapter_model.safetensors")
 
 

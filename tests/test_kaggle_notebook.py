@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 
-import nbformat
 
 from kit.notebooks.schedule import kaggle_notebook
 from tests.code_asserts import assigns
 
 
 def test_the_run_notebook_is_valid_and_pins_kit_without_a_token(tmp_path, monkeypatch):
+    import nbformat
+
     monkeypatch.setenv("HF_TOKEN", "hf_" + "x" * 30)
     folder = kaggle_notebook.write(tmp_path / "push", "me/kit-resume", repo="https://github.com/me/kit",
                                    commit="a" * 40, config_yaml="model: models/tiny-qwen3\n", overrides=[], nproc=2)
@@ -29,6 +30,8 @@ def test_the_run_notebook_is_valid_and_pins_kit_without_a_token(tmp_path, monkey
 
 # ---- the outcome line comes from the session record, not from the printed log (#16) ----------
 def _cells(tmp_path):
+    import nbformat
+
     kaggle_notebook.write(tmp_path / "push", "me/kit-resume", repo="r", commit="a" * 40, config_yaml="",
                           overrides=[], nproc=1)
     return nbformat.read(str(tmp_path / "push" / kaggle_notebook.CODE_FILE), as_version=4).cells

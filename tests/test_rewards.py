@@ -161,9 +161,9 @@ def test_none_and_nan_are_not_applicable_as_in_trl_and_the_note_says_so(tmp_path
 HANG = "import time\n" + F + "    time.sleep(3600)\n"
 EXITS = "import os\n" + F + "    os._exit(0)\n"
 PROCESS_CASES = [
-    ("never-returns", HANG, "my_rewards.py:f (a dry call with 2 rows) did not finish within 2 s"),
-    ("spins", F + "    while True:\n        pass\n", "did not finish within 2 s"),
-    ("import-never-returns", "import time\ntime.sleep(3600)\n", "importing my_rewards.py did not finish within 2 s"),
+    ("never-returns", HANG, "my_rewards.py:f (a dry call with 2 rows) did not finish within 1 s"),
+    ("spins", F + "    while True:\n        pass\n", "did not finish within 1 s"),
+    ("import-never-returns", "import time\ntime.sleep(3600)\n", "importing my_rewards.py did not finish within 1 s"),
     ("os-exit-in-call", EXITS, "my_rewards.py:f called os._exit(0)"),
     ("os-exit-at-import", "import os\nos._exit(0)\n", "failed to import: called os._exit(0)"),
 ]
@@ -178,7 +178,7 @@ def test_a_reward_that_hangs_or_ends_the_process_is_one_line_exit_2(tmp_path, bo
 
     (tmp_path / "my_rewards.py").write_text(body)
     code = ("import sys\nfrom pathlib import Path\nfrom kit.errors import KitError\nfrom kit.train import rewards\n"
-            "rewards.CALL_SECONDS = 2\n"
+            "rewards.CALL_SECONDS = 1\n"
             "try:\n    rewards.load_rewards('my_rewards.py:f', base=Path(sys.argv[1]), rows={'prompt': ['a', 'b']})\n"
             "except KitError as e:\n    print(f'error: {e}', file=sys.stderr)\n    sys.exit(e.exit_code)\n")
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
@@ -225,12 +225,12 @@ def test_a_reward_that_hangs_at_a_step_is_one_line_exit_2(tmp_path):
     (tmp_path / "my_rewards.py").write_text(HANG)
     code = ("import sys, types\nfrom pathlib import Path\nfrom kit.train import rewards\n"
             "module = rewards.import_file(Path(sys.argv[1]) / 'my_rewards.py')\n"
-            "[f] = rewards.checked([module.f], seconds=2)\n"
+            "[f] = rewards.checked([module.f], seconds=1)\n"
             "f(completions=['a', 'b'], trainer_state=types.SimpleNamespace(global_step=6))\n")
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert r.returncode == EXIT_USAGE and len(errors) == 1, (r.returncode, r.stderr[-2000:])
-    assert "rewards: f at step 7 (on 2 completions; it passed the dry call) did not finish within 2 s" in errors[0]
+    assert "rewards: f at step 7 (on 2 completions; it passed the dry call) did not finish within 1 s" in errors[0]
 
 
 def test_async_rewards_awaited_together_leave_os_exit_as_it_was(tmp_path):

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file
 
 from tests.scripts import FAST, ROOT, SCRIPT, losses, run, torchrun_cmd, train, train_here
 
@@ -181,6 +180,7 @@ def test_checkpoint_adapter_loads_in_plain_peft(tmp_path):
     out = tmp_path / "run"
     assert train_here([f"output_dir={out}", "max_steps=2", "save_steps=2", *FAST]).returncode == 0
     from peft import PeftModel
+    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(ROOT / "models" / "tiny-qwen3")
