@@ -30,7 +30,7 @@ from kit.checkpoints import fingerprint
 from kit.checkpoints.manifest import MANIFEST_NAME, write_manifest
 from kit.checkpoints.store import base
 from tests.hubserver import READ_TOKEN, WRITE_TOKEN, HubServer
-from tests.scripts import ROOT, SCRIPT, train
+from tests.scripts import ROOT, SCRIPT, train, train_here
 from tests.test_store import make_ckpt
 
 FAKE = WRITE_TOKEN
@@ -446,8 +446,8 @@ def test_a_disk_too_small_for_the_next_checkpoint_stops_with_one_line_and_keeps_
         assert ckpts == ["checkpoint-2"], ckpts  # ~460 KiB each: the one that fitted, whole
         assert verify(out / "checkpoint-2")[0]
         subprocess.run(["mount", "-o", "remount,size=4M", str(small)], check=True)  # room again
-        r = train([f"output_dir={out}", "max_steps=6", "save_steps=2", "keep_checkpoints=1", "eval_steps=null"],
-                  nproc=1)
+        # The run that ends well: in this process (runpy).
+        r = train_here([f"output_dir={out}", "max_steps=6", "save_steps=2", "keep_checkpoints=1", "eval_steps=null"])
         assert r.returncode == 0, r.stderr[-3000:]
         assert "resuming from step 2" in r.stdout and "complete: step 6 of 6" in r.stdout
 
@@ -490,7 +490,8 @@ def test_a_disk_full_while_writing_final_is_one_line_and_the_next_run_writes_it(
     with tmpfs(ctx.tmp / "small", "2M") as small:
         out = small / "run"
         args = [f"output_dir={out}", "max_steps=2", "save_steps=2", "keep_checkpoints=1", "eval_steps=null"]
-        r = train(args, nproc=1)
+        # The runs that end well run in this process (runpy); the one refused, as a user's, in a process of its own.
+        r = train_here(args)
         assert r.returncode == 0, r.stderr[-3000:]
         shutil.rmtree(out / "final")  # the cut before final/ was written
         filler = fill(small, leave=40 << 10)
@@ -500,6 +501,6 @@ def test_a_disk_full_while_writing_final_is_one_line_and_the_next_run_writes_it(
         assert not (out / "final").exists() and not list(out.glob(".final*"))
         assert (out / "checkpoint-2").is_dir()
         filler.unlink()
-        r = train(args, nproc=1)
+        r = train_here(args)
         assert r.returncode == 0, r.stderr[-3000:]
         assert (out / "final" / "eval_results.json").is_file()

@@ -325,7 +325,11 @@ def test_a_retargeted_job_keeps_the_earlier_final_beside_the_new_one(tmp_path, k
         env = cpu_env(HF_ENDPOINT=server.url, HF_TOKEN=WRITE_TOKEN, HF_HUB_OFFLINE="0", HF_HUB_DISABLE_TELEMETRY="1")
         spec = str(tmp_path / "store") if kind == "dir" else "hf://me/retarget"
         args = [f"output_dir={out}", f"store={spec}", "save_steps=1", "keep_checkpoints=3", *FAST]
-        r = train([*args, "max_steps=4"], nproc=1, env=env)
+
+        def go(extra: list[str]):  # a directory store: in this process (runpy); the Hub's client: a process
+            return train_here([*args, *extra]) if kind == "dir" else train([*args, *extra], nproc=1, env=env)
+
+        r = go(["max_steps=4"])
         assert r.returncode == 0, r.stderr[-3000:]
         step4 = {p.name: p.read_bytes() for p in (out / "final").iterdir()}
         # The newest checkpoint damaged here and in the store: the newest one that verifies is step 3.
@@ -334,7 +338,7 @@ def test_a_retargeted_job_keeps_the_earlier_final_beside_the_new_one(tmp_path, k
             (tmp_path / "store" / "checkpoints" / "checkpoint-4" / "optimizer.pt").write_bytes(b"damaged")
         else:
             server.corrupt_stored("me/retarget", "checkpoints/checkpoint-4/optimizer.pt")
-        r = train([*args, "max_steps=3"], nproc=1, env=env)
+        r = go(["max_steps=3"])
         assert r.returncode == 0, r.stderr[-3000:]
         assert json.loads((out / "final" / "eval_results.json").read_text())["step"] == 3
         assert {p.name: p.read_bytes() for p in (out / "final-step-4").iterdir()} == step4

@@ -12,7 +12,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -395,8 +394,7 @@ def test_the_script_builds_grpo_trainer_with_the_rewards_and_the_fast_generation
 def script(tmp_path_factory) -> Path:
     """train_grpo.py, rendered by `kit render` from the shipped config for 2 CPU ranks."""
     out = tmp_path_factory.mktemp("scripts") / "train_grpo.py"
-    r = subprocess.run([sys.executable, "-m", "kit", "render", "--config", CONFIG, "-o", str(out)], cwd=ROOT,
-                       env=env(), capture_output=True, text=True, timeout=120)
+    r = kit_cli(["render", "--config", CONFIG, "-o", str(out)], env=env())  # `python -m kit render …`, here
     assert r.returncode == 0, r.stderr
     return out
 

@@ -1,7 +1,7 @@
 """`kit schedule --kaggle` end to end: the real `kaggle` client (the official package) talks to
 tests/kaggleserver.py, whose kernels run the pushed notebook with papermill on the CPU, training
-the tiny default into a Hub store on tests/hubserver.py. A whole job runs over sessions cut with
-kill -9 at varying moments; then the ways a schedule stops, and every bad input.
+the tiny default into a Hub store on tests/hubserver.py. A whole job runs over two sessions, the first
+cut with kill -9 at a seeded random moment; then the ways a schedule stops, and every bad input.
 
 The Kaggle endpoint cannot be configured in the client (it is https://api.kaggle.com, or
 http://localhost with KAGGLE_API_ENVIRONMENT=LOCALHOST): the test server is reached as an HTTP
@@ -24,7 +24,7 @@ import pytest
 from tests.code_asserts import words_in
 from tests.hubserver import WRITE_TOKEN, HubServer
 from tests.kaggleserver import QUOTA_MESSAGE, KaggleServer
-from tests.scripts import FAST, ROOT, cpu_env, kit_cli, train
+from tests.scripts import FAST, ROOT, cpu_env, kit_cli, train_here
 from tests.test_resume import assert_same_training
 
 if importlib.util.find_spec("papermill") is None:  # looked up, not imported (half a second of imports)
@@ -33,7 +33,8 @@ if importlib.util.find_spec("kaggle") is None:  # not imported here: importing i
     pytest.skip("the kaggle package is not installed (pip install -e \".[kaggle]\")", allow_module_level=True)
 
 # A heartbeat every 0.5 s: a session cut with kill -9 is recorded (by the next one) to within 0.5 s.
-JOB = ["max_steps=400", "save_steps=20", "keep_checkpoints=2", "lease_heartbeat_seconds=0.5", *FAST]
+STEPS = 200  # a session cut 0.3-2.5 s after its first checkpoint (step 20) has steps left to do
+JOB = [f"max_steps={STEPS}", "save_steps=20", "keep_checkpoints=2", "lease_heartbeat_seconds=0.5", *FAST]
 USER, KEY = "me", "kaggle-key-1"
 REF = f"{USER}/kit-resume"
 
@@ -72,10 +73,13 @@ def schedule(tmp: Path, env: dict, *extra: str, ref: str = REF, store: str = "hf
 
 @pytest.fixture(scope="module")
 def whole_job(tmp_path_factory):
-    """Three sessions cut with kill -9 at seeded random moments, then a fourth that completes."""
+    """A session cut with kill -9 at a seeded random moment after its first checkpoint, then one that completes.
+
+    One cut proves what more would: each session is a fresh Kaggle machine that resumes from the Hub alone
+    (the next session after a cut reads the store and the cut session's record, whatever came before)."""
     tmp = tmp_path_factory.mktemp("kaggle-job")
     rng = random.Random(16)
-    cuts = {n: round(rng.uniform(0.3, 2.5), 2) for n in (1, 2, 3)}
+    cuts = {1: round(rng.uniform(0.3, 2.5), 2)}
     with HubServer(tokens={WRITE_TOKEN: "write"}) as hub, \
             KaggleServer(tmp / "kaggle", users={USER: KEY}, kernel_env=session_env(hub.url), cut_after_s=cuts) as k:
         env = kaggle_env(tmp, hub.url, k)
@@ -93,29 +97,30 @@ def reference(tmp_path_factory):
     script, out = tmp / "train_ddp.py", tmp / "run"
     rendered = kit_cli(["render", "--config", "configs/default.yaml", "-o", str(script)])
     assert rendered.returncode == 0, rendered.stderr
-    r = train([f"output_dir={out}", *JOB], nproc=1, script=script)
+    r = train_here([f"output_dir={out}", *JOB], script=script)  # in this process: its own process is not the point
     assert r.returncode == 0, r.stderr[-3000:]
-    return out / "checkpoint-400"
+    return out / f"checkpoint-{STEPS}"
 
 
 @pytest.mark.slow
-def test_a_job_cut_three_times_runs_to_completion_on_kaggle(whole_job, reference):
+def test_a_job_cut_with_kill_9_runs_to_completion_on_kaggle(whole_job, reference):
     r, k = whole_job["run"], whole_job["server"]
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
-    assert [v.cut for v in k.versions] == [True, True, True, False], r.stdout
-    assert [v.state for v in k.versions] == ["ERROR", "ERROR", "ERROR", "COMPLETE"]
+    assert [v.cut for v in k.versions] == [True, False], r.stdout
+    assert [v.state for v in k.versions] == ["ERROR", "COMPLETE"]
     lines = [line for line in r.stdout.splitlines() if ": outcome: " in line]
-    assert len(lines) == 4 and ": outcome: complete: " in lines[-1] and lines[-1].split("  (")[0].endswith("step 400 of 400"), \
+    assert len(lines) == 2 and ": outcome: complete: " in lines[-1] and \
+        lines[-1].split("  (")[0].endswith(f"step {STEPS} of {STEPS}"), \
         r.stdout
     assert r.stdout.rstrip().splitlines()[-1].startswith("done: complete"), r.stdout
     # The same training as one uninterrupted run: nothing skipped or repeated, the same adapter.
-    assert_same_training(reference, k.versions[-1].work / "out" / "checkpoint-400")
+    assert_same_training(reference, k.versions[-1].work / "out" / f"checkpoint-{STEPS}")
 
 
 @pytest.mark.slow
 def test_every_push_is_private_on_two_t4_with_internet_and_carries_no_token(whole_job):
     k = whole_job["server"]
-    assert len(k.pushes) == 4
+    assert len(k.pushes) == 2
     for body in k.pushes:
         assert body["slug"] == REF and body["kernelType"] == "notebook" and body["language"] == "python"
         assert body["isPrivate"] is True and body["enableInternet"] is True and body["enableGpu"] is True
@@ -129,11 +134,11 @@ def test_every_push_is_private_on_two_t4_with_internet_and_carries_no_token(whol
 def test_each_sessions_output_and_hours_are_kept(whole_job):
     runs = whole_job["tmp"] / "runs"
     outputs = sorted(p for p in runs.iterdir() if p.is_dir() and p.name != "kaggle-push")
-    assert len(outputs) == 4
+    assert len(outputs) == 2
     outcome = json.loads((outputs[-1] / "kit-outcome.json").read_text())["outcome"]
-    assert outcome.startswith("complete: ") and outcome.endswith("step 400 of 400")
+    assert outcome.startswith("complete: ") and outcome.endswith(f"step {STEPS} of {STEPS}")
     hours = [json.loads(line) for line in (runs / "kaggle-sessions.jsonl").read_text().splitlines()]
-    assert [h["state"] for h in hours] == ["error", "error", "error", "complete"]
+    assert [h["state"] for h in hours] == ["error", "complete"]
     assert all(0 < h["hours"] < 0.5 for h in hours)
 
 
@@ -141,21 +146,21 @@ def test_each_sessions_output_and_hours_are_kept(whole_job):
 def test_the_ledger_accounts_for_every_session_and_the_steps_each_cut_lost(whole_job):
     facts, k = whole_job["status"], whole_job["server"]
     sessions = facts["sessions"]
-    assert [s["outcome"] for s in sessions] == ["cut", "cut", "cut", "complete"], sessions
+    assert [s["outcome"] for s in sessions] == ["cut", "complete"], sessions
     led = facts["goodput"]
     for cut, after, version in zip(sessions, sessions[1:], k.versions):
         # Each cut session is recorded as of its last heartbeat; its log says how far it really got.
-        reached = max(int(m) for m in re.findall(r"(\d+)/400 \[", version.log))
+        reached = max(int(m) for m in re.findall(rf"(\d+)/{STEPS} \[", version.log))
         assert cut["end_step"] - 2 <= reached <= cut["end_step"] + 40, (cut, reached)  # tqdm's line lags a step
         # The record may miss a checkpoint published in the instant before the kill (not yet heartbeated).
         assert cut["stored_step"] <= after["start_step"] <= max(cut["end_step"], cut["stored_step"] + 20)
     rows = led["sessions"]
-    assert [r["steps_lost"] for r in rows[:3]] == [max(0, c["end_step"] - n["start_step"])
+    assert [r["steps_lost"] for r in rows[:-1]] == [max(0, c["end_step"] - n["start_step"])
                                                    for c, n in zip(sessions, sessions[1:])]
     assert led["steps_recomputed"] == sum(r["steps_lost"] for r in rows)
     assert led["gpu_hours"] == pytest.approx(sum(s["ended"] - s["started"] for s in sessions) / 3600)
-    # Steps that stayed: all 400, less at most one checkpoint per cut whose record missed it (see above).
-    assert 400 - 3 * 20 <= sum(r["steps_done"] for r in rows) - led["steps_recomputed"] <= 400
+    # Steps that stayed: all of them, less at most one checkpoint per cut whose record missed it (see above).
+    assert STEPS - len(whole_job["cuts"]) * 20 <= sum(r["steps_done"] for r in rows) - led["steps_recomputed"] <= STEPS
     assert 0 < led["goodput"] < 1 and led["hours_left"] == 0 and led["sessions_needed"] == 0
     assert (whole_job["tmp"] / "progress.png").stat().st_size > 10_000
 

@@ -1,5 +1,6 @@
 """trainer=dpo and kto end to end: the rendered script under real torchrun (2 gloo ranks, CPU, the tiny
-model), the test Hub (tests/hubserver.py) as the store, kill -9 and resume, a wrong data shape."""
+model), the test Hub (tests/hubserver.py) as the store, kill -9 and resume, a wrong data shape; full
+fine-tuning and a time budget, whose point is not the ranks, in one process."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.hubserver import WRITE_TOKEN, HubServer
-from tests.scripts import FAST, elsewhere_env as env, hub_env, kit_cli, losses, two_ranks as run
+from tests.scripts import FAST, elsewhere_env as env, hub_env, kit_cli, losses, train, train_here, \
+    two_ranks as run
 from tests.test_resume import assert_same_training, kill_9_after_steps_and_rerun
 
 STEPS = ["max_steps=12", "save_steps=3", "keep_checkpoints=2", *FAST]
@@ -113,7 +115,9 @@ def test_a_wrong_data_shape_is_one_line_exit_2_before_the_model_loads(scripts, t
 @pytest.mark.slow
 def test_full_fine_tuning_scores_against_a_frozen_copy_of_the_start(scripts, tmp_path):
     out = tmp_path / "run"
-    r = run(scripts["dpo"], [f"output_dir={out}", "method=full", "learning_rate=0.0002", *STEPS], env())
+    # One process, in this one (runpy): the frozen copy is the point, not the ranks.
+    r = train_here([f"output_dir={out}", "method=full", "learning_rate=0.0002", *STEPS], env=env(),
+                   script=scripts["dpo"])
     log = r.stdout + r.stderr
     assert r.returncode == 0, log[-3000:]
     results = json.loads((out / "final" / "eval_results.json").read_text())
@@ -132,13 +136,15 @@ def test_a_time_budget_pauses_a_dpo_job_and_a_fresh_machine_finishes_it(scripts,
     out = tmp_path / "run"
     args = [f"output_dir={out}", "store=hf://me/dpo-budget", "max_steps=120", "save_steps=10", "keep_checkpoints=2",
             *FAST]
-    first = run(scripts["dpo"], [*args, "time_budget_minutes=0.07"], hub_env(server))
+    # One process (`python train_dpo.py`): the budget and the resume elsewhere are the point, not the ranks; a
+    # process of its own, as the budget counts from the process's start.
+    first = train([*args, "time_budget_minutes=0.07"], nproc=1, env=hub_env(server), script=scripts["dpo"])
     assert first.returncode == 0, first.stderr[-3000:]
     assert "paused at step" in first.stdout and "run the same command to continue" in first.stdout
     paused = int(first.stdout.split("paused at step ")[1].split()[0])
     assert 0 < paused < 120
     shutil.rmtree(out)  # a new session elsewhere: the checkpoint and the baseline come from the store
-    second = run(scripts["dpo"], args, hub_env(server))
+    second = train(args, nproc=1, env=hub_env(server), script=scripts["dpo"])
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"resuming from step {paused} (store" in second.stdout and "baseline: kept from" in second.stdout
     assert "complete: step 120 of 120" in second.stdout

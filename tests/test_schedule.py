@@ -363,8 +363,10 @@ def test_run_timeout_interrupts_training_which_pauses_cleanly(tmp_path):
     """A hung or overlong run is cut by --run-timeout: SIGTERM to the training, which saves and pauses."""
     runs, out, store = tmp_path / "runs", tmp_path / "out", tmp_path / "store"
     # 20000 steps cannot finish within the 45 s timeout, however fast the machine; 45 s leaves a loaded
-    # machine (2 test workers on 2 cores) time to import the libraries and start training first.
-    r = kit(schedule_args(runs, out, str(store), "--run-timeout", "0.75") + ["max_steps=20000"], cpu_env())
+    # machine (2 test workers on 2 cores) time to import the libraries and start training first. One
+    # process trains (--nproc 1): the point is the timeout's signal and the pause; torchrun passing a
+    # SIGTERM on to its ranks is tests/test_signals.py's, and two ranks would spend 45 s of both cores.
+    r = kit(schedule_args(runs, out, str(store), "--run-timeout", "0.75", nproc=1) + ["max_steps=20000"], cpu_env())
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     line = outcome_lines(r.stdout)[0]
     assert line.startswith("run 1: outcome: ") and "paused at step " in line, r.stdout[-2000:]
