@@ -41,6 +41,10 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# The stderr of the session as this file is imported: pytest's own capture (started before conftest files are
+# loaded, closed only at the end) or the terminal under -s. What a library imported at collection writes to.
+SESSION_STDERR = sys.stderr
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -111,6 +115,30 @@ def _destroy_leftover_process_group():
     torch = sys.modules.get("torch")
     if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+@pytest.fixture(autouse=True)
+def _library_log_handlers_outlive_the_test():
+    """A library's log handlers keep the sys.stderr of the moment the library was imported (torch, transformers,
+    datasets and TRL each add a StreamHandler then). Imported during a test that captures its output (capfd,
+    capsys), they held that test's capture stream, which pytest closes after it: every later warning of the
+    library printed a `--- Logging error ---` traceback (I/O operation on closed file) into the next tests'
+    stderr (test_export's one-line checks failed after test_bad_input's in-process script runs). Such handlers
+    get the session's stderr, as if the library had been imported at collection."""
+    modules = len(sys.modules)
+    yield
+    if len(sys.modules) != modules:  # a test that imported nothing new added no library handler
+        import logging
+
+        for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
+            for handler in getattr(logger, "handlers", ()):
+                if not isinstance(handler, logging.StreamHandler):
+                    continue
+                if getattr(handler.stream, "closed", False):
+                    handler.stream = SESSION_STDERR
+                flush = vars(handler).get("flush")  # transformers sets that stream's own flush on its handler
+                if getattr(getattr(flush, "__self__", None), "closed", False):
+                    handler.flush = SESSION_STDERR.flush
 
 
 @pytest.fixture
