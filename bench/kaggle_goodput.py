@@ -197,7 +197,7 @@ def main() -> int:
     per_cut_s = (cut_kernel - ref_kernel) / extra_sessions if extra_sessions else None
     result = {
         "bench": "kaggle_goodput", "machine": "CPU (2 shared cores), tiny default, 1 process",
-        "when": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()), "max_steps": args.steps, "cut_after_first_publish_s": cuts,
+        "max_steps": args.steps, "cut_after_first_publish_s": cuts,
         "cut_job": cut, "uninterrupted_job": ref,
         "goodput_ledger": cut["ledger"]["goodput"],
         "goodput_vs_uninterrupted": ref_used / used if used else None,

@@ -148,8 +148,7 @@ def main() -> int:
             rows.setdefault(name, []).append(e - s)
         rows.setdefault("launch → first step done", []).append(run["first_step_done"])
     table = {name: round(statistics.median(v), 3) for name, v in rows.items()}
-    result = {"bench": "session_setup", "label": a.label, "when": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
-              "machine": "CPU (2 shared cores), tiny default, 1 process, Hub on tests/hubserver.py",
+    result = {"bench": "session_setup", "label": a.label, "machine": "CPU (2 shared cores), tiny default, 1 process, Hub on tests/hubserver.py",
               "load_1min": os.getloadavg()[0], "runs": a.runs, "median_s": table, "all_runs": runs}
     print(json.dumps({k: v for k, v in result.items() if k != "all_runs"}, indent=2))
     if a.out:
