@@ -574,6 +574,16 @@ def test_a_lease_taken_over_during_generation_stops_both_ranks_with_nothing_more
     assert json.loads(store.read_text("lease.json"))["id"] == "theirs"  # never overwritten by the loser
 
 
+def job_with_reward(tmp_path: Path, body: str) -> Path:
+    """The shipped config in a folder of its own, its rewards `r.py:ok` with `body` as r.py beside it."""
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "r.py").write_text(body)
+    (folder / "job.yaml").write_text((ROOT / CONFIG).read_text().replace("grpo_rewards.py:json_format,brevity", "r.py:ok")
+                                     .replace("data/grpo_prompts.jsonl", str(ROOT / "data" / "grpo_prompts.jsonl")))
+    return folder / "job.yaml"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("body,want", [
     ("import time\ndef ok(completions, **kwargs):\n    time.sleep(3600)\n",
@@ -585,13 +595,9 @@ def test_under_torchrun_a_reward_that_hangs_or_exits_stops_every_rank_with_one_l
     # waiting (rank 1 in the broadcast), and os._exit(0) ended rank 0 "successfully" with rank 1 still waiting.
     import time
 
-    folder = tmp_path / "job"
-    folder.mkdir()
-    (folder / "r.py").write_text(body)
-    (folder / "job.yaml").write_text((ROOT / CONFIG).read_text().replace("grpo_rewards.py:json_format,brevity", "r.py:ok")
-                                     .replace("data/grpo_prompts.jsonl", str(ROOT / "data" / "grpo_prompts.jsonl")))
+    job = job_with_reward(tmp_path, body)
     started = time.monotonic()
-    r = run(script, ["--config", str(folder / "job.yaml"), f"output_dir={tmp_path / 'out'}", "grpo.reward_timeout=3"],
+    r = run(script, ["--config", str(job), f"output_dir={tmp_path / 'out'}", "grpo.reward_timeout=3"],
             env(), timeout=300)
     log = r.stdout + r.stderr
     assert r.returncode != 0 and time.monotonic() - started < 150, log[-3000:]
@@ -604,13 +610,9 @@ def test_under_torchrun_a_reward_that_hangs_or_exits_stops_every_rank_with_one_l
 def test_under_torchrun_a_reward_that_fails_on_one_rank_only_is_said_in_one_line(script, tmp_path):
     # Rank 1's completions break the reward at step 2, rank 0's never do. Before, only rank 0 spoke for the job:
     # rank 1's error line was never printed, and rank 0 died in its next collective with gloo's traceback.
-    folder = tmp_path / "job"
-    folder.mkdir()
-    (folder / "r.py").write_text(LATER + "    import os\n    if late and os.environ.get('RANK') == '1':\n"
-                                 "        raise KeyError('answer')\n    return [1.0] * len(completions)\n")
-    (folder / "job.yaml").write_text((ROOT / CONFIG).read_text().replace("grpo_rewards.py:json_format,brevity", "r.py:ok")
-                                     .replace("data/grpo_prompts.jsonl", str(ROOT / "data" / "grpo_prompts.jsonl")))
-    r = run(script, ["--config", str(folder / "job.yaml"), f"output_dir={tmp_path / 'out'}", "max_steps=4",
+    job = job_with_reward(tmp_path, LATER + "    import os\n    if late and os.environ.get('RANK') == '1':\n"
+                          "        raise KeyError('answer')\n    return [1.0] * len(completions)\n")
+    r = run(script, ["--config", str(job), f"output_dir={tmp_path / 'out'}", "max_steps=4",
                      "eval.baseline=false"], env(), timeout=300)
     log = r.stdout + r.stderr
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]

@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 WAIT_S = 60.0  # torchrun's agent gives its ranks 30 s to stop by default, then kills them
@@ -76,7 +77,7 @@ def say_error(err) -> None:
     fresh_line = "\n" if os.environ.get("RANK", "0") != "0" else ""
     print(f"{fresh_line}error: {err}{exit_words(err.exit_code)}", file=sys.stderr, flush=True)
     repeat_after_torchrun(f"error: {err} [kit exit {err.exit_code}; torchrun's exit 1 and its ChildFailedError "
-                          f"report above pass it on]", stream="stderr", claim=claim)
+                          f"report above pass it on]", stream="stderr", claim=claim if isinstance(claim, Path) else None)
 
 
 def _claim_path() -> Path | None:
@@ -111,8 +112,6 @@ def another_rank_said_it(wait_s: float = 3.0) -> bool:
     """Whether another rank of this torchrun launch said the job's error line, waiting up to `wait_s`
     for it (that rank leaves the process group, which fails this rank's collective, just before it
     speaks): a crash here after it is its consequence, and its traceback says nothing new."""
-    import time
-
     path = _claim_path()
     if path is None:
         return False
@@ -132,7 +131,7 @@ def _end_progress_bars() -> None:
         bar.close()
 
 
-def repeat_after_torchrun(line: str, stream: str = "stdout", claim: Path | bool = False) -> bool:
+def repeat_after_torchrun(line: str, stream: str = "stdout", claim: Path | None = None) -> bool:
     """Print `line` again on this process's stdout (or stderr) once torchrun's agent has exited.
 
     Returns False (and does nothing) when this rank was not started by torchrun. `claim`: the error
@@ -146,12 +145,11 @@ def repeat_after_torchrun(line: str, stream: str = "stdout", claim: Path | bool 
     line = shown(line, limit=None)  # it may name output_dir: no raw control or bidi character
     agent = os.getppid()
     if not under_torchrun() or agent <= 1:
-        if isinstance(claim, Path):
+        if claim is not None:
             claim.unlink(missing_ok=True)
         return False
     sys.stdout.flush()
     sys.stderr.flush()
-    claimed = str(claim) if isinstance(claim, Path) else ""
-    subprocess.Popen([sys.executable, "-c", _WATCHER, str(agent), line, str(WAIT_S), stream, claimed],
+    subprocess.Popen([sys.executable, "-c", _WATCHER, str(agent), line, str(WAIT_S), stream, str(claim or "")],
                      stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True)
     return True
