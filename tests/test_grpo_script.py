@@ -503,8 +503,10 @@ def test_kill_9_then_rerun_ends_with_the_uninterrupted_adapter(script, pushed, s
 
 @pytest.mark.slow
 def test_sigterm_during_generation_gives_the_step_up_and_the_rerun_ends_as_uninterrupted(script, tmp_path):
-    # Completions of up to 160 tokens: each step is ~2 s on 2 CPU ranks, almost all of it generating. The signal
-    # comes 0.6 s into step 3's generation; step 2 was not saved (save_steps=100).
+    # Completions of up to 160 tokens: each step is 0.7-2 s on 2 CPU ranks (idle to loaded), almost all of it
+    # generating. The signal is sent as soon as step 2 is logged: both ranks are then past step 2's end and step 3 is
+    # generating (a fixed pause after that line missed the generation on an idle machine). Step 2 was not saved
+    # (save_steps=100).
     args = ["max_steps=4", "save_steps=100", *LONG_GENERATION, *FAST]
     reference = tmp_path / "reference"
     r = run(script, [f"output_dir={reference}", *args], env())
@@ -517,8 +519,7 @@ def test_sigterm_during_generation_gives_the_step_up_and_the_rerun_ends_as_unint
     try:
         while log.read_text().count("'step_time'") < 2:  # step 2 logged: step 3 is generating
             assert agent.poll() is None, log.read_text()[-3000:]
-            time.sleep(0.05)
-        time.sleep(0.6)
+            time.sleep(0.01)
         os.kill(agent.pid, signal.SIGTERM)  # torchrun forwards it to both ranks
         sent = time.monotonic()
         agent.wait(timeout=120)
