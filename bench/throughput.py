@@ -2,7 +2,7 @@
 
     python bench/throughput.py --models /tmp/kit-models [--unsloth] --out bench/results/throughput_h200.json
 
-Qwen3-8B shape (random weights), QLoRA nf4, LoRA r16 on all linear layers, seq 2048 × batch 4,
+Qwen3-8B shape (random weights; --model names another of kit's table), QLoRA nf4, LoRA r16 on all linear layers, seq 2048 × batch 4,
 gradient checkpointing, bf16, one GPU; every row fills seq_len, so tokens/step = 8,192 for all.
 Runs one after another, alone on the GPU:
   1. bench/reference_trainer.py: transformers Trainer + PEFT + prepare_model_for_kbit_training
@@ -55,11 +55,14 @@ def row(name: str, r: dict) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="/tmp/kit-models")
+    p.add_argument("--model", default="Qwen/Qwen3-8B", help="the architecture (kit's table), random weights")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--unsloth", action="store_true", help="also Unsloth directly and kit's Unsloth backend")
     p.add_argument("--only-unsloth", action="store_true", help="only rows 4 and 5")
     p.add_argument("--only-kit", action="store_true",
                    help="only kit's rows (3, and 5 with --unsloth), against the reference rows of --baseline")
+    p.add_argument("--kit-backends", default="transformers,unsloth",
+                   help="with --only-kit: which of kit's rows, in this order (unsloth only with --unsloth)")
     p.add_argument("--baseline", default=str(ROOT / "bench" / "results" / "throughput_h200.json"),
                    help="with --only-kit: the earlier run whose reference rows the ratios use")
     p.add_argument("--timeout", type=float, default=400)
@@ -69,7 +72,7 @@ def main() -> int:
     import torch
 
     work = Path(tempfile.mkdtemp(prefix="kit-speed-"))
-    model = make_random_model("Qwen/Qwen3-8B", Path(a.models) / "qwen3-8b")
+    model = make_random_model(a.model, Path(a.models) / a.model.split("/")[-1].lower())
     data = make_long_text(Path(a.models) / "long.jsonl")
     ref = [sys.executable, str(ROOT / "bench" / "reference_trainer.py"), "--model", str(model), "--data", str(data),
            "--seq-len", str(SEQ), "--batch", str(BATCH), "--steps", str(a.steps)]
@@ -91,9 +94,9 @@ def main() -> int:
         print(f"[bench] {rows[-1]}", flush=True)
 
     if a.only_kit:
-        kit_row("kit_transformers", "transformers")
-        if a.unsloth:
-            kit_row("kit_unsloth", "unsloth")
+        for backend in a.kit_backends.split(","):
+            if backend == "transformers" or a.unsloth:
+                kit_row(f"kit_{backend}", backend)
     if not a.only_unsloth and not a.only_kit:
         script_row("reference_trainer_kbit_prep", ref)
         script_row("reference_trainer_no_kbit_prep", ref + ["--no-kbit-prep"])
@@ -121,7 +124,7 @@ def main() -> int:
     if "kit_unsloth" in by:
         ratios["kit_unsloth_vs_unsloth_direct"] = round(by["kit_unsloth"] / by["reference_unsloth"], 3)
     result = {
-        "what": f"tokens/s (median step after 2 warm-up steps of {a.steps}) and peak memory, Qwen3-8B shape with "
+        "what": f"tokens/s (median step after 2 warm-up steps of {a.steps}) and peak memory, {a.model} shape with "
                 f"random weights, QLoRA nf4, LoRA r16 all-linear, seq {SEQ} x batch {BATCH}, gradient checkpointing, "
                 "bf16, one GPU, each run alone",
         "machine": platform.node(), "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
