@@ -36,11 +36,33 @@ class Plan:
 
 
 # -- one run ----------------------------------------------------------------------------------
+def asyncio_reports_to(path: Path) -> None:
+    """What asyncio reports from here on goes to `path` (the run's kernel log), not the terminal.
+
+    A Ctrl-C that stops `kit schedule` mid-cell leaves the notebook client's cell task to fail once
+    the kernel is shut down (DeadKernelError); asyncio reports it ("Task exception was never
+    retrieved", with a traceback) only when that task is garbage-collected, which can be after
+    "interrupted" was printed and stderr is the terminal again. The handler stays for the rest of the
+    process (the report comes that late), one at a time: the latest run's log."""
+    import logging
+
+    logger = logging.getLogger("asyncio")
+    for old in [h for h in logger.handlers if getattr(h, "kit_run_log", False)]:
+        logger.removeHandler(old)
+        old.close()
+    handler = logging.FileHandler(path, delay=True)
+    handler.kit_run_log = True
+    logger.addHandler(handler)
+    logger.propagate = False
+
+
 @contextlib.contextmanager
 def kernel_stderr(path: Path):
     """Send what the Jupyter kernel (a child process) writes to stderr to `path`, not the terminal: its
     log lines, and the ZMQ traceback it prints when Ctrl-C stops `kit schedule` mid-message. The
-    kernel keeps the file after this returns, so its shutdown noise lands there too."""
+    kernel keeps the file after this returns, so its shutdown noise lands there too; asyncio's late
+    reports of the interrupted cell go there as well (`asyncio_reports_to`)."""
+    asyncio_reports_to(path)
     sys.stderr.flush()
     saved = os.dup(2)
     try:
