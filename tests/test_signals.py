@@ -135,10 +135,12 @@ def test_sigterm_saves_pushes_and_stops_cleanly(server, tmp_path, launcher):
     assert again.returncode == 0 and f"resuming from step {step} (" in again.stdout, again.stderr[-2000:]
 
 
-# A parent that starts `python train_ddp.py` (as is, or through `nohup`) and waits: a notebook kernel.
+# A parent that starts `python train_ddp.py` (as is, or through `nohup`) and waits: a notebook kernel. Its child
+# gets SIGHUP's default action, as a kernel's does, whatever this test run inherited (pytest itself started under
+# nohup passes an ignored SIGHUP on, which is what `nohup` asks for); `nohup` then ignores it again.
 PARENT = """
-import subprocess, sys, time
-subprocess.Popen(sys.argv[1:])
+import signal, subprocess, sys, time
+subprocess.Popen(sys.argv[1:], preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
 time.sleep(3600)
 """
 
