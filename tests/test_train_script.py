@@ -57,6 +57,23 @@ def test_single_process_python(tmp_path):
     assert (out / "checkpoint-4" / "rng_state.pth").exists()
 
 
+def test_the_script_freezes_the_loaded_libraries_and_leaves_garbage_collection_on(tmp_path):
+    """The script loads the libraries with the garbage collector off, then collects once and freezes what they
+    made, so that no later collection scans them again. Left off, a long job's reference cycles would pile up.
+    Run in this process (runpy), whose collector the test can read."""
+    import gc
+
+    gc.unfreeze()  # what an earlier in-process run froze
+    try:
+        r = train_here([f"output_dir={tmp_path / 'run'}", "max_steps=1", "save_steps=1", *FAST])
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert gc.isenabled()
+        assert gc.get_freeze_count() > 100_000  # torch's, transformers' and TRL's objects
+    finally:
+        gc.enable()
+        gc.unfreeze()
+
+
 @pytest.mark.slow
 def test_a_rank_that_raises_ends_the_job_without_a_hang(tmp_path):
     # A wrapper that runs the real script with one extra callback raising on rank 1 at step 2,
