@@ -52,7 +52,7 @@ except KeyboardInterrupt as e:  # Ctrl-C (exit 130) or SIGTERM (143) while the l
     sys.exit(getattr(e, "exit_code", 130))
 # The libraries' objects (torch, transformers, TRL: some 440,000) live as long as the process. Collected
 # once and frozen, no later garbage collection scans them again; collecting as they loaded took about
-# 7 full passes. Together about 1.7 of the 10.5 CPU-seconds of the tiny default's whole run.
+# 7 full passes. Together about 1 of the 10 CPU-seconds of the tiny default's whole run (bench/script_gc.py).
 gc.collect()
 gc.freeze()
 gc.enable()
