@@ -2,8 +2,9 @@
 
     python bench/throughput.py --models /tmp/kit-models [--unsloth] --out bench/results/throughput_h200.json
 
-Qwen3-8B shape (random weights; --model names another of kit's table), QLoRA nf4, LoRA r16 on all linear layers, seq 2048 × batch 4,
-gradient checkpointing, bf16, one GPU; every row fills seq_len, so tokens/step = 8,192 for all.
+Qwen3-8B shape (random weights; --model names another of kit's table), QLoRA nf4, LoRA r16 on all
+linear layers, seq 2048 × batch 4, gradient checkpointing, bf16, one GPU; every row fills seq_len,
+so tokens/step = 8,192 for all.
 Runs one after another, alone on the GPU:
   1. bench/reference_trainer.py: transformers Trainer + PEFT + prepare_model_for_kbit_training
   2. the same without prepare_model_for_kbit_training (where kit's first gain comes from)
